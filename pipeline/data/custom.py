@@ -1,0 +1,310 @@
+"""A user's own sequence data, from one Parquet file, checked and turned into a :class:`SequenceDataset`.
+
+Input schema (one row per time step; the file is only read, never modified):
+
+=================  ==============================  ====================================================================
+column             type                            meaning
+=================  ==============================  ====================================================================
+``trajectory``     integer or string (required)    which sequence the row belongs to; any ids, need not be contiguous
+``step``           integer (optional)              order of the rows within a trajectory (only the order matters, gaps
+                                                   are allowed; duplicates are an error). Absent: file row order.
+``split``          string (optional)               ``train``, ``valid`` or ``test``; the same for every row of a
+                                                   trajectory. Absent: whole trajectories are drawn for test with
+                                                   ``test_fraction`` (deterministic given ``seed``; at least one
+                                                   trajectory on each side), the rest is train, no valid.
+``symbol``         integer, string or bool         ``kind="discrete"``: the observation. The name is set by
+                                                   ``symbol_column``. Vocabulary = sorted distinct TRAIN values;
+                                                   valid/test values absent from train are an error.
+feature columns    integer or float                ``kind="continuous"``: the observation, one column per dimension.
+                                                   ``features=None`` takes every numeric column except
+                                                   ``trajectory``, ``step``, ``split`` (and pandas index columns).
+=================  ==============================  ====================================================================
+
+Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: unreadable,
+truncated or corrupt file; missing columns; wrong types (e.g. a non-numeric feature column); missing values in
+``trajectory``/``step``/``split``/symbol; NaN or Inf in a feature (with the number of rows and the first
+trajectory); duplicate steps; trajectories shorter than ``min_length`` rows; an empty train or test split; a
+discrete dataset with a single symbol, or with valid/test symbols not seen in train.
+
+With ``normalize=True`` continuous features are standardised with the TRAIN mean and standard deviation (a
+constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std``, ``columns``). Trajectories are
+stored in increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.data.schema import KINDS, SPLITS, SequenceDataset
+
+log = logging.getLogger(__name__)
+
+RESERVED = ("trajectory", "step", "split")
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")
+_MAX_SHOWN = 10
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _shown(values: list[Any]) -> str:
+    head = ", ".join(repr(v) for v in values[:_MAX_SHOWN])
+    return head + (f", ... ({len(values)} in all)" if len(values) > _MAX_SHOWN else "")
+
+
+def _py(value: Any) -> Any:
+    """A numpy scalar as a plain Python value (for messages and JSON meta)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def load_custom(
+    path: Path,
+    *,
+    kind: str,
+    features: list[str] | None = None,
+    symbol_column: str = "symbol",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    normalize: bool = True,
+    min_length: int = 2,
+) -> SequenceDataset:
+    """Load, check and split the Parquet file ``path`` (schema in the module docstring)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: expected one of {KINDS}")
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
+    if isinstance(min_length, bool) or not isinstance(min_length, (int, np.integer)) or min_length < 1:
+        raise ValueError(f"min_length={min_length!r}: expected a positive integer")
+    if kind == "discrete" and features is not None:
+        raise ValueError(f"features={features!r}: only used with kind='continuous' (discrete data uses symbol_column)")
+    if features is not None:
+        features = list(features)
+        if not features:
+            raise ValueError("features=[]: expected at least one feature column (or None for all numeric columns)")
+        if len(set(features)) != len(features):
+            raise ValueError(f"features={features!r}: column names repeat")
+        bad = [f for f in features if f in RESERVED]
+        if bad:
+            raise ValueError(f"features={features!r}: {bad} are reserved columns, not features")
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: file not found")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file (expected a single Parquet file)")
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for damaged files
+        raise ValueError(f"{path}: not a readable Parquet file (truncated or corrupt?): {_one_line(exc)}") from None
+    names = list(schema.names)
+    types = {name: schema.field(name).type for name in names}
+
+    def fail(what: str) -> ValueError:
+        return ValueError(f"{path}: {what}")
+
+    def require(column: str, why: str) -> None:
+        if column not in types:
+            raise fail(f"missing column {column!r} ({why}); columns present: {names}")
+
+    require("trajectory", "the trajectory id of each row")
+    if kind == "discrete":
+        require(symbol_column, "the discrete observation; set symbol_column to its name")
+        if symbol_column in RESERVED:
+            raise ValueError(f"symbol_column={symbol_column!r}: that is a reserved column")
+        value_columns = [symbol_column]
+    else:
+        if features is None:
+            features = [n for n in names if n not in RESERVED and not _PANDAS_INDEX.fullmatch(n)
+                        and _is_numeric(types[n])]
+            skipped = [n for n in names if n not in RESERVED and n not in features]
+            if skipped:
+                log.info("%s: non-feature columns ignored: %s", path, skipped)
+            if not features:
+                raise fail(f"no numeric feature columns found (columns present: {names}); expected integer or float "
+                           "columns besides trajectory/step/split")
+        for f in features:
+            require(f, "named in features")
+        value_columns = list(features)
+    has_step, has_split = "step" in types, "split" in types
+
+    def value_type(t: Any) -> Any:
+        return t.value_type if pa.types.is_dictionary(t) else t
+
+    t = value_type(types["trajectory"])
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise fail(f"column 'trajectory' has type {t}; expected integer or string ids")
+    if has_step and not pa.types.is_integer(value_type(types["step"])):
+        raise fail(f"column 'step' has type {types['step']}; expected integers")
+    if has_split and not (pa.types.is_string(value_type(types["split"]))
+                          or pa.types.is_large_string(value_type(types["split"]))):
+        raise fail(f"column 'split' has type {types['split']}; expected strings 'train', 'valid' or 'test'")
+    if kind == "discrete":
+        t = value_type(types[symbol_column])
+        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_boolean(t) or pa.types.is_floating(t)):
+            raise fail(f"column {symbol_column!r} has type {t}; expected integer, string or bool symbols")
+    else:
+        for f in value_columns:
+            if not _is_numeric(types[f]):
+                raise fail(f"feature column {f!r} has type {types[f]}; expected a numeric (integer or float) column")
+
+    columns = ["trajectory"] + (["step"] if has_step else []) + (["split"] if has_split else []) + value_columns
+    try:
+        table = pq.read_table(path, columns=columns)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a readable Parquet file (truncated or corrupt?): {_one_line(exc)}") from None
+    n_rows = table.num_rows
+    if n_rows == 0:
+        raise fail("the file has no rows")
+
+    def column(name: str) -> Any:
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        return col
+
+    for name in ["trajectory"] + (["step"] if has_step else []) + (["split"] if has_split else []) + (
+            [symbol_column] if kind == "discrete" else []):
+        nulls = column(name).null_count
+        if nulls:
+            first = int(np.flatnonzero(column(name).is_null().to_numpy(zero_copy_only=False))[0])
+            raise fail(f"column {name!r} has {nulls} missing (null) values (first at row {first}); expected none")
+
+    ids = np.asarray(column("trajectory").to_numpy(zero_copy_only=False))
+    uniq, codes = np.unique(ids, return_inverse=True)
+
+    if kind == "continuous":
+        values = np.column_stack([
+            np.asarray(column(f).to_numpy(zero_copy_only=False), dtype=np.float64) for f in value_columns
+        ])
+        bad = ~np.isfinite(values).all(axis=1)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            cols = [f for j, f in enumerate(value_columns) if not np.isfinite(values[:, j]).all()]
+            raise fail(f"{int(bad.sum())} rows have NaN, Inf or missing values in feature columns {cols} "
+                       f"(first: row {first}, trajectory {_py(ids[first])!r}); expected finite numbers")
+    else:
+        values = np.asarray(column(symbol_column).to_numpy(zero_copy_only=False))
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            bad = ~np.isfinite(values)
+            first = int(np.flatnonzero(bad)[0])
+            raise fail(f"{int(bad.sum())} rows have NaN or Inf in column {symbol_column!r} "
+                       f"(first: row {first}, trajectory {_py(ids[first])!r}); expected finite symbols")
+
+    if has_step:
+        steps = np.asarray(column("step").to_numpy(zero_copy_only=False), dtype=np.int64)
+        order = np.lexsort((steps, codes))
+        s_codes, s_steps = codes[order], steps[order]
+        dup = (np.diff(s_codes) == 0) & (np.diff(s_steps) == 0)
+        if dup.any():
+            k = int(np.flatnonzero(dup)[0])
+            raise fail(f"column 'step' has {int(dup.sum())} duplicate (trajectory, step) rows (first: trajectory "
+                       f"{_py(uniq[s_codes[k]])!r}, step {int(s_steps[k])}); expected unique steps per trajectory")
+        gaps = (np.diff(s_codes) == 0) & (np.diff(s_steps) != 1)
+        if gaps.any():
+            log.warning("%s: %d gaps in 'step' (only the order of steps is used)", path, int(gaps.sum()))
+    else:
+        order = np.argsort(codes, kind="stable")
+    s_codes = codes[order]
+    bounds = np.flatnonzero(np.diff(s_codes)) + 1
+    groups = np.split(order, bounds)  # row indices of each trajectory, in id order, rows in step order
+    lengths = np.array([len(g) for g in groups])
+    short = np.flatnonzero(lengths < min_length)
+    if short.size:
+        k = int(short[0])
+        raise fail(f"{short.size} trajectories are shorter than min_length={min_length} rows (first: trajectory "
+                   f"{_py(uniq[k])!r} with {int(lengths[k])} rows)")
+
+    n_traj = len(uniq)
+    if has_split:
+        split_values = np.asarray(column("split").to_numpy(zero_copy_only=False)).astype(str)
+        unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
+        if unknown:
+            raise fail(f"column 'split' has values {_shown(unknown)}; expected only {list(SPLITS)}")
+        assignment = []
+        for k, g in enumerate(groups):
+            vals = np.unique(split_values[g])
+            if len(vals) > 1:
+                raise fail(f"column 'split': trajectory {_py(uniq[k])!r} has rows in several splits "
+                           f"{vals.tolist()}; expected one split per trajectory")
+            assignment.append(str(vals[0]))
+        split_of = np.array(assignment)
+        split_source = "column"
+    else:
+        if n_traj < 2:
+            raise fail(f"only {n_traj} trajectory; at least 2 are needed to make non-empty train and test splits")
+        n_test = min(max(int(round(test_fraction * n_traj)), 1), n_traj - 1)
+        perm = np.random.default_rng(seed).permutation(n_traj)
+        split_of = np.full(n_traj, "train", dtype=object)
+        split_of[perm[:n_test]] = "test"
+        split_source = f"random (test_fraction={test_fraction}, seed={seed})"
+    for s in ("train", "test"):
+        if not (split_of == s).any():
+            raise fail(f"split {s!r} is empty (no trajectory has split == {s!r}); expected at least one")
+
+    members = {s: [k for k in range(n_traj) if split_of[k] == s] for s in SPLITS}
+    meta: dict[str, Any] = {
+        "source": f"custom:{path.name}",
+        "file_sha256": _sha256(path),
+        "split_source": split_source,
+        "trajectory_ids": {s: [_py(uniq[k]) for k in members[s]] for s in SPLITS},
+    }
+
+    if kind == "discrete":
+        train_rows = np.concatenate([groups[k] for k in members["train"]])
+        vocab_values = np.unique(values[train_rows])
+        if len(vocab_values) < 2:
+            raise fail(f"column {symbol_column!r} has a single symbol {_py(vocab_values[0])!r} in train; a discrete "
+                       "dataset needs at least 2 distinct symbols")
+        for s in ("valid", "test"):
+            if not members[s]:
+                continue
+            rows = np.concatenate([groups[k] for k in members[s]])
+            unseen = np.setdiff1d(np.unique(values[rows]), vocab_values)
+            if unseen.size:
+                raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
+                           f"{_shown([_py(v) for v in unseen])}; expected only train symbols")
+        index = np.searchsorted(vocab_values, values)
+        trajs = {s: [index[groups[k]].astype(np.int64) for k in members[s]] for s in SPLITS}
+        vocab = [str(_py(v)) for v in vocab_values]
+        if len(set(vocab)) != len(vocab):
+            raise fail(f"column {symbol_column!r}: distinct symbols print the same ({vocab}); use string symbols")
+        return SequenceDataset(kind="discrete", vocab=vocab, meta=meta, **trajs)
+
+    trajs = {s: [values[groups[k]] for k in members[s]] for s in SPLITS}
+    if normalize:
+        train = np.concatenate(trajs["train"], axis=0)
+        mean, std = train.mean(axis=0), train.std(axis=0)
+        constant = [f for f, sd in zip(value_columns, std) if sd == 0]
+        if constant:
+            log.warning("%s: constant feature columns %s in train: std set to 1", path, constant)
+        std[std == 0] = 1.0
+        trajs = {s: [(t - mean) / std for t in ts] for s, ts in trajs.items()}
+        meta["normalization"] = {"mean": mean.tolist(), "std": std.tolist(), "columns": list(value_columns)}
+    return SequenceDataset(kind="continuous", features=list(value_columns), meta=meta, **trajs)
+
+
+def _is_numeric(t: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,164 @@
+"""The prepared-dataset format shared by every source: one Parquet file per dataset.
+
+Columns (one row per time step)
+
+====================  ===========  ==============================================================
+column                type         meaning
+====================  ===========  ==============================================================
+``split``             string       ``train``, ``valid`` or ``test``
+``trajectory``        int64        trajectory id, unique within the file
+``step``              int64        0-based time index, contiguous within a trajectory
+``symbol``            int64        discrete data only: index into ``vocab``
+*feature columns*     float64      continuous data only: one column per feature, named in ``features``
+====================  ===========  ==============================================================
+
+The Parquet schema metadata key ``psrnn`` holds a JSON object:
+``kind`` (``"discrete"`` or ``"continuous"``), ``features`` (continuous column names, in order),
+``vocab`` (discrete: the list of symbols, as strings), ``source`` (free text), and optional
+``normalization`` (``{"mean": [...], "std": [...]}``: continuous features were standardised with these
+train statistics) and ``bayes_optimal`` (synthetic data: the true filter's test metric, e.g. ``{"bpc": 1.23}``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPLITS = ("train", "valid", "test")
+KINDS = ("discrete", "continuous")
+META_KEY = b"psrnn"
+
+
+@dataclass
+class SequenceDataset:
+    """A dataset as lists of trajectories per split.
+
+    Discrete trajectories are int64 arrays of shape ``(T,)`` holding vocabulary indices; continuous ones are
+    float64 arrays of shape ``(T, m)``.
+    """
+
+    kind: str
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    valid: list[np.ndarray] = field(default_factory=list)
+    features: list[str] = field(default_factory=list)
+    vocab: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"dataset kind {self.kind!r}: expected one of {KINDS}")
+        for split in SPLITS:
+            trajs = [np.asarray(t) for t in getattr(self, split)]
+            for i, t in enumerate(trajs):
+                if self.kind == "discrete":
+                    if t.ndim != 1:
+                        raise ValueError(f"{split} trajectory {i}: discrete data must be 1-D, got shape {t.shape}")
+                    trajs[i] = t.astype(np.int64, copy=False)
+                else:
+                    if t.ndim == 1:
+                        t = t[:, None]
+                    if t.ndim != 2:
+                        raise ValueError(f"{split} trajectory {i}: continuous data must be (T, m), got {t.shape}")
+                    trajs[i] = t.astype(np.float64, copy=False)
+            setattr(self, split, trajs)
+        if self.kind == "continuous" and not self.features and self.train:
+            self.features = [f"x{i}" for i in range(self.train[0].shape[1])]
+
+    @property
+    def obs_dim(self) -> int:
+        """Size of one observation: the vocabulary size (one-hot) or the number of features."""
+        return len(self.vocab) if self.kind == "discrete" else len(self.features)
+
+    @property
+    def discrete(self) -> bool:
+        return self.kind == "discrete"
+
+    def split(self, name: str) -> list[np.ndarray]:
+        if name not in SPLITS:
+            raise ValueError(f"split {name!r}: expected one of {SPLITS}")
+        return getattr(self, name)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            s: {"trajectories": len(self.split(s)), "steps": int(sum(len(t) for t in self.split(s)))} for s in SPLITS
+        }
+
+
+def write_dataset(path: str | os.PathLike, ds: SequenceDataset) -> None:
+    """Write ``ds`` to ``path`` (Parquet, atomically) in the schema documented above."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io import atomic_path
+
+    splits, trajs, steps, values = [], [], [], []
+    tid = 0
+    for split in SPLITS:
+        for t in ds.split(split):
+            n = len(t)
+            splits.extend([split] * n)
+            trajs.append(np.full(n, tid, dtype=np.int64))
+            steps.append(np.arange(n, dtype=np.int64))
+            values.append(t)
+            tid += 1
+    cols: dict[str, Any] = {
+        "split": pa.array(splits, type=pa.string()),
+        "trajectory": pa.array(np.concatenate(trajs) if trajs else np.zeros(0, np.int64)),
+        "step": pa.array(np.concatenate(steps) if steps else np.zeros(0, np.int64)),
+    }
+    if ds.discrete:
+        cols["symbol"] = pa.array(np.concatenate(values) if values else np.zeros(0, np.int64))
+    else:
+        m = len(ds.features)
+        stacked = np.concatenate(values, axis=0) if values else np.zeros((0, m))
+        for j, name in enumerate(ds.features):
+            cols[name] = pa.array(stacked[:, j].astype(np.float64))
+    meta = {"kind": ds.kind, "features": ds.features, "vocab": ds.vocab, **ds.meta}
+    table = pa.table(cols).replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    with atomic_path(path, suffix=".parquet") as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_dataset(path: str | os.PathLike) -> SequenceDataset:
+    """Read a prepared dataset written by :func:`write_dataset`; errors name the file and what is wrong."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: prepared dataset not found")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
+    raw_meta = (table.schema.metadata or {}).get(META_KEY)
+    if raw_meta is None:
+        raise ValueError(f"{path}: Parquet schema metadata has no 'psrnn' key; was it written by write_dataset?")
+    meta = json.loads(raw_meta)
+    kind = meta.pop("kind")
+    features = meta.pop("features", [])
+    vocab = meta.pop("vocab", [])
+    split = np.asarray(table.column("split").to_pylist())
+    traj = table.column("trajectory").to_numpy()
+    step = table.column("step").to_numpy()
+    if kind == "discrete":
+        values = table.column("symbol").to_numpy().astype(np.int64)
+    else:
+        values = np.stack([table.column(f).to_numpy().astype(np.float64) for f in features], axis=1)
+    out: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    order = np.lexsort((step, traj))
+    traj, step, split, values = traj[order], step[order], split[order], values[order]
+    bounds = np.flatnonzero(np.diff(traj)) + 1
+    for idx in np.split(np.arange(len(traj)), bounds):
+        if len(idx) == 0:
+            continue
+        s = str(split[idx[0]])
+        if s not in SPLITS:
+            raise ValueError(f"{path}: trajectory {traj[idx[0]]} has split {s!r}; expected one of {SPLITS}")
+        out[s].append(values[idx])
+    return SequenceDataset(kind=kind, features=features, vocab=vocab, meta=meta, **out)

@@ -1,0 +1,231 @@
+"""load_custom: happy paths (discrete string symbols, continuous) and one clear error per malformed input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.data.custom import load_custom
+from pipeline.data.schema import read_dataset, write_dataset
+
+
+def _write(tmp_path: Path, columns: dict[str, Any], name: str = "data.parquet") -> Path:
+    path = tmp_path / name
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def _error(path: Path, exc: type[Exception] = ValueError, **kwargs: Any) -> str:
+    with pytest.raises(exc) as err:
+        load_custom(path, **kwargs)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: "), msg
+    assert "\n" not in msg
+    return msg
+
+
+def _continuous(n_traj: int = 6, length: int = 5) -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    n = n_traj * length
+    return {
+        "trajectory": np.repeat(np.arange(100, 100 + n_traj), length),
+        "step": np.tile(np.arange(length), n_traj),
+        "a": rng.normal(3.0, 2.0, n),
+        "b": rng.integers(0, 10, n),  # integer features are numeric too
+        "c": np.full(n, 7.0),  # constant column
+        "name": ["x"] * n,  # non-numeric: ignored when features=None
+    }
+
+
+# --------------------------------------------------------------------------------------------------- happy paths
+
+
+def test_discrete_string_symbols(tmp_path: Path) -> None:
+    path = _write(tmp_path, {
+        "trajectory": ["s2", "s2", "s2", "s1", "s1", "s1", "s3", "s3"],
+        "step": [2, 0, 1, 0, 1, 2, 1, 0],  # out of order on purpose
+        "split": ["train", "train", "train", "train", "train", "train", "test", "test"],
+        "symbol": ["b", "a", "c", "a", "a", "b", "c", "a"],
+    })
+    before = (path.read_bytes(), os.stat(path).st_mtime_ns)
+    ds = load_custom(path, kind="discrete")
+    assert (path.read_bytes(), os.stat(path).st_mtime_ns) == before  # the file is only read
+    assert ds.kind == "discrete" and ds.vocab == ["a", "b", "c"]
+    assert [t.tolist() for t in ds.train] == [[0, 0, 1], [0, 2, 1]]  # s1 then s2, ordered by step
+    assert [t.tolist() for t in ds.test] == [[0, 2]]
+    assert ds.meta["trajectory_ids"] == {"train": ["s1", "s2"], "valid": [], "test": ["s3"]}
+    assert ds.meta["split_source"] == "column" and ds.meta["source"] == "custom:data.parquet"
+    write_dataset(tmp_path / "out.parquet", ds)
+    back = read_dataset(tmp_path / "out.parquet")
+    assert back.vocab == ds.vocab and [t.tolist() for t in back.train] == [t.tolist() for t in ds.train]
+
+
+def test_discrete_int_symbols_and_row_order(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"trajectory": [5, 5, 5, 1, 1, 9, 9], "sym": [10, 2, 2, 10, 1, 2, 1],
+                             "split": ["train"] * 5 + ["test"] * 2})
+    ds = load_custom(path, kind="discrete", symbol_column="sym")
+    assert ds.vocab == ["1", "2", "10"]  # sorted numerically, stored as strings
+    assert ds.meta["trajectory_ids"]["train"] == [1, 5]
+    assert [ds.vocab[i] for i in ds.train[1]] == ["10", "2", "2"]  # no step column: file row order
+    assert [ds.vocab[i] for i in ds.test[0]] == ["2", "1"]
+
+
+def test_continuous(tmp_path: Path) -> None:
+    path = _write(tmp_path, _continuous())
+    ds = load_custom(path, kind="continuous", test_fraction=0.34, seed=3)
+    assert ds.features == ["a", "b", "c"]
+    assert (len(ds.train), len(ds.test), len(ds.valid)) == (4, 2, 0)
+    train = np.concatenate(ds.train)
+    np.testing.assert_allclose(train[:, :2].mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(train[:, :2].std(axis=0), 1.0, atol=1e-12)
+    norm = ds.meta["normalization"]
+    assert norm["columns"] == ["a", "b", "c"] and norm["std"][2] == 1.0 and norm["mean"][2] == 7.0
+    assert np.all(train[:, 2] == 0.0)
+    ids = ds.meta["trajectory_ids"]
+    assert sorted(ids["train"] + ids["test"]) == list(range(100, 106))
+    assert ids["train"] == sorted(ids["train"])
+    again = load_custom(path, kind="continuous", test_fraction=0.34, seed=3)
+    assert again.meta["trajectory_ids"] == ids
+    assert any(load_custom(path, kind="continuous", test_fraction=0.34, seed=s).meta["trajectory_ids"] != ids
+               for s in range(4, 10))
+    raw = load_custom(path, kind="continuous", features=["b", "a"], normalize=False)
+    assert raw.features == ["b", "a"] and "normalization" not in raw.meta
+    first = raw.meta["trajectory_ids"]["train"][0]
+    cols = _continuous()
+    rows = cols["trajectory"] == first
+    np.testing.assert_array_equal(raw.train[0], np.column_stack([cols["b"][rows], cols["a"][rows]]))
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.99])
+def test_at_least_one_trajectory_each_side(tmp_path: Path, fraction: float) -> None:
+    path = _write(tmp_path, _continuous(n_traj=3))
+    ds = load_custom(path, kind="continuous", test_fraction=fraction)
+    assert len(ds.train) >= 1 and len(ds.test) >= 1 and len(ds.train) + len(ds.test) == 3
+
+
+def test_split_column_with_valid(tmp_path: Path) -> None:
+    cols = _continuous(n_traj=3)
+    cols["split"] = np.repeat(["test", "train", "valid"], 5)
+    ds = load_custom(_write(tmp_path, cols), kind="continuous", features=["a"])
+    assert ds.meta["trajectory_ids"] == {"train": [101], "valid": [102], "test": [100]}
+
+
+# -------------------------------------------------------------------------------------------------------- errors
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    _error(tmp_path / "nope.parquet", FileNotFoundError, kind="continuous")
+
+
+def test_corrupt_and_truncated(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"this is not parquet at all" * 10)
+    assert "not a readable Parquet file" in _error(garbage, kind="continuous")
+    good = _write(tmp_path, _continuous())
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    assert "truncated or corrupt" in _error(cut, kind="continuous")
+    data = bytearray(good.read_bytes())
+    data[4:68] = b"\xff" * 64  # damage the first page (header intact at the end, magic intact at the start)
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(bytes(data))
+    assert "not a readable Parquet file" in _error(damaged, kind="continuous")
+
+
+def test_missing_columns(tmp_path: Path) -> None:
+    cols = _continuous()
+    path = _write(tmp_path, {k: v for k, v in cols.items() if k != "trajectory"})
+    assert "missing column 'trajectory'" in _error(path, kind="continuous")
+    path = _write(tmp_path, cols, "c.parquet")
+    assert "missing column 'symbol'" in _error(path, kind="discrete")
+    assert "missing column 'zz'" in _error(path, kind="continuous", features=["a", "zz"])
+
+
+def test_wrong_dtypes(tmp_path: Path) -> None:
+    path = _write(tmp_path, _continuous())
+    msg = _error(path, kind="continuous", features=["a", "name"])
+    assert "'name'" in msg and "numeric" in msg and "string" in msg
+    cols = _continuous()
+    cols["trajectory"] = cols["trajectory"].astype(float)
+    assert "'trajectory' has type double" in _error(_write(tmp_path, cols, "f.parquet"), kind="continuous")
+    cols = _continuous()
+    cols["step"] = cols["step"].astype(float)
+    assert "'step' has type double" in _error(_write(tmp_path, cols, "s.parquet"), kind="continuous")
+    only_text = _write(tmp_path, {"trajectory": [1, 1], "name": ["a", "b"]}, "t.parquet")
+    assert "no numeric feature columns" in _error(only_text, kind="continuous")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, None])
+def test_nan_inf_null(tmp_path: Path, bad: Any) -> None:
+    cols = _continuous()
+    a = cols["a"].tolist()
+    a[12], a[13], a[27] = bad, bad, bad  # rows of trajectories 102 and 105
+    cols["a"] = pa.array(a, type=pa.float64())
+    msg = _error(_write(tmp_path, cols), kind="continuous")
+    assert "3 rows" in msg and "['a']" in msg and "trajectory 102" in msg and "row 12" in msg
+
+
+def test_duplicate_steps(tmp_path: Path) -> None:
+    cols = _continuous()
+    cols["step"] = cols["step"].copy()
+    cols["step"][7] = 1  # trajectory 101 has step 1 twice
+    msg = _error(_write(tmp_path, cols), kind="continuous")
+    assert "duplicate" in msg and "trajectory 101" in msg and "step 1" in msg
+
+
+def test_short_trajectories(tmp_path: Path) -> None:
+    cols = {"trajectory": [1, 1, 1, 2, 3, 3], "x": [0.0, 1, 2, 3, 4, 5]}
+    msg = _error(_write(tmp_path, cols), kind="continuous")
+    assert "1 trajectories are shorter than min_length=2" in msg and "trajectory 2 with 1 rows" in msg
+    msg = _error(_write(tmp_path, cols), kind="continuous", min_length=3)
+    assert "2 trajectories" in msg
+
+
+def test_empty_split(tmp_path: Path) -> None:
+    cols = _continuous(n_traj=2)
+    cols["split"] = ["train"] * 10
+    msg = _error(_write(tmp_path, cols), kind="continuous")
+    assert "split 'test' is empty" in msg
+    one = _write(tmp_path, _continuous(n_traj=1), "one.parquet")
+    assert "at least 2" in _error(one, kind="continuous")
+
+
+def test_bad_split_values(tmp_path: Path) -> None:
+    cols = _continuous(n_traj=2)
+    cols["split"] = ["train"] * 5 + ["testing"] * 5
+    assert "'testing'" in _error(_write(tmp_path, cols), kind="continuous")
+    cols["split"] = ["train"] * 6 + ["test"] * 4
+    msg = _error(_write(tmp_path, cols, "mixed.parquet"), kind="continuous")
+    assert "trajectory 101" in msg and "several splits" in msg
+
+
+def test_single_symbol(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "split": ["train", "train", "test", "test"],
+                             "symbol": ["a", "a", "a", "a"]})
+    assert "single symbol 'a'" in _error(path, kind="discrete")
+
+
+def test_unseen_test_symbols(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2, 3, 3], "split": ["train"] * 2 + ["test"] * 4,
+                             "symbol": ["a", "b", "a", "z", "q", "z"]})
+    msg = _error(path, kind="discrete")
+    assert "test" in msg and "'q', 'z'" in msg and "not seen in train" in msg
+
+
+def test_null_symbol_and_bad_options(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "symbol": pa.array(["a", None, "b", "a"])})
+    assert "'symbol' has 1 missing" in _error(path, kind="discrete")
+    with pytest.raises(ValueError, match="kind='sparse'"):
+        load_custom(path, kind="sparse")
+    with pytest.raises(ValueError, match="test_fraction"):
+        load_custom(path, kind="discrete", test_fraction=1.0)
+    with pytest.raises(ValueError, match="min_length"):
+        load_custom(path, kind="discrete", min_length=0)
+    with pytest.raises(ValueError, match="features"):
+        load_custom(path, kind="discrete", features=["x"])
