@@ -1,0 +1,309 @@
+"""Random Fourier features and the past / future / observation windows of Sec. 3.2.
+
+The kernel is Gaussian, k(x, y) = exp(-‖x - y‖² / (2σ²)), approximated (Rahimi & Recht, 2008) by
+
+    z(x) = sqrt(2 / D) · cos(Ω x + β),   Ω_ij ~ N(0, σ⁻²),  β_i ~ U[0, 2π),
+
+so that z(x)ᵀ z(y) ≈ k(x, y). The width σ is the median pairwise distance of the data (on a seeded subsample).
+
+Windows are cut per trajectory, so no window ever spans two trajectories. For a trajectory o_0 … o_{T-1}, a past
+window length p and a future window length k, the usable times are t = p … T-k-1 and
+
+    history  h_t = (o_{t-p}, …, o_{t-1})      (features η_t)
+    future   f_t = (o_t, …, o_{t+k-1})        (features φ_t)
+    shifted  s_t = (o_{t+1}, …, o_{t+k})      (features φ_{t+1}, same map as the future)
+    obs      o_t                              (features ω_t)
+
+Discrete observations enter as one-hot vectors. They are never materialised: a window of one-hot symbols is
+represented by its integer indices (offset per position), and Ω x becomes a sum of gathered columns of Ω.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+def median_pairwise_distance(x: np.ndarray, *, max_points: int = 1000, seed: int = 0) -> float:
+    """Median Euclidean distance between distinct rows of ``x`` (a seeded subsample of ``max_points`` rows)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    n = x.shape[0]
+    if n < 2:
+        raise ValueError(f"median pairwise distance needs at least 2 points, got {n}")
+    if n > max_points:
+        x = x[np.random.default_rng(seed).choice(n, size=max_points, replace=False)]
+    sq = np.einsum("ij,ij->i", x, x)
+    d2 = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
+    iu = np.triu_indices(x.shape[0], k=1)
+    dist = np.sqrt(np.maximum(d2[iu], 0.0))
+    med = float(np.median(dist))
+    if not np.isfinite(med) or med <= 0.0:
+        # Constant data (or mostly duplicated points): fall back to the mean distance, then to 1.
+        positive = dist[dist > 0]
+        med = float(positive.mean()) if positive.size else 1.0
+    return med
+
+
+def one_hot_window_distance_sample(
+    windows: np.ndarray, vocab_size: int, *, max_points: int = 1000, seed: int = 0
+) -> float:
+    """Median pairwise distance of one-hot windows given as symbol indices, without building the one-hots.
+
+    Two one-hot windows differ by sqrt(2) per position where the symbols differ.
+    """
+    windows = np.asarray(windows)
+    n = windows.shape[0]
+    if n < 2:
+        raise ValueError(f"median pairwise distance needs at least 2 points, got {n}")
+    if n > max_points:
+        windows = windows[np.random.default_rng(seed).choice(n, size=max_points, replace=False)]
+    diff = (windows[:, None, :] != windows[None, :, :]).sum(-1)
+    iu = np.triu_indices(windows.shape[0], k=1)
+    med = float(np.median(np.sqrt(2.0 * diff[iu])))
+    return med if med > 0 else float(np.sqrt(2.0))
+
+
+@dataclass
+class RandomFourierFeatures:
+    """A fixed random feature map z(x) = sqrt(2/D) cos(Ω x + β) for a Gaussian kernel of width σ.
+
+    ``frequencies`` is Ω with shape (input_dim, D) (already divided by σ); ``offsets`` is β with shape (D,).
+    """
+
+    frequencies: np.ndarray
+    offsets: np.ndarray
+    width: float
+
+    @classmethod
+    def create(cls, input_dim: int, n_features: int, width: float, seed: int) -> "RandomFourierFeatures":
+        if n_features < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        if not np.isfinite(width) or width <= 0:
+            raise ValueError(f"kernel width must be a positive number, got {width}")
+        rng = np.random.default_rng(seed)
+        omega = rng.standard_normal((input_dim, n_features)) / width
+        beta = rng.uniform(0.0, 2.0 * np.pi, size=n_features)
+        return cls(frequencies=omega, offsets=beta, width=float(width))
+
+    @property
+    def n_features(self) -> int:
+        return self.offsets.shape[0]
+
+    @property
+    def input_dim(self) -> int:
+        return self.frequencies.shape[0]
+
+    def transform(self, x: np.ndarray, dtype: np.dtype = np.float64) -> np.ndarray:
+        """Features of dense inputs ``x`` of shape (n, input_dim)."""
+        x = np.asarray(x, dtype=np.float64)
+        proj = x @ self.frequencies
+        return self._finish(proj, dtype)
+
+    def transform_indices(self, idx: np.ndarray, dtype: np.dtype = np.float64) -> np.ndarray:
+        """Features of one-hot inputs given as the column index of each active entry, shape (n, n_active).
+
+        Equal to ``transform(one_hot)`` where one_hot has a 1 at each listed column.
+        """
+        idx = np.asarray(idx)
+        if idx.ndim == 1:
+            idx = idx[:, None]
+        proj = self.frequencies[idx[:, 0]].copy()
+        for j in range(1, idx.shape[1]):
+            proj += self.frequencies[idx[:, j]]
+        return self._finish(proj, dtype)
+
+    def _finish(self, proj: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        # cos dominates the cost; numpy vectorises it far better in float32, which is accurate enough for RFF.
+        proj = proj.astype(dtype, copy=False)
+        proj += self.offsets.astype(dtype, copy=False)
+        np.cos(proj, out=proj)
+        proj *= np.asarray(np.sqrt(2.0 / self.n_features), dtype=dtype)
+        return proj
+
+    def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}_frequencies": self.frequencies, f"{prefix}_offsets": self.offsets,
+                f"{prefix}_width": np.array(self.width)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> "RandomFourierFeatures":
+        return cls(frequencies=arrays[f"{prefix}_frequencies"], offsets=arrays[f"{prefix}_offsets"],
+                   width=float(arrays[f"{prefix}_width"]))
+
+
+@dataclass
+class Windows:
+    """Past / future / shifted-future / observation windows of a set of trajectories, in raw space.
+
+    For discrete data each window is an int array of one-hot column indices (position j of a window of a
+    vocabulary of size V occupies columns j·V … j·V+V-1); for continuous data it is the flattened window.
+    ``times`` holds (trajectory index, t) of each row.
+    """
+
+    past: np.ndarray
+    future: np.ndarray
+    shifted: np.ndarray
+    obs: np.ndarray
+    times: np.ndarray
+    discrete: bool
+
+    def __len__(self) -> int:
+        return self.past.shape[0]
+
+    def chunks(self, size: int) -> Iterator[slice]:
+        for start in range(0, len(self), size):
+            yield slice(start, min(start + size, len(self)))
+
+
+def _window_stack(traj: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    idx = starts[:, None] + np.arange(length)[None, :]
+    return traj[idx]  # discrete: (n, length); continuous: (n, length, m)
+
+
+def make_windows(
+    trajectories: Sequence[np.ndarray], past: int, future: int, *, discrete: bool, vocab_size: int | None = None
+) -> Windows:
+    """Cut past/future/shifted/observation windows from every trajectory separately (see module docstring).
+
+    Trajectories shorter than ``past + future + 1`` contribute no rows.
+    """
+    if past < 1 or future < 1:
+        raise ValueError(f"window lengths must be >= 1, got past={past}, future={future}")
+    if discrete and vocab_size is None:
+        raise ValueError("vocab_size is required for discrete windows")
+    parts: dict[str, list[np.ndarray]] = {"past": [], "future": [], "shifted": [], "obs": [], "times": []}
+    for i, traj in enumerate(trajectories):
+        traj = np.asarray(traj)
+        T = traj.shape[0]
+        ts = np.arange(past, T - future)  # shifted future needs o_{t+k} to exist: t + k <= T - 1
+        if ts.size == 0:
+            continue
+        p = _window_stack(traj, ts - past, past)
+        f = _window_stack(traj, ts, future)
+        s = _window_stack(traj, ts + 1, future)
+        o = traj[ts]
+        if discrete:
+            V = int(vocab_size)  # type: ignore[arg-type]
+            p = p + V * np.arange(past)[None, :]
+            f = f + V * np.arange(future)[None, :]
+            s = s + V * np.arange(future)[None, :]
+            o = o[:, None]
+        else:
+            p = p.reshape(len(ts), -1)
+            f = f.reshape(len(ts), -1)
+            s = s.reshape(len(ts), -1)
+            o = o.reshape(len(ts), -1)
+        parts["past"].append(p)
+        parts["future"].append(f)
+        parts["shifted"].append(s)
+        parts["obs"].append(o)
+        parts["times"].append(np.stack([np.full(len(ts), i), ts], axis=1))
+    if not parts["past"]:
+        lengths = [len(t) for t in trajectories]
+        raise ValueError(
+            f"no trajectory is long enough for past window {past} + future window {future} + 1 "
+            f"(longest has {max(lengths) if lengths else 0} steps)"
+        )
+    cat = {k: np.concatenate(v, axis=0) for k, v in parts.items()}
+    return Windows(discrete=discrete, **cat)
+
+
+@dataclass
+class FeatureMaps:
+    """The three RFF maps of a 2SR layer: observation (ω), history (η) and future (φ, also used for shifted)."""
+
+    obs: RandomFourierFeatures
+    past: RandomFourierFeatures
+    future: RandomFourierFeatures
+    discrete: bool
+    vocab_size: int
+    past_window: int
+    future_window: int
+
+    def apply(self, which: str, x: np.ndarray, dtype: np.dtype = np.float64) -> np.ndarray:
+        rff = {"obs": self.obs, "past": self.past, "future": self.future, "shifted": self.future}[which]
+        return rff.transform_indices(x, dtype) if self.discrete else rff.transform(x, dtype)
+
+    def apply_unique(self, which: str, x: np.ndarray, dtype: np.dtype = np.float64
+                     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Features of the distinct rows of ``x``: (phi_unique, inverse, counts), phi = phi_unique[inverse].
+
+        Discrete windows repeat a lot (PTB has far fewer distinct 5-grams than positions), so computing each
+        distinct row once cuts the cost of the cosines; continuous rows are returned as they are
+        (inverse and counts None).
+        """
+        if not self.discrete:
+            return self.apply(which, x, dtype), None, None
+        x = np.asarray(x)
+        if x.ndim == 1:
+            x = x[:, None]
+        V = self.vocab_size
+        width = x.shape[1]
+        if V ** width < 2 ** 62:
+            key = np.zeros(x.shape[0], dtype=np.int64)
+            for j in range(width):
+                key = key * V + (x[:, j] - j * V)
+            _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+            rows = x[first]
+        else:
+            rows, inverse, counts = np.unique(x, axis=0, return_inverse=True, return_counts=True)
+        return self.apply(which, rows, dtype), inverse.reshape(-1), counts
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name in ("obs", "past", "future"):
+            out.update(getattr(self, name).to_arrays(name))
+        out["discrete"] = np.array(self.discrete)
+        out["vocab_size"] = np.array(self.vocab_size)
+        out["past_window"] = np.array(self.past_window)
+        out["future_window"] = np.array(self.future_window)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "FeatureMaps":
+        return cls(
+            obs=RandomFourierFeatures.from_arrays(arrays, "obs"),
+            past=RandomFourierFeatures.from_arrays(arrays, "past"),
+            future=RandomFourierFeatures.from_arrays(arrays, "future"),
+            discrete=bool(arrays["discrete"]),
+            vocab_size=int(arrays["vocab_size"]),
+            past_window=int(arrays["past_window"]),
+            future_window=int(arrays["future_window"]),
+        )
+
+
+def fit_feature_maps(
+    windows: Windows,
+    *,
+    n_features: int = 2000,
+    obs_dim: int,
+    vocab_size: int = 0,
+    widths: dict[str, float | None] | None = None,
+    width_scale: float = 1.0,
+    seed: int = 0,
+    max_points: int = 1000,
+) -> FeatureMaps:
+    """Draw the observation, history and future RFF maps; each width is the median pairwise distance of its
+    inputs (times ``width_scale``) unless given in ``widths`` (keys ``obs``, ``past``, ``future``).
+
+    ``obs_dim`` is the raw observation size (vocabulary size for discrete data).
+    """
+    widths = dict(widths or {})
+    past_window = windows.past.shape[1] if windows.discrete else windows.past.shape[1] // obs_dim
+    future_window = windows.future.shape[1] if windows.discrete else windows.future.shape[1] // obs_dim
+    maps = {}
+    for k, (name, x) in enumerate((("obs", windows.obs), ("past", windows.past), ("future", windows.future))):
+        w = widths.get(name)
+        if w is None:
+            if windows.discrete:
+                w = one_hot_window_distance_sample(x, vocab_size, max_points=max_points, seed=seed + 7 * k)
+            else:
+                w = median_pairwise_distance(x, max_points=max_points, seed=seed + 7 * k)
+            w *= width_scale
+        in_dim = x.shape[1] * (vocab_size if windows.discrete else 1)
+        maps[name] = RandomFourierFeatures.create(in_dim, n_features, float(w), seed=seed + 1000 * (k + 1))
+    return FeatureMaps(discrete=windows.discrete, vocab_size=vocab_size, past_window=past_window,
+                       future_window=future_window, **maps)
