@@ -1,0 +1,138 @@
+"""A short Python API: fit a PSRNN (2SR + BPTT) on a list of arrays and predict, without DVC or MLflow.
+
+    >>> from pipeline.api import fit_model
+    >>> fitted = fit_model(train_trajectories, test_trajectories, model="psrnn", epochs=5)
+    >>> fitted.history[-1]["test"]          # {"mse": ...} or {"bpc": ..., "accuracy": ...}
+    >>> predictions = fitted.predict(test_trajectories)
+
+Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of shape (T,) or (T, m) as continuous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.decompose import CPFactors, cp_decompose
+from pipeline.models.common import ModelConfig, SequenceModel
+from pipeline.two_stage import LinearStateSpace, TwoStageConfig, TwoStageModel, linear_two_stage, \
+    multilayer_two_stage
+
+
+def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = None,
+                     cp: Sequence[CPFactors] | None = None, linear: LinearStateSpace | None = None,
+                     seed: int = 0) -> SequenceModel:
+    """Build the model of ``config`` and set its parameters: 2SR (PSRNNs, KF), random (``init='random'``) or
+    Xavier (RNN/GRU/LSTM)."""
+    import torch
+
+    from pipeline.models import KalmanFilter, PSRNN, RecurrentBaseline, build_model
+
+    torch.manual_seed(seed)
+    model = build_model(config)
+    if isinstance(model, PSRNN):
+        if config.init == "random":
+            return model.random_init(seed)
+        if two_stage is None:
+            raise ValueError(f"{config.model} with init '2sr' needs a 2SR model")
+        factors = [c.as_dict() for c in cp] if cp is not None else None
+        if config.rank is not None and factors is None:
+            raise ValueError("factorized_psrnn needs CP factors for every layer")
+        return model.load_two_stage(two_stage, cp=factors, bias_scale=config.bias_scale)
+    if isinstance(model, KalmanFilter):
+        if linear is None:
+            raise ValueError("kf needs a linear 2SR state-space model")
+        return model.load_two_stage(linear)
+    assert isinstance(model, RecurrentBaseline)
+    return model.xavier_init(seed)
+
+
+def infer_kind(trajectories: Sequence[np.ndarray]) -> tuple[bool, int]:
+    """(discrete, input_dim) from the arrays themselves."""
+    first = np.asarray(trajectories[0])
+    if np.issubdtype(first.dtype, np.integer) and first.ndim == 1:
+        vocab = int(max(int(np.max(t)) for t in trajectories)) + 1
+        return True, vocab
+    return False, 1 if first.ndim == 1 else first.shape[1]
+
+
+@dataclass
+class FittedModel:
+    model: SequenceModel
+    history: list[dict[str, Any]]
+    two_stage: TwoStageModel | LinearStateSpace | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def predict(self, trajectories: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per trajectory, row t = the prediction of o_{t+1} (logits for discrete data)."""
+        from pipeline.train import predict
+
+        return predict(self.model, [_as_input(t, self.model.config.discrete) for t in trajectories])
+
+    def evaluate(self, trajectories: Sequence[np.ndarray]) -> dict[str, float]:
+        from pipeline.train import evaluate
+
+        return evaluate(self.model, [_as_input(t, self.model.config.discrete) for t in trajectories])
+
+
+def _as_input(t: np.ndarray, discrete: bool) -> np.ndarray:
+    t = np.asarray(t)
+    return t.astype(np.int64) if discrete else t.reshape(len(t), -1).astype(np.float64)
+
+
+def fit_model(
+    train: Sequence[np.ndarray],
+    test: Sequence[np.ndarray] | None = None,
+    *,
+    model: str = "psrnn",
+    state_dim: int = 20,
+    obs_dim: int = 20,
+    n_layers: int = 1,
+    rank: int | None = None,
+    n_features: int = 2000,
+    horizon: int = 1,
+    ridge: float = 1e-2,
+    init: str = "2sr",
+    bias_scale: float | None = None,
+    epochs: int = 5,
+    lr: float = 1.0,
+    bptt: int = 35,
+    batch_size: int = 20,
+    clip: float = 0.25,
+    device: str = "auto",
+    seed: int = 0,
+    two_stage_options: dict[str, Any] | None = None,
+) -> FittedModel:
+    """Initialise ``model`` (2SR for PSRNNs and the KF) and refine it by BPTT; returns the model and history."""
+    from pipeline.train import TrainConfig, fit
+
+    discrete, input_dim = infer_kind(train)
+    train = [_as_input(t, discrete) for t in train]
+    test = [_as_input(t, discrete) for t in (test or train)]
+    if model == "factorized_psrnn" and rank is None:
+        raise ValueError("factorized_psrnn needs a rank")
+    if bias_scale is None:
+        bias_scale = 0.1 if model == "factorized_psrnn" else 0.0
+    cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
+                      state_dim=state_dim, obs_dim=obs_dim, n_layers=n_layers,
+                      rank=rank if model == "factorized_psrnn" else None, n_rff=n_features,
+                      init=init if model in ("psrnn", "factorized_psrnn") else
+                      ("2sr" if model == "kf" else "xavier"), bias_scale=bias_scale)
+    tsm = lss = None
+    cps = None
+    if model in ("psrnn", "factorized_psrnn") and init == "2sr":
+        ts_cfg = TwoStageConfig(state_dim=state_dim, obs_dim=obs_dim, past_dim=state_dim, n_features=n_features,
+                                past_window=horizon, future_window=horizon, ridge=ridge, seed=seed,
+                                **(two_stage_options or {}))
+        tsm = multilayer_two_stage(train, ts_cfg, n_layers=n_layers, discrete=discrete,
+                                   vocab_size=input_dim if discrete else 0)
+        if model == "factorized_psrnn":
+            cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
+    elif model == "kf":
+        lss = linear_two_stage(train, state_dim=state_dim, past_window=horizon, future_window=horizon)
+    net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
+    result = fit(net, train, test, TrainConfig(epochs=epochs, lr=lr, bptt=bptt, batch_size=batch_size, clip=clip,
+                                               device=device, seed=seed))
+    return FittedModel(model=net, history=result.history, two_stage=tsm or lss)

@@ -1,0 +1,83 @@
+"""Lay trajectories out as parallel streams for (truncated) BPTT.
+
+Each of the B streams is a concatenation of whole trajectories; ``reset[t, b]`` marks the first step of a
+trajectory, where the model restarts from its initial state, and ``mask[t, b]`` marks the steps that have a target
+(o_{t+1} in the same trajectory). A single long trajectory (PTB) is cut into B contiguous pieces, as
+``batchify`` does in word_language_model; evaluation uses one stream per trajectory, so the state is filtered
+through the whole test sequence and never reset per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Streams:
+    x: torch.Tensor        # (L, B) int64 or (L, B, m)
+    y: torch.Tensor        # targets, same layout
+    mask: torch.Tensor     # (L, B) bool: step has a target
+    reset: torch.Tensor    # (L, B) bool: trajectory starts here
+
+    @property
+    def length(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.x.shape[1]
+
+    def windows(self, bptt: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        step = self.length if bptt <= 0 else bptt
+        for s in range(0, self.length, step):
+            yield self.x[s:s + step], self.y[s:s + step], self.mask[s:s + step], self.reset[s:s + step]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Streams":
+        x, y = self.x.to(device), self.y.to(device)
+        if dtype is not None and x.is_floating_point():
+            x, y = x.to(dtype), y.to(dtype)
+        return Streams(x=x, y=y, mask=self.mask.to(device), reset=self.reset.to(device))
+
+
+def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete: bool,
+                 order: np.ndarray | None = None) -> Streams:
+    """Arrange ``trajectories`` (in ``order``) into at most ``n_streams`` padded streams."""
+    if not trajectories:
+        raise ValueError("no trajectories to batch")
+    trajs = [np.asarray(trajectories[i]) for i in (order if order is not None else range(len(trajectories)))]
+    if len(trajs) == 1 and n_streams > 1:
+        whole = trajs[0]
+        piece = len(whole) // n_streams
+        if piece < 2:
+            n_streams = max(1, len(whole) // 2)
+            piece = len(whole) // n_streams
+        trajs = [whole[i * piece:(i + 1) * piece] for i in range(n_streams)]
+    n_streams = min(n_streams, len(trajs))
+    buckets: list[list[np.ndarray]] = [[] for _ in range(n_streams)]
+    lengths = np.zeros(n_streams, dtype=np.int64)
+    for t in trajs:  # greedy: next trajectory to the currently shortest stream, ties to the lowest index
+        b = int(np.argmin(lengths))
+        buckets[b].append(t)
+        lengths[b] += len(t)
+    L = int(lengths.max())
+    feat_shape = () if discrete else (trajs[0].reshape(len(trajs[0]), -1).shape[1],)
+    x = np.zeros((L, n_streams, *feat_shape), dtype=np.int64 if discrete else np.float32)
+    y = np.zeros_like(x)
+    mask = np.zeros((L, n_streams), dtype=bool)
+    reset = np.zeros((L, n_streams), dtype=bool)
+    for b, bucket in enumerate(buckets):
+        pos = 0
+        for t in bucket:
+            T = len(t)
+            t = t if discrete else t.reshape(T, -1)
+            x[pos:pos + T, b] = t
+            y[pos:pos + T - 1, b] = t[1:]
+            mask[pos:pos + T - 1, b] = True
+            reset[pos, b] = True
+            pos += T
+    return Streams(x=torch.from_numpy(x), y=torch.from_numpy(y), mask=torch.from_numpy(mask),
+                   reset=torch.from_numpy(reset))

@@ -1,0 +1,49 @@
+"""Metrics of one-step prediction (Sec. 5): bits per character and accuracy for discrete data, mean squared error
+for continuous data. Accumulated as sums so that windows and batches of any size give the same number."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MetricSums:
+    discrete: bool
+    loss_sum: float = 0.0     # nats (discrete) or squared error (continuous)
+    correct: int = 0
+    count: int = 0            # targets (discrete) or target elements (continuous)
+
+    def add(self, outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> None:
+        with torch.no_grad():
+            if self.discrete:
+                logp = torch.log_softmax(outputs[mask].double(), dim=-1)
+                tgt = targets[mask]
+                self.loss_sum += float(-logp.gather(1, tgt[:, None]).sum())
+                self.correct += int((logp.argmax(-1) == tgt).sum())
+                self.count += int(tgt.numel())
+            else:
+                diff = (outputs[mask] - targets[mask]).double()
+                self.loss_sum += float((diff ** 2).sum())
+                self.count += int(diff.numel())
+
+    def result(self) -> dict[str, float]:
+        if self.count == 0:
+            return {"bpc": float("nan"), "accuracy": float("nan")} if self.discrete else {"mse": float("nan")}
+        if self.discrete:
+            return {"bpc": self.loss_sum / self.count / math.log(2), "accuracy": self.correct / self.count}
+        return {"mse": self.loss_sum / self.count}
+
+
+def masked_loss(outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, discrete: bool) -> torch.Tensor:
+    """The training objective: mean cross-entropy in nats (discrete) or mean squared error (continuous)."""
+    if discrete:
+        return torch.nn.functional.cross_entropy(outputs[mask], targets[mask])
+    return torch.mean((outputs[mask] - targets[mask]) ** 2)
+
+
+def primary_metric(discrete: bool) -> str:
+    """The metric models are optimised and selected on: BPC or MSE (lower is better)."""
+    return "bpc" if discrete else "mse"

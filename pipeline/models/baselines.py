@@ -1,0 +1,67 @@
+"""RNN, GRU and LSTM baselines in the same encoder → recurrent → decoder shape as the PSRNN (Sec. 5).
+
+Weights are Xavier-initialised and biases zero, as in the paper. The recurrent part is ``torch.nn.RNN/GRU/LSTM``
+(cuDNN / MKL kernels). A window containing trajectory resets is run in segments between reset steps.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from pipeline.models.common import ModelConfig, SequenceModel, apply_reset
+
+_MODULES = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
+
+
+class RecurrentBaseline(SequenceModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        c = config
+        if c.model not in _MODULES:
+            raise ValueError(f"RecurrentBaseline supports {tuple(_MODULES)}, got {c.model!r}")
+        self.encoder: nn.Module = nn.Embedding(c.input_dim, c.obs_dim) if c.discrete else nn.Linear(c.input_dim,
+                                                                                                     c.obs_dim)
+        kwargs = {"nonlinearity": "tanh"} if c.model == "rnn" else {}
+        self.rnn = _MODULES[c.model](c.obs_dim, c.state_dim, num_layers=c.n_layers, **kwargs)
+        self.decoder = nn.Linear(c.state_dim, c.output_dim)
+        self.is_lstm = c.model == "lstm"
+
+    def xavier_init(self, seed: int) -> "RecurrentBaseline":
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    nn.init.xavier_uniform_(p, generator=g)
+                else:
+                    p.zero_()
+        return self
+
+    def init_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        p = next(self.parameters())
+        h = torch.zeros(batch_size, self.config.n_layers, self.config.state_dim, dtype=p.dtype, device=p.device)
+        return (h, h.clone()) if self.is_lstm else (h,)
+
+    def _run(self, e: torch.Tensor, state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        hx = tuple(s.transpose(0, 1).contiguous() for s in state)  # (layers, B, d)
+        out, new = self.rnn(e, hx if self.is_lstm else hx[0])
+        new_t = new if self.is_lstm else (new,)
+        return out, tuple(s.transpose(0, 1) for s in new_t)
+
+    def forward(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        e = self.encoder(x)
+        L = e.shape[0]
+        cuts = [] if reset is None else torch.nonzero(reset.any(1)).flatten().tolist()
+        bounds = sorted(set([0, *cuts, L]))
+        outs = []
+        state = tuple(state)
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            if reset is not None and start in cuts:
+                zero = torch.zeros_like(state[0][0])
+                state = tuple(apply_reset(s, zero, reset[start]) for s in state)
+            out, state = self._run(e[start:stop], state)
+            outs.append(out)
+        return self.decoder(torch.cat(outs, 0)), state

@@ -1,0 +1,210 @@
+"""PSRNN and factorized PSRNN (Sec. 4.1 and 4.3), with the encoder and decoder of the reference code.
+
+One layer updates its state by Eq. (5):
+
+    q_{t+1} = (W ×₂ o_t ×₃ q_t + b) / ‖W ×₂ o_t ×₃ q_t + b‖₂,
+
+W having shape (d, d_o, d) — W[i, j, k]: output state i, observation j, input state k. The factorized layer uses
+the CP form W = Σ_r a_r ⊗ b_r ⊗ c_r (Eq. 10): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, with A, C of shape (r, d) and
+B of shape (r, d_o). Layers stack: the states of layer l are the observations of layer l+1 (Sec. 4.2). Each layer's
+observation enters through an encoder, the RFF map followed by the 2SR projection, o_t = U_oᵀ ω(x_t):
+an embedding table for discrete symbols (exactly U_oᵀ ω(e_v) per symbol) and a trainable RFF layer for continuous
+inputs. A linear decoder maps the top state to logits (discrete) or to the predicted next observation.
+
+Both cores reduce, for a known input sequence, to a normalised linear recurrence q_{t+1} = n(G_t q_t + b) with
+per-step matrices G_t = W ×₂ o_t (or Aᵀ diag(B o_t) C), which are computed for the whole window in one batched
+contraction before the (cheap) sequential part.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.models.common import ModelConfig, SequenceModel, apply_reset
+
+
+class EmbeddingEncoder(nn.Module):
+    """Discrete observations: the RFF-and-projection of a one-hot vector is a lookup table (V, d_o)."""
+
+    def __init__(self, vocab_size: int, out_dim: int):
+        super().__init__()
+        self.table = nn.Embedding(vocab_size, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table(x)
+
+
+class RFFEncoder(nn.Module):
+    """Continuous observations: o = U_oᵀ sqrt(2/D) cos(Ωᵀx + β), with Ω, β and U_o all trainable."""
+
+    def __init__(self, in_dim: int, n_features: int, out_dim: int):
+        super().__init__()
+        self.frequencies = nn.Parameter(torch.zeros(in_dim, n_features))
+        self.offsets = nn.Parameter(torch.zeros(n_features))
+        self.projection = nn.Parameter(torch.zeros(n_features, out_dim))
+        self.scale = math.sqrt(2.0 / n_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.scale * torch.cos(x @ self.frequencies + self.offsets)) @ self.projection
+
+
+def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor,
+                          reset: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
+    """q_{t+1} = (G_t q_t + b)/‖G_t q_t + b‖ for t = 0 … L-1; returns the L new states, shape (L, B, d).
+
+    ``reset[t, b]`` puts element b back to ``q_init`` before step t. A zero vector (possible only for
+    degenerate parameters) is mapped to ``q_init`` instead of dividing by zero.
+    """
+    L = G.shape[0]
+    reset_steps = set() if reset is None else set(torch.nonzero(reset.any(1)).flatten().tolist())
+    out = []
+    for t in range(L):
+        if t in reset_steps:
+            q = apply_reset(q, q_init, reset[t])  # type: ignore[index]
+        z = torch.bmm(G[t], q.unsqueeze(-1)).squeeze(-1) + b
+        norm = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+        q = torch.where(norm > eps, z / norm.clamp_min(eps), q_init.expand_as(z))
+        out.append(q)
+    return torch.stack(out)
+
+
+class PSRNNLayer(nn.Module):
+    """One full-tensor PSRNN layer (Eq. 5): parameters W (d, d_o, d), b (d) and the initial state q₁ (d)."""
+
+    def __init__(self, state_dim: int, obs_dim: int):
+        super().__init__()
+        self.W = nn.Parameter(torch.zeros(state_dim, obs_dim, state_dim))
+        self.b = nn.Parameter(torch.zeros(state_dim))
+        self.q1 = nn.Parameter(torch.full((state_dim,), 1.0 / math.sqrt(state_dim)))
+
+    def step_matrices(self, o: torch.Tensor) -> torch.Tensor:
+        """G_t = W ×₂ o_t for a whole window: (L, B, d_o) -> (L, B, d, d)."""
+        return torch.einsum("ijk,lbj->lbik", self.W, o)
+
+    def initial(self) -> torch.Tensor:
+        return self.q1 / torch.linalg.vector_norm(self.q1).clamp_min(1e-12)
+
+    def forward(self, o: torch.Tensor, q: torch.Tensor, reset: torch.Tensor | None = None) -> torch.Tensor:
+        return normalized_recurrence(self.step_matrices(o), self.b, q, self.initial(), reset)
+
+
+class FactorizedPSRNNLayer(PSRNNLayer):
+    """A factorized PSRNN layer (Eq. 10): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, rank r."""
+
+    def __init__(self, state_dim: int, obs_dim: int, rank: int):
+        nn.Module.__init__(self)
+        self.A = nn.Parameter(torch.zeros(rank, state_dim))
+        self.B = nn.Parameter(torch.zeros(rank, obs_dim))
+        self.C = nn.Parameter(torch.zeros(rank, state_dim))
+        self.b = nn.Parameter(torch.zeros(state_dim))
+        self.q1 = nn.Parameter(torch.full((state_dim,), 1.0 / math.sqrt(state_dim)))
+
+    def step_matrices(self, o: torch.Tensor) -> torch.Tensor:
+        """G_t = Aᵀ diag(B o_t) C, i.e. W ×₂ o_t with W = Σ_r a_r ⊗ b_r ⊗ c_r."""
+        return torch.einsum("ri,lbr,rk->lbik", self.A, o @ self.B.T, self.C)
+
+
+class PSRNN(SequenceModel):
+    """A stack of PSRNN layers (full or factorized) with per-layer encoders and a linear decoder.
+
+    ``config.rank`` None gives full-tensor layers, an integer gives factorized layers of that rank.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        c = config
+        self.encoders = nn.ModuleList()
+        self.cores = nn.ModuleList()
+        for level in range(c.n_layers):
+            if level == 0 and c.discrete:
+                self.encoders.append(EmbeddingEncoder(c.input_dim, c.obs_dim))
+            else:
+                in_dim = c.input_dim if level == 0 else c.state_dim
+                self.encoders.append(RFFEncoder(in_dim, c.n_rff, c.obs_dim))
+            if c.rank is None:
+                self.cores.append(PSRNNLayer(c.state_dim, c.obs_dim))
+            else:
+                self.cores.append(FactorizedPSRNNLayer(c.state_dim, c.obs_dim, c.rank))
+        self.decoder = nn.Linear(c.state_dim, c.output_dim)
+
+    def init_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return tuple(core.initial().detach().expand(batch_size, -1).clone() for core in self.cores)
+
+    def forward(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        new_state = []
+        h = x
+        for encoder, core, q in zip(self.encoders, self.cores, state):
+            states = core(encoder(h), q, reset)
+            new_state.append(states[-1])
+            h = states
+        return self.decoder(h), tuple(new_state)
+
+    # ------------------------------------------------------------------ initialisation from 2SR / at random
+
+    def load_two_stage(self, model, *, cp: Sequence[dict] | None = None, bias_scale: float = 0.0) -> "PSRNN":
+        """Copy a :class:`pipeline.two_stage.TwoStageModel` into the parameters.
+
+        ``cp`` gives, per layer, the CP factors {"A", "B", "C"} for factorized layers. The bias is
+        ``bias_scale`` times the layer's mean unnormalised state (Sec. 4.3: "a small multiple of the mean state").
+        """
+        if len(model.layers) != len(self.cores):
+            raise ValueError(f"2SR model has {len(model.layers)} layers, the network {len(self.cores)}")
+        with torch.no_grad():
+            for level, (layer, encoder, core) in enumerate(zip(model.layers, self.encoders, self.cores)):
+                if isinstance(encoder, EmbeddingEncoder):
+                    V = encoder.table.num_embeddings
+                    encoder.table.weight.copy_(_t(layer.encode(np.arange(V))))
+                else:
+                    encoder.frequencies.copy_(_t(layer.maps.obs.frequencies))
+                    encoder.offsets.copy_(_t(layer.maps.obs.offsets))
+                    encoder.projection.copy_(_t(layer.U_obs))
+                if isinstance(core, FactorizedPSRNNLayer):
+                    if cp is None:
+                        raise ValueError("factorized layers need CP factors (see pipeline.decompose)")
+                    for name in ("A", "B", "C"):
+                        getattr(core, name).copy_(_t(cp[level][name]))
+                else:
+                    core.W.copy_(_t(layer.W))
+                core.b.copy_(_t(bias_scale * layer.mean_state))
+                core.q1.copy_(_t(layer.q1))
+            self.decoder.weight.copy_(_t(model.decoder.weight))
+            self.decoder.bias.copy_(_t(model.decoder.bias))
+        return self
+
+    def random_init(self, seed: int) -> "PSRNN":
+        """The ``random`` option: Gaussian tensors scaled to keep ‖W ×₂ o ×₃ q‖ of order 1, random encoders,
+        Xavier decoder, zero bias — the baseline that shows what 2SR buys."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for encoder, core in zip(self.encoders, self.cores):
+                if isinstance(encoder, EmbeddingEncoder):
+                    encoder.table.weight.copy_(torch.randn(encoder.table.weight.shape, generator=g)
+                                               / math.sqrt(encoder.table.embedding_dim))
+                else:
+                    in_dim = encoder.frequencies.shape[0]
+                    encoder.frequencies.copy_(torch.randn(encoder.frequencies.shape, generator=g)
+                                              / math.sqrt(in_dim))
+                    encoder.offsets.copy_(torch.rand(encoder.offsets.shape, generator=g) * 2 * math.pi)
+                    encoder.projection.copy_(torch.randn(encoder.projection.shape, generator=g)
+                                             / math.sqrt(encoder.projection.shape[0] / 2))
+                for name, p in core.named_parameters():
+                    if name == "b":
+                        p.zero_()
+                    elif name == "q1":
+                        p.copy_(torch.randn(p.shape, generator=g))
+                    else:
+                        fan = p.shape[1] if p.dim() == 2 else p.shape[1] * p.shape[2]
+                        p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan))
+            nn.init.xavier_uniform_(self.decoder.weight, generator=g)
+            self.decoder.bias.zero_()
+        return self
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x), dtype=torch.get_default_dtype())

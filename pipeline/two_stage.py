@@ -1,0 +1,490 @@
+"""Two-stage regression (2SR; Hefny et al. 2015) as used to initialise PSRNNs (Sec. 3.2 and 4.2 of the paper).
+
+With RFF features ω_t (observation), η_t (history), φ_t (future) and φ_{t+1} (shifted future), each projected onto
+its top singular directions (o_t = U_oᵀω_t, h_t = U_hᵀη_t, f_t = U_fᵀφ_t, s_t = U_fᵀφ_{t+1}):
+
+* stage 1 (ridge, λ = ridge·n):  E[f_t | h_t] = W_fᵀ h_t,   E[s_t ⊗ o_t | h_t] = W_eᵀ h_t
+* stage 2 (ridge, λ = ridge·n):  E[s_t ⊗ o_t | h_t] ≈ Mᵀ E[f_t | h_t]
+* the PSRNN tensor is M reshaped: W[i, j, k] = M[k, (i, j)], so that q_{t+1} ∝ W ×₂ o_t ×₃ q_t (Eq. 5);
+  q₁ is the mean of E[f_t | h_t].
+
+Streaming. Only the sufficient statistics are ever held: the projections come from a randomised range finder
+(Halko et al. 2011) whose products ΦᵀΦQ are accumulated chunk by chunk, and stage 1 and 2 need only HᵀH, HᵀF and
+HᵀE (Σ ŝŝᵀ = W_fᵀHᵀH W_f and Σ ŝêᵀ = W_fᵀHᵀH W_e). No T × n_rff matrix is materialised; memory is
+O(chunk·n_rff + n_rff·(d + oversample)) whatever the length of the data.
+
+Then the states are filtered through the training data with the normalised update, and a regression from states to
+the next observation initialises the decoder (softmax for discrete data, linear for continuous data). A multilayer
+PSRNN is initialised layer by layer, the states filtered by layer l being the observations of layer l+1 (Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+
+from pipeline.features import FeatureMaps, Windows, fit_feature_maps, make_windows
+from pipeline.progress import progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TwoStageConfig:
+    """Hyperparameters of one 2SR layer (defaults: the paper's text, Sec. 5)."""
+
+    state_dim: int = 20          # d: size of the predictive state (and of the future projection)
+    obs_dim: int = 20            # d_o: size of the projected observation (encoder output)
+    past_dim: int = 20           # d_h: size of the projected history
+    n_features: int = 2000       # D: RFF features per family
+    past_window: int = 1         # p: observations in a history window
+    future_window: int = 1       # k: observations in a future window (the paper's "horizon")
+    ridge: float = 1e-2          # λ = ridge · n in both stages
+    width_scale: float = 1.0     # multiplies the median-distance kernel widths
+    widths: dict[str, float] | None = None  # fixed widths for "obs", "past", "future" (overrides the median)
+    svd: str = "randomized"      # "randomized" (streaming range finder) or "exact" (eigh of the D×D Gram)
+    power_iterations: int = 2
+    oversample: int = 10
+    chunk_size: int = 8192
+    feature_dtype: str = "float32"  # RFF chunks; accumulators are always float64
+    decoder_ridge: float = 1e-3  # decoder regression: λ = decoder_ridge · n
+    seed: int = 0
+
+    def validate(self) -> None:
+        for key in ("state_dim", "obs_dim", "past_dim", "n_features", "past_window", "future_window", "chunk_size"):
+            v = getattr(self, key)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"two_stage.{key}: expected a positive integer, got {v!r}")
+        for key in ("state_dim", "obs_dim", "past_dim"):
+            if getattr(self, key) > self.n_features:
+                raise ValueError(
+                    f"two_stage.{key}={getattr(self, key)} exceeds n_features={self.n_features}: "
+                    "a projection cannot have more directions than RFF features"
+                )
+        if self.ridge < 0 or self.decoder_ridge < 0:
+            raise ValueError(f"two_stage.ridge must be >= 0, got {self.ridge}")
+        if self.svd not in ("randomized", "exact"):
+            raise ValueError(f"two_stage.svd: expected 'randomized' or 'exact', got {self.svd!r}")
+
+
+@dataclass
+class TwoStageLayer:
+    """The result of 2SR for one layer: everything a PSRNN layer (and its encoder) is initialised from."""
+
+    W: np.ndarray              # (d, d_o, d): W[i, j, k], output state i, observation j, input state k
+    q1: np.ndarray             # (d,): initial state (unit norm)
+    mean_state: np.ndarray     # (d,): mean of the unnormalised update W ×₂ o ×₃ q over training (bias scale)
+    U_obs: np.ndarray          # (D, d_o): observation projection (encoder)
+    U_past: np.ndarray         # (D, d_h)
+    U_future: np.ndarray       # (D, d)
+    maps: FeatureMaps
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+    def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        out = {"W": self.W, "q1": self.q1, "mean_state": self.mean_state, "U_obs": self.U_obs,
+               "U_past": self.U_past, "U_future": self.U_future}
+        out.update(self.maps.to_arrays())
+        return {prefix + k: v for k, v in out.items()}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str = "",
+                    diagnostics: dict[str, Any] | None = None) -> "TwoStageLayer":
+        a = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        return cls(W=a["W"], q1=a["q1"], mean_state=a["mean_state"], U_obs=a["U_obs"], U_past=a["U_past"],
+                   U_future=a["U_future"], maps=FeatureMaps.from_arrays(a), diagnostics=diagnostics or {})
+
+    @property
+    def state_dim(self) -> int:
+        return self.W.shape[0]
+
+    @property
+    def obs_dim(self) -> int:
+        return self.W.shape[1]
+
+    def encode(self, trajectory: np.ndarray, chunk_size: int = 8192) -> np.ndarray:
+        """Encoder output o_t = U_oᵀ ω(o_t) for every step of a raw trajectory, shape (T, d_o)."""
+        x = np.asarray(trajectory)
+        if self.maps.discrete:
+            x = x.reshape(-1, 1)
+        else:
+            x = x.reshape(x.shape[0], -1)
+        out = np.empty((x.shape[0], self.obs_dim))
+        for s in range(0, x.shape[0], chunk_size):
+            phi, inverse, _ = self.maps.apply_unique("obs", x[s:s + chunk_size])
+            enc = phi @ self.U_obs
+            out[s:s + chunk_size] = enc if inverse is None else enc[inverse]
+        return out
+
+
+@dataclass
+class Decoder:
+    """Initial decoder: logits (discrete) or prediction (continuous) = q @ weight.T + bias."""
+
+    weight: np.ndarray  # (out, d)
+    bias: np.ndarray    # (out,)
+    kind: str
+
+    def predict(self, states: np.ndarray) -> np.ndarray:
+        return states @ self.weight.T + self.bias
+
+
+# ---------------------------------------------------------------------------------------------- projections
+
+
+def _orth(y: np.ndarray) -> np.ndarray:
+    q, _ = np.linalg.qr(y)
+    return q
+
+
+def _families(maps: FeatureMaps) -> tuple[str, ...]:
+    return ("obs", "past", "future")
+
+
+def top_projections(
+    windows: Windows, maps: FeatureMaps, dims: dict[str, int], cfg: TwoStageConfig
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Top right singular vectors of each feature matrix Φ (n × D), streamed over chunks of rows.
+
+    Returns (projections {family: (D, dim)}, singular values {family: (dim,)}).
+    """
+    dtype = np.dtype(cfg.feature_dtype)
+    D = maps.obs.n_features
+    fams = _families(maps)
+    if cfg.svd == "exact":
+        grams = {f: np.zeros((D, D)) for f in fams}
+        for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR gram"):
+            for f in fams:
+                phi, _, counts = maps.apply_unique(f, getattr(windows, f)[sl], dtype)
+                phi = phi.astype(np.float64)
+                grams[f] += phi.T @ (phi if counts is None else phi * counts[:, None])
+        out, sv = {}, {}
+        for f in fams:
+            evals, evecs = np.linalg.eigh(grams[f])
+            order = np.argsort(evals)[::-1][: dims[f]]
+            out[f] = _fix_signs(evecs[:, order])
+            sv[f] = np.sqrt(np.maximum(evals[order], 0))
+        return out, sv
+
+    rng = np.random.default_rng(cfg.seed + 17)
+    Q = {f: _orth(rng.standard_normal((D, min(D, dims[f] + cfg.oversample)))) for f in fams}
+    T_small: dict[str, np.ndarray] = {}
+    for it in range(cfg.power_iterations + 1):
+        Y = {f: np.zeros_like(Q[f]) for f in fams}
+        for sl in progress(list(windows.chunks(cfg.chunk_size)), desc=f"2SR range pass {it + 1}"):
+            for f in fams:
+                phi, _, counts = maps.apply_unique(f, getattr(windows, f)[sl], dtype)
+                proj = phi @ Q[f].astype(dtype)
+                if counts is not None:
+                    proj *= counts[:, None].astype(dtype)
+                Y[f] += (phi.T @ proj).astype(np.float64)
+        if it == cfg.power_iterations:
+            T_small = {f: Q[f].T @ Y[f] for f in fams}
+        else:
+            Q = {f: _orth(Y[f]) for f in fams}
+    out, sv = {}, {}
+    for f in fams:
+        S = 0.5 * (T_small[f] + T_small[f].T)
+        evals, evecs = np.linalg.eigh(S)
+        order = np.argsort(evals)[::-1][: dims[f]]
+        out[f] = _fix_signs(Q[f] @ evecs[:, order])
+        sv[f] = np.sqrt(np.maximum(evals[order], 0))
+    return out, sv
+
+
+def _fix_signs(U: np.ndarray) -> np.ndarray:
+    """Make the largest-magnitude entry of each column positive, so results do not depend on LAPACK's sign."""
+    idx = np.argmax(np.abs(U), axis=0)
+    signs = np.sign(U[idx, np.arange(U.shape[1])])
+    signs[signs == 0] = 1
+    return U * signs
+
+
+# ----------------------------------------------------------------------------------------------- regression
+
+
+def _ridge_solve(gram: np.ndarray, rhs: np.ndarray, lam: float) -> np.ndarray:
+    """(G + λI)⁻¹ R, stable for rank-deficient G (λ > 0) and falling back to lstsq when λ = 0."""
+    A = gram + lam * np.eye(gram.shape[0])
+    try:
+        return scipy.linalg.solve(A, rhs, assume_a="pos")
+    except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
+        return np.linalg.lstsq(A, rhs, rcond=None)[0]
+
+
+def _projected(maps: FeatureMaps, which: str, x: np.ndarray, U: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    phi, inverse, _ = maps.apply_unique(which, x, dtype)
+    proj = (phi @ U.astype(dtype)).astype(np.float64)
+    return proj if inverse is None else proj[inverse]
+
+
+def two_stage_regression(
+    trajectories: Sequence[np.ndarray],
+    cfg: TwoStageConfig,
+    *,
+    discrete: bool,
+    vocab_size: int = 0,
+    maps: FeatureMaps | None = None,
+) -> TwoStageLayer:
+    """Learn one PSRNN layer by 2SR from raw ``trajectories`` (int symbols or (T, m) floats); see module doc."""
+    cfg.validate()
+    windows = make_windows(trajectories, cfg.past_window, cfg.future_window, discrete=discrete,
+                           vocab_size=vocab_size if discrete else None)
+    n = len(windows)
+    raw_dim = vocab_size if discrete else np.asarray(trajectories[0]).reshape(len(trajectories[0]), -1).shape[1]
+    if maps is None:
+        maps = fit_feature_maps(windows, n_features=cfg.n_features, obs_dim=raw_dim, vocab_size=vocab_size,
+                                widths=cfg.widths, width_scale=cfg.width_scale, seed=cfg.seed)
+    d, d_o, d_h = cfg.state_dim, cfg.obs_dim, cfg.past_dim
+    proj, sv = top_projections(windows, maps, {"obs": d_o, "past": d_h, "future": d}, cfg)
+    U_o, U_h, U_f = proj["obs"], proj["past"], proj["future"]
+
+    dtype = np.dtype(cfg.feature_dtype)
+    HH = np.zeros((d_h, d_h))
+    HF = np.zeros((d_h, d))
+    HE = np.zeros((d_h, d * d_o))
+    h_sum = np.zeros(d_h)
+    for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR stage 1"):
+        h = _projected(maps, "past", windows.past[sl], U_h, dtype)
+        f = _projected(maps, "future", windows.future[sl], U_f, dtype)
+        s = _projected(maps, "shifted", windows.shifted[sl], U_f, dtype)
+        o = _projected(maps, "obs", windows.obs[sl], U_o, dtype)
+        e = (s[:, :, None] * o[:, None, :]).reshape(len(s), d * d_o)  # index (i, j) -> i·d_o + j
+        HH += h.T @ h
+        HF += h.T @ f
+        HE += h.T @ e
+        h_sum += h.sum(0)
+
+    lam = cfg.ridge * n
+    W_f = _ridge_solve(HH, HF, lam)            # stage 1: history -> future
+    W_e = _ridge_solve(HH, HE, lam)            # stage 1: history -> extended future
+    SS = W_f.T @ HH @ W_f                      # Σ ŝ ŝᵀ
+    SE = W_f.T @ HH @ W_e                      # Σ ŝ êᵀ
+    M = _ridge_solve(SS, SE, lam)              # stage 2: E[future] -> E[extended future]
+    W = M.reshape(d, d, d_o).transpose(1, 2, 0).copy()   # M[k, i·d_o + j] -> W[i, j, k]
+    q1 = W_f.T @ (h_sum / n)
+    norm = np.linalg.norm(q1)
+    q1 = q1 / norm if norm > 0 else np.full(d, 1.0 / np.sqrt(d))
+    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(q1))):
+        raise FloatingPointError("2SR produced non-finite values; increase two_stage.ridge")
+    layer = TwoStageLayer(W=W, q1=q1, mean_state=np.zeros(d), U_obs=U_o, U_past=U_h, U_future=U_f, maps=maps,
+                          diagnostics={"n_windows": int(n), "lambda": float(lam),
+                                       "singular_values": {k: v.tolist() for k, v in sv.items()},
+                                       "widths": {k: getattr(maps, k).width for k in ("obs", "past", "future")}})
+    return layer
+
+
+# ------------------------------------------------------------------------------------------------ filtering
+
+
+def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, bias: np.ndarray | None = None,
+                  return_unnormalised_mean: bool = False):
+    """Run q_{t+1} = (W ×₂ o_t ×₃ q_t + b)/‖·‖ from q₁ through each trajectory.
+
+    Returns, per trajectory, the states *after* consuming each observation, shape (T, d): row t predicts o_{t+1}.
+    With ``return_unnormalised_mean`` also the mean of W ×₂ o_t ×₃ q_t over all steps.
+    """
+    d = layer.state_dim
+    b = np.zeros(d) if bias is None else bias
+    W_o = layer.W.transpose(1, 0, 2).reshape(layer.obs_dim, d * d)  # G_t = (o_t @ W_o).reshape(d, d)
+    out, z_sum, z_count = [], np.zeros(d), 0
+    for traj in progress(trajectories, desc="2SR filter"):
+        enc = layer.encode(traj)
+        T = enc.shape[0]
+        states = np.empty((T, d))
+        q = layer.q1.copy()
+        for s in range(0, T, 4096):
+            G = (enc[s:s + 4096] @ W_o).reshape(-1, d, d)
+            for i in range(G.shape[0]):
+                z = G[i] @ q
+                z_sum += z
+                z = z + b
+                nz = np.sqrt(z @ z)
+                q = z / nz if nz > 0 else layer.q1
+                states[s + i] = q
+        z_count += T
+        out.append(states)
+    if return_unnormalised_mean:
+        return out, z_sum / max(z_count, 1)
+    return out
+
+
+def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray], *, discrete: bool,
+                vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300) -> Decoder:
+    """Regress o_{t+1} on the state after o_t: softmax regression (discrete) or ridge regression (continuous)."""
+    X = np.concatenate([s[:-1] for s in states], axis=0)
+    n, d = X.shape
+    if discrete:
+        y = np.concatenate([np.asarray(t)[1:] for t in trajectories]).astype(np.int64)
+        V = vocab_size
+        lam = ridge
+
+        def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            Wt = theta[: V * d].reshape(V, d)
+            bt = theta[V * d:]
+            logits = X @ Wt.T + bt
+            logits -= logits.max(1, keepdims=True)
+            logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+            loss = -logp[np.arange(n), y].mean() + 0.5 * lam * (Wt ** 2).sum()
+            p = np.exp(logp)
+            p[np.arange(n), y] -= 1.0
+            p /= n
+            gW = p.T @ X + lam * Wt
+            gb = p.sum(0)
+            return float(loss), np.concatenate([gW.ravel(), gb])
+
+        counts = np.bincount(y, minlength=V).astype(np.float64)
+        b0 = np.log((counts + 1.0) / (counts.sum() + V))  # start from the unigram model
+        theta0 = np.concatenate([np.zeros(V * d), b0])
+        res = scipy.optimize.minimize(loss_grad, theta0, jac=True, method="L-BFGS-B",
+                                      options={"maxiter": max_iter})
+        return Decoder(weight=res.x[: V * d].reshape(V, d), bias=res.x[V * d:], kind="discrete")
+    Y = np.concatenate([np.asarray(t).reshape(len(t), -1)[1:] for t in trajectories], axis=0)
+    x_mean, y_mean = X.mean(0), Y.mean(0)
+    Xc, Yc = X - x_mean, Y - y_mean
+    Wt = _ridge_solve(Xc.T @ Xc, Xc.T @ Yc, ridge * n).T
+    return Decoder(weight=Wt, bias=y_mean - Wt @ x_mean, kind="continuous")
+
+
+@dataclass
+class TwoStageModel:
+    """A multilayer 2SR initialisation: one :class:`TwoStageLayer` per layer and the decoder of the top layer."""
+
+    layers: list[TwoStageLayer]
+    decoder: Decoder
+    discrete: bool
+    vocab_size: int
+    config: dict[str, Any]
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for i, layer in enumerate(self.layers):
+            out.update(layer.to_arrays(prefix=f"L{i + 1}_"))
+        out["decoder_weight"] = self.decoder.weight
+        out["decoder_bias"] = self.decoder.bias
+        return out
+
+    def meta(self) -> dict[str, Any]:
+        return {"n_layers": len(self.layers), "discrete": self.discrete, "vocab_size": self.vocab_size,
+                "decoder_kind": self.decoder.kind, "config": self.config,
+                "diagnostics": [layer.diagnostics for layer in self.layers]}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> "TwoStageModel":
+        layers = [TwoStageLayer.from_arrays(arrays, prefix=f"L{i + 1}_", diagnostics=meta["diagnostics"][i])
+                  for i in range(meta["n_layers"])]
+        dec = Decoder(weight=arrays["decoder_weight"], bias=arrays["decoder_bias"], kind=meta["decoder_kind"])
+        return cls(layers=layers, decoder=dec, discrete=meta["discrete"], vocab_size=meta["vocab_size"],
+                   config=meta["config"])
+
+
+def multilayer_two_stage(
+    trajectories: Sequence[np.ndarray],
+    cfg: TwoStageConfig,
+    *,
+    n_layers: int = 1,
+    discrete: bool,
+    vocab_size: int = 0,
+    maps: FeatureMaps | None = None,
+    upper_cfg: TwoStageConfig | None = None,
+) -> TwoStageModel:
+    """2SR for an ``n_layers`` PSRNN (Sec. 4.2): layer l+1 is learned from the states filtered by layer l.
+
+    ``maps`` optionally fixes layer 1's RFF maps (from the features stage); ``upper_cfg`` configures layers ≥ 2
+    (default: ``cfg`` with median widths recomputed on the states).
+    """
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+    layers: list[TwoStageLayer] = []
+    inputs: Sequence[np.ndarray] = trajectories
+    for level in range(n_layers):
+        is_first = level == 0
+        lcfg = cfg if is_first else (upper_cfg or TwoStageConfig(**{**asdict(cfg), "widths": None,
+                                                                     "seed": cfg.seed + 101 * level}))
+        layer = two_stage_regression(inputs, lcfg, discrete=discrete and is_first,
+                                     vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
+        states, mean_z = filter_states(layer, inputs, return_unnormalised_mean=True)
+        layer.mean_state = mean_z
+        layers.append(layer)
+        log.info("2SR layer %d: %d windows, λ=%.3g", level + 1, layer.diagnostics["n_windows"],
+                 layer.diagnostics["lambda"])
+        inputs = states
+    decoder = fit_decoder(inputs, trajectories, discrete=discrete, vocab_size=vocab_size, ridge=cfg.decoder_ridge)
+    return TwoStageModel(layers=layers, decoder=decoder, discrete=discrete, vocab_size=vocab_size,
+                         config=asdict(cfg))
+
+
+# ------------------------------------------------------------------------------------- linear 2SR (Kalman)
+
+
+@dataclass
+class LinearStateSpace:
+    """x_{t+1} = A x_t + w_t,  o_t = C x_t + v_t + μ,  [w; v] ~ N(0, [[Q, M], [Mᵀ, R]]),  x_0 ~ N(x0, P0)."""
+
+    A: np.ndarray
+    C: np.ndarray
+    Q: np.ndarray
+    R: np.ndarray
+    M: np.ndarray
+    x0: np.ndarray
+    P0: np.ndarray
+    mean: np.ndarray
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in ("A", "C", "Q", "R", "M", "x0", "P0", "mean")}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "LinearStateSpace":
+        return cls(**{k: arrays[k] for k in ("A", "C", "Q", "R", "M", "x0", "P0", "mean")})
+
+
+def linear_two_stage(trajectories: Sequence[np.ndarray], *, state_dim: int, past_window: int = 10,
+                     future_window: int = 10, ridge: float = 1e-3) -> LinearStateSpace:
+    """Subspace identification of a Kalman filter by 2SR on linear features (Hefny et al. 2015, Sec. 5).
+
+    With h_t, f_t, s_t the stacked past, future and shifted-future windows of the centred data:
+    stage 1 gives f̂_t = E[f_t | h_t] and ŝ_t = E[s_t | h_t]; the state is x̂_t = Uᵀf̂_t with U the top
+    ``state_dim`` singular directions of f̂. Stage 2 regresses Uᵀŝ_t on x̂_t (an instrumental regression, so
+    noise in x̂ does not bias it) for A, and o_t on x̂_t for C. The predicted states estimate the Kalman
+    predictor, so e_t = o_t − C x̂_t are the innovations, S = Cov(e), and the gain K comes from regressing
+    x̂_{t+1} − A x̂_t on e_t. The model returned is the innovations form x_{t+1} = A x_t + K e_t, o_t = C x_t + e_t:
+    Q = K S Kᵀ, R = S, M = K S; its Kalman filter has the identified steady-state gain K.
+    """
+    if state_dim < 1:
+        raise ValueError(f"kf state_dim must be >= 1, got {state_dim}")
+    trajs = [np.asarray(t, dtype=np.float64).reshape(len(t), -1) for t in trajectories]
+    mu = np.concatenate(trajs).mean(0)
+    centred = [t - mu for t in trajs]
+    win = make_windows(centred, past_window, future_window, discrete=False)
+    m = trajs[0].shape[1]
+    if state_dim > future_window * m:
+        raise ValueError(f"kf state_dim={state_dim} exceeds future_window·obs_dim={future_window * m}")
+    H, F, S_, O = win.past, win.future, win.shifted, win.obs
+    n = len(win)
+    HH = H.T @ H
+    lam = ridge * np.trace(HH) / HH.shape[0]
+    Wf = _ridge_solve(HH, H.T @ F, lam)
+    Ws = _ridge_solve(HH, H.T @ S_, lam)
+    Fh, Sh = H @ Wf, H @ Ws
+    _, sv, Vt = np.linalg.svd(Fh, full_matrices=False)
+    U = _fix_signs(Vt[:state_dim].T)
+    X, Xs = Fh @ U, Sh @ U
+    lam2 = 1e-8 * np.trace(X.T @ X) / state_dim
+    A = _ridge_solve(X.T @ X, X.T @ Xs, lam2).T
+    C = _ridge_solve(X.T @ X, X.T @ O, lam2).T
+    # innovations and gain, from consecutive predicted states of the same trajectory
+    traj_id, t_idx = win.times[:, 0], win.times[:, 1]
+    nxt = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
+    E = O[nxt] - X[nxt] @ C.T
+    Rres = X[nxt + 1] - X[nxt] @ A.T
+    S = E.T @ E / len(nxt)
+    K = _ridge_solve(E.T @ E, E.T @ Rres, 1e-8 * np.trace(E.T @ E)).T
+    x0 = X.mean(0)
+    P0 = np.cov(X.T).reshape(state_dim, state_dim)
+    return LinearStateSpace(A=A, C=C, Q=K @ S @ K.T, R=S, M=K @ S, x0=x0, P0=P0, mean=mu,
+                            diagnostics={"n_windows": int(n), "singular_values": sv[: 2 * state_dim].tolist()})

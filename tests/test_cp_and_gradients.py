@@ -1,0 +1,124 @@
+"""CP decomposition, equivalence of PSRNN and factorized PSRNN, and gradients against finite differences."""
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.decompose import cp_decompose
+from pipeline.models import KalmanFilter, ModelConfig, PSRNN
+from pipeline.models.psrnn import FactorizedPSRNNLayer, PSRNNLayer
+
+
+@pytest.mark.parametrize("rank", [1, 5, 12])
+def test_cp_reconstructs_a_rank_r_tensor(rank):
+    rng = np.random.default_rng(rank)
+    A, B, C = rng.standard_normal((rank, 12)), rng.standard_normal((rank, 7)), rng.standard_normal((rank, 12))
+    W = np.einsum("ri,rj,rk->ijk", A, B, C)
+    f = cp_decompose(W, rank, seed=0)
+    assert f.A.shape == (rank, 12) and f.B.shape == (rank, 7) and f.C.shape == (rank, 12)
+    assert f.relative_error < 1e-6
+    assert np.linalg.norm(f.reconstruct() - W) / np.linalg.norm(W) < 1e-6
+    # factors are balanced: the three columns of a component have the same norm
+    norms = np.stack([np.linalg.norm(f.A, axis=1), np.linalg.norm(f.B, axis=1), np.linalg.norm(f.C, axis=1)])
+    np.testing.assert_allclose(norms, norms[:1].repeat(3, 0), rtol=1e-8)
+
+
+def test_cp_rejects_bad_rank():
+    with pytest.raises(ValueError, match="rank"):
+        cp_decompose(np.ones((2, 2, 2)), 0)
+
+
+def _psrnn_pair(rank, d=8, d_o=5, V=7, seed=0):
+    """A PSRNN whose W has exact CP rank ``rank`` and the factorized PSRNN made from its decomposition."""
+    rng = np.random.default_rng(seed)
+    A, B, C = rng.standard_normal((rank, d)), rng.standard_normal((rank, d_o)), rng.standard_normal((rank, d))
+    W = np.einsum("ri,rj,rk->ijk", A, B, C)
+    full = PSRNN(ModelConfig(model="psrnn", discrete=True, input_dim=V, output_dim=V, state_dim=d, obs_dim=d_o))
+    fact = PSRNN(ModelConfig(model="factorized_psrnn", discrete=True, input_dim=V, output_dim=V, state_dim=d,
+                             obs_dim=d_o, rank=rank))
+    f = cp_decompose(W, rank, seed=0)
+    with torch.no_grad():
+        full.cores[0].W.copy_(torch.as_tensor(W))
+        for name in "ABC":
+            getattr(fact.cores[0], name).copy_(torch.as_tensor(getattr(f, name)))
+        shared = {k: v for k, v in full.state_dict().items() if not k.startswith("cores.0.W")}
+        torch.manual_seed(seed)
+        for k, v in shared.items():
+            v.copy_(torch.randn_like(v))
+        fact.load_state_dict({**fact.state_dict(), **shared})
+        full.load_state_dict({**full.state_dict(), **shared})
+    return full, fact
+
+
+def test_factorized_psrnn_equals_psrnn_at_exact_rank():
+    full, fact = _psrnn_pair(rank=4)
+    x = torch.randint(0, 7, (30, 3))
+    reset = torch.zeros(30, 3, dtype=torch.bool)
+    reset[10, 1] = True
+    with torch.no_grad():
+        out_full, st_full = full(x, full.init_state(3), reset)
+        out_fact, st_fact = fact(x, fact.init_state(3), reset)
+    assert torch.allclose(out_full, out_fact, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(st_full[0], st_fact[0], atol=1e-5)
+
+
+def test_state_is_normalised_and_reset_restarts_from_q1():
+    full, _ = _psrnn_pair(rank=3)
+    x = torch.randint(0, 7, (12, 2))
+    reset = torch.zeros(12, 2, dtype=torch.bool)
+    reset[5, 0] = True
+    with torch.no_grad():
+        core, enc = full.cores[0], full.encoders[0]
+        states = core(enc(x), full.init_state(2)[0], reset)
+        assert torch.allclose(states.norm(dim=-1), torch.ones(12, 2), atol=1e-5)
+        # element 0 restarted at step 5: its states from then on equal a fresh run of x[5:]
+        fresh = core(enc(x[5:, :1]), full.init_state(1)[0])
+    assert torch.allclose(states[5:, 0], fresh[:, 0], atol=1e-6)
+
+
+def test_zero_norm_update_falls_back_to_initial_state():
+    layer = PSRNNLayer(state_dim=3, obs_dim=2)  # W = 0 and b = 0: every update has norm 0
+    q0 = layer.initial().expand(4, 3)
+    out = layer(torch.randn(5, 4, 2), q0)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, layer.initial().expand(5, 4, 3))
+
+
+@pytest.mark.parametrize("factorized", [False, True])
+def test_gradcheck_psrnn_cells(factorized):
+    torch.manual_seed(0)
+    d, d_o, L, B = 4, 3, 5, 2
+    layer = (FactorizedPSRNNLayer(d, d_o, rank=3) if factorized else PSRNNLayer(d, d_o)).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p))
+    o = torch.randn(L, B, d_o, dtype=torch.float64, requires_grad=True)
+    q = torch.nn.functional.normalize(torch.randn(B, d, dtype=torch.float64), dim=-1).requires_grad_()
+    names = [n for n, _ in layer.named_parameters()]
+
+    def f(o, q, *ps):
+        return torch.func.functional_call(layer, dict(zip(names, ps)), (o, q))
+
+    inputs = (o, q, *[p.detach().clone().requires_grad_() for p in layer.parameters()])
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_gradcheck_kalman_filter():
+    torch.manual_seed(0)
+    n, m = 3, 2
+    kf = KalmanFilter(ModelConfig(model="kf", discrete=False, input_dim=m, output_dim=m, state_dim=n)).double()
+    with torch.no_grad():
+        kf.A.copy_(0.5 * torch.randn(n, n, dtype=torch.float64))
+        kf.C.copy_(torch.randn(m, n, dtype=torch.float64))
+        kf.noise_chol.copy_(torch.eye(n + m, dtype=torch.float64) + 0.1 * torch.randn(n + m, n + m,
+                                                                                       dtype=torch.float64))
+    x = torch.randn(6, 2, m, dtype=torch.float64, requires_grad=True)
+    names = [n_ for n_, _ in kf.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for p in kf.parameters()]
+
+    def f(x, *ps):
+        state = (kf.x0.detach().expand(2, -1), torch.eye(n, dtype=torch.float64).expand(2, n, n))
+        out, _ = torch.func.functional_call(kf, dict(zip(names, ps)), (x, state))
+        return out
+
+    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5)

@@ -1,0 +1,56 @@
+"""The Kalman-filter baseline, initialised by linear 2SR, on data from a known linear-Gaussian system."""
+
+import numpy as np
+import torch
+
+from pipeline.api import initialise_model
+from pipeline.data.synthetic import make_lgssm_dataset
+from pipeline.models.common import ModelConfig
+from pipeline.train import evaluate
+from pipeline.two_stage import linear_two_stage
+
+
+def _true_kalman_mse(sys_, trajectories):
+    """The test's own Kalman filter with the true A, C, Q, R: MSE of E[o_t | o_<t] over t >= 1."""
+    err, count = 0.0, 0
+    for obs in trajectories:
+        x, P = np.zeros(sys_.A.shape[0]), sys_.P0.copy()
+        for t, o in enumerate(obs):
+            pred = sys_.C @ x
+            if t >= 1:
+                err += ((pred - o) ** 2).sum()
+                count += o.size
+            S = sys_.C @ P @ sys_.C.T + sys_.R
+            K = P @ sys_.C.T @ np.linalg.inv(S)
+            x, P = x + K @ (o - pred), (np.eye(len(x)) - K @ sys_.C) @ P
+            x, P = sys_.A @ x, sys_.A @ P @ sys_.A.T + sys_.Q
+    return err / count
+
+
+def test_2sr_kalman_filter_is_within_15_percent_of_the_true_filter():
+    ds, sys_ = make_lgssm_dataset(state_dim=4, obs_dim=2, n_train=60, n_test=20, length=200, seed=3)
+    optimal = _true_kalman_mse(sys_, ds.test)
+    lss = linear_two_stage(ds.train, state_dim=4, past_window=8, future_window=8)
+    model = initialise_model(ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2, state_dim=4),
+                             linear=lss)
+    mse = evaluate(model, ds.test)["mse"]
+    naive = float(np.mean(np.concatenate([(t[1:] - np.concatenate(ds.train).mean(0)) ** 2 for t in ds.test])))
+    assert optimal < 0.8 * naive, "the system must be predictable for the test to mean anything"
+    assert mse <= 1.15 * optimal, f"2SR Kalman filter MSE {mse:.4f} vs true filter {optimal:.4f}"
+
+
+def test_kalman_filter_with_true_parameters_matches_numpy_filter():
+    ds, sys_ = make_lgssm_dataset(state_dim=3, obs_dim=2, n_train=2, n_test=3, length=50, seed=1)
+    cfg = ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2, state_dim=3)
+    from pipeline.two_stage import LinearStateSpace
+
+    true = LinearStateSpace(A=sys_.A, C=sys_.C, Q=sys_.Q, R=sys_.R, M=np.zeros((3, 2)), x0=np.zeros(3),
+                            P0=sys_.P0, mean=np.zeros(2))
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = initialise_model(cfg, linear=true)
+        mse = evaluate(model, ds.test)["mse"]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    # the Cholesky jitter (1e-6 relative) is the only difference
+    assert abs(mse - _true_kalman_mse(sys_, ds.test)) < 1e-5

@@ -1,0 +1,79 @@
+"""A 2SR-initialised PSRNN on data from a known HMM, against the Bayes-optimal forward filter."""
+
+import numpy as np
+import pytest
+
+from pipeline.api import initialise_model
+from pipeline.data.synthetic import make_hmm_dataset
+from pipeline.models.common import ModelConfig
+from pipeline.train import TrainConfig, evaluate, fit
+from pipeline.two_stage import TwoStageConfig, multilayer_two_stage
+
+
+def _forward_filter_bpc(hmm, trajectories):
+    """The test's own forward algorithm: mean -log2 p(o_t | o_<t) over t >= 1."""
+    total, count = 0.0, 0
+    for obs in trajectories:
+        alpha = hmm.initial * hmm.emission[:, obs[0]]
+        alpha /= alpha.sum()
+        for o in obs[1:]:
+            pred = alpha @ hmm.transition
+            p = pred @ hmm.emission[:, o]
+            total -= np.log2(p)
+            count += 1
+            alpha = pred * hmm.emission[:, o] / p
+    return total / count
+
+
+@pytest.fixture(scope="module")
+def hmm_data():
+    ds, hmm = make_hmm_dataset(n_states=4, n_symbols=6, n_train=100, n_test=20, length=200, stickiness=0.9, seed=0)
+    optimal = _forward_filter_bpc(hmm, ds.test)
+    assert optimal == pytest.approx(ds.meta["bayes_optimal"]["bpc"], abs=1e-9)
+    train_symbols = np.concatenate(ds.train)
+    unigram = np.bincount(train_symbols, minlength=6) / len(train_symbols)
+    unigram_bpc = float(-np.mean(np.log2(unigram[np.concatenate([t[1:] for t in ds.test])])))
+    cfg = TwoStageConfig(state_dim=10, obs_dim=6, past_dim=10, n_features=1000, past_window=3, future_window=3,
+                         decoder_ridge=3e-3, seed=0)
+    tsm = multilayer_two_stage(ds.train, cfg, discrete=True, vocab_size=6)
+    return ds, optimal, unigram_bpc, tsm
+
+
+def _config(**kw):
+    return ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=10, obs_dim=6,
+                       n_rff=1000, **kw)
+
+
+def test_2sr_beats_unigram_and_bptt_closes_most_of_the_gap(hmm_data):
+    ds, optimal, unigram, tsm = hmm_data
+    assert unigram - optimal > 0.2, "the HMM must leave room between unigram and optimal"
+    model = initialise_model(_config(bias_scale=0.2), two_stage=tsm)
+    initial = evaluate(model, ds.test)["bpc"]
+    assert initial < unigram, f"2SR initialisation ({initial:.3f}) must beat the unigram model ({unigram:.3f})"
+    result = fit(model, ds.train, ds.test, TrainConfig(epochs=8, lr=1.0, bptt=20, batch_size=20, clip=0.25,
+                                                       eval_train=False, seed=0))
+    assert result.history[0]["test"]["bpc"] == pytest.approx(initial)
+    final = result.history[-1]["test"]["bpc"]
+    closed = (unigram - final) / (unigram - optimal)
+    assert final > optimal - 0.02, "no model can beat the Bayes-optimal filter (beyond sampling noise)"
+    assert closed >= 0.7, f"BPTT closed only {closed:.0%} of the unigram-to-optimal gap ({final:.3f})"
+
+
+def test_random_initialisation_starts_worse(hmm_data):
+    ds, _, _, tsm = hmm_data
+    two_sr = evaluate(initialise_model(_config(), two_stage=tsm), ds.test)["bpc"]
+    for seed in (0, 1, 2):
+        random_bpc = evaluate(initialise_model(_config(init="random"), seed=seed), ds.test)["bpc"]
+        assert random_bpc > two_sr + 0.05
+
+
+def test_two_layer_2sr_initialises_both_layers(hmm_data):
+    ds, optimal, unigram, _ = hmm_data
+    cfg = TwoStageConfig(state_dim=10, obs_dim=6, past_dim=10, n_features=500, past_window=3, future_window=3,
+                         decoder_ridge=3e-3, seed=0)
+    tsm = multilayer_two_stage(ds.train, cfg, n_layers=2, discrete=True, vocab_size=6)
+    assert len(tsm.layers) == 2
+    assert tsm.layers[1].maps.discrete is False and tsm.layers[1].maps.obs.input_dim == 10
+    model = initialise_model(ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=10,
+                                         obs_dim=6, n_rff=500, n_layers=2), two_stage=tsm)
+    assert evaluate(model, ds.test)["bpc"] < unigram
