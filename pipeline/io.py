@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -62,8 +63,13 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Ma
     if meta is not None:
         payload["__meta__"] = np.array(json.dumps(meta, sort_keys=True, default=_json_default))
     with atomic_path(path, suffix=".npz") as tmp:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **payload)
+        # np.savez stamps each member with the current time, which would change the file's hash on every
+        # run and make DVC rerun everything downstream; members here carry a fixed date instead.
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name in sorted(payload):
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                with zf.open(info, "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, payload[name], allow_pickle=False)
 
 
 def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -283,7 +283,7 @@ def fit(
             out, state = model(x, state, reset)
             loss = masked_loss(out, y, mask, discrete)
             if not torch.isfinite(loss) or float(loss.detach()) > cfg.max_loss:
-                raise TrainingDiverged(_diverged(epoch, step, "loss", float(loss), checkpoint_path))
+                raise TrainingDiverged(_diverged(epoch, step, "loss", float(loss.detach()), checkpoint_path))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:

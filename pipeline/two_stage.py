@@ -53,6 +53,8 @@ class TwoStageConfig:
     chunk_size: int = 8192
     feature_dtype: str = "float32"  # RFF chunks; accumulators are always float64
     decoder_ridge: float = 1e-3  # decoder regression: λ = decoder_ridge · n
+    obs_inverse: bool = True     # fold C_oo⁻¹ into the observation mode of W (the PSR's Z, see below)
+    obs_ridge: float = 1e-3      # C_oo⁻¹ ≈ (C_oo + obs_ridge · tr(C_oo)/d_o · I)⁻¹
     seed: int = 0
 
     def validate(self) -> None:
@@ -247,6 +249,7 @@ def two_stage_regression(
     HH = np.zeros((d_h, d_h))
     HF = np.zeros((d_h, d))
     HE = np.zeros((d_h, d * d_o))
+    OO = np.zeros((d_o, d_o))
     h_sum = np.zeros(d_h)
     for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR stage 1"):
         h = _projected(maps, "past", windows.past[sl], U_h, dtype)
@@ -257,6 +260,7 @@ def two_stage_regression(
         HH += h.T @ h
         HF += h.T @ f
         HE += h.T @ e
+        OO += o.T @ o
         h_sum += h.sum(0)
 
     lam = cfg.ridge * n
@@ -266,6 +270,16 @@ def two_stage_regression(
     SE = W_f.T @ HH @ W_e                      # Σ ŝ êᵀ
     M = _ridge_solve(SS, SE, lam)              # stage 2: E[future] -> E[extended future]
     W = M.reshape(d, d, d_o).transpose(1, 2, 0).copy()   # M[k, i·d_o + j] -> W[i, j, k]
+    if cfg.obs_inverse:
+        # The PSR update (Eq. 3) conditions on o_t through (Z ×₃ q_t)⁻¹ = C_{oo|h}⁻¹. The PSRNN replaces that
+        # normaliser by the 2-norm; what the 2-norm cannot undo is the kernel smoothing of ω(o_t), since
+        # W ×₂ ω(o_t) averages the joint E[s ⊗ ω] over every observation similar to o_t. Multiplying the
+        # observation mode by the marginal C_oo⁻¹ undoes it: for discrete data with independent features,
+        # W ×₂ C_oo⁻¹ω(o_t) = E[s | o_t, h] · p(o_t | h) / p(o_t), whose direction is exact. It is a fixed
+        # linear map, so the model keeps the form of Eq. (5).
+        Coo = OO / n
+        reg = cfg.obs_ridge * np.trace(Coo) / d_o
+        W = np.einsum("ijk,jl->ilk", W, np.linalg.inv(Coo + reg * np.eye(d_o)))
     q1 = W_f.T @ (h_sum / n)
     norm = np.linalg.norm(q1)
     q1 = q1 / norm if norm > 0 else np.full(d, 1.0 / np.sqrt(d))

@@ -61,6 +61,8 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
     degenerate parameters) is mapped to ``q_init`` instead of dividing by zero.
     """
     L = G.shape[0]
+    if not torch.is_grad_enabled() and G.device.type == "cpu":
+        return _normalized_recurrence_numpy(G, b, q, q_init, reset, eps)
     reset_steps = set() if reset is None else set(torch.nonzero(reset.any(1)).flatten().tolist())
     out = []
     for t in range(L):
@@ -71,6 +73,38 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
         q = torch.where(norm > eps, z / norm.clamp_min(eps), q_init.expand_as(z))
         out.append(q)
     return torch.stack(out)
+
+
+def _normalized_recurrence_numpy(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor,
+                                 reset: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The same recurrence without autograd: filtering a long test sequence is a sequential loop of tiny
+    products, where numpy's per-call cost (~1 µs) beats torch's dispatcher (~10 µs) by an order of magnitude."""
+    Gn = G.detach().numpy()
+    bn = b.detach().numpy()
+    qi = q_init.detach().numpy()
+    qn = q.detach().numpy().copy()
+    rn = None if reset is None else reset.numpy()
+    reset_steps = set() if rn is None else set(np.flatnonzero(rn.any(1)).tolist())
+    L, B, d = Gn.shape[0], Gn.shape[1], Gn.shape[2]
+    out = np.empty((L, B, d), dtype=Gn.dtype)
+    if B == 1:
+        v = qn[0]
+        for t in range(L):
+            if t in reset_steps and rn[t, 0]:  # type: ignore[index]
+                v = qi.copy()
+            z = Gn[t, 0] @ v + bn
+            nz = np.sqrt(z @ z)
+            v = z / nz if nz > eps else qi.copy()
+            out[t, 0] = v
+        return torch.from_numpy(out)
+    for t in range(L):
+        if t in reset_steps:
+            qn[rn[t]] = qi  # type: ignore[index]
+        z = np.einsum("bik,bk->bi", Gn[t], qn) + bn
+        nz = np.sqrt(np.einsum("bi,bi->b", z, z))[:, None]
+        qn = np.where(nz > eps, z / np.maximum(nz, eps), qi)
+        out[t] = qn
+    return torch.from_numpy(out)
 
 
 class PSRNNLayer(nn.Module):

@@ -1,0 +1,729 @@
+"""Offline report of a pipeline run: PNG figures (the paper's Figures 3 and 4, plus one figure per dataset) and a
+Markdown table of final results.
+
+Reads, under a project root,
+
+* ``models/<dataset>/<variant>_s<seed>/history.json``: per-epoch train/test(/valid) metrics, epoch 0 = initialisation;
+* ``metrics/<dataset>/<variant>_s<seed>.json``: final and epoch-0 test metrics, parameter count, Bayes-optimal value;
+* ``metrics/<dataset>/<variant>_s<seed>_predictions.parquet``: one-step test predictions (continuous datasets),
+
+and writes ``<out_dir>/figures/*.png`` and ``<out_dir>/results.md``. Missing inputs never raise: a figure whose data
+are absent is skipped (logged, and listed under "Not available" in results.md); a figure with some of its curves
+absent is drawn with the ones present and the absent ones are listed too.
+
+Output is deterministic: results.md carries no timestamps or absolute paths, and PNGs are rendered by Agg with
+matplotlib's default style and without the ``Software`` metadata chunk, so the same inputs give the same bytes.
+
+Conventions: curves over seeds show the mean and shade the min–max band; the table reports mean ± sample standard
+deviation (``ddof=1``) over seeds (a single seed shows the value alone); non-finite values are left out of means and
+flagged in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.io import atomic_path, read_json, write_text
+
+log = logging.getLogger(__name__)
+
+RUN_RE = re.compile(r"^(?P<variant>.+)_s(?P<seed>\d+)$")
+RANK_RE = re.compile(r"^factorized_psrnn_r(?P<rank>\d+)$")
+
+PRIMARY = {"discrete": "bpc", "continuous": "mse"}
+METRICS = {"discrete": ("bpc", "accuracy"), "continuous": ("mse",)}
+LABELS = {"bpc": "BPC", "accuracy": "accuracy", "mse": "MSE"}
+AXIS_LABELS = {"bpc": "bits per character", "accuracy": "one-step prediction accuracy", "mse": "mean squared error"}
+LOWER_IS_BETTER = {"bpc": True, "mse": True, "accuracy": False}
+
+PAPER_MODELS = ["kf", "rnn", "gru", "lstm", "psrnn"]
+
+# Figure configuration.  ``write_report(figures=...)`` merges each given key over these (a dict is merged key by
+# key; a list is shorthand for {"variants": list}; False/None disables the figure).
+DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
+    "fig3a": {"dataset": "ptb", "variants": ["lstm", "gru", "factorized_psrnn_r60"], "factorized_ranks": False,
+              "split": "test", "show_train": False,
+              "title": "Fig. 3a: PTB, equal state size and ~equal parameters"},
+    "fig3b": {"dataset": "ptb", "variants": ["psrnn", "psrnn_2layer"], "factorized_ranks": False,
+              "split": "test", "show_train": False, "title": "Fig. 3b: PTB, 1- vs 2-layer PSRNN"},
+    "fig3c": {"dataset": "ptb", "variants": ["psrnn"], "factorized_ranks": True,
+              "split": "test", "show_train": False, "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
+    "fig4a": {"datasets": ["swimmer", "mocap", "handwriting"], "variants": list(PAPER_MODELS),
+              "split": "test", "show_train": False, "logy": "auto",
+              "title": "Fig. 4a: MSE vs epoch"},
+    "fig4b": {"dataset": "swimmer", "variants": list(PAPER_MODELS), "feature": None, "trajectory": None,
+              "seed": None, "title": "Fig. 4b: test data vs one-step prediction"},
+    "per_dataset": {"enabled": True, "split": "test", "show_train": False, "logy": "auto"},
+}
+
+_FIXED_COLORS = {
+    "kf": "tab:gray", "rnn": "tab:orange", "gru": "tab:green", "lstm": "tab:blue", "psrnn": "tab:red",
+    "psrnn_2layer": "tab:purple", "psrnn_random": "tab:pink",
+}
+_SPARE_COLORS = ["tab:cyan", "tab:olive", "tab:brown", "#17364f", "#8c6d31", "#637939", "#7b4173", "#3182bd",
+                 "#e6550d", "#31a354", "#756bb1", "#636363"]
+
+
+# --------------------------------------------------------------------------------------------------------------- input
+
+
+def _parse_run(name: str) -> tuple[str, int] | None:
+    m = RUN_RE.match(name)
+    return (m["variant"], int(m["seed"])) if m else None
+
+
+def _load_json(path: Path, notes: list[str], root: Path) -> dict | None:
+    try:
+        obj = read_json(path)
+    except (OSError, ValueError) as exc:
+        rel = path.relative_to(root).as_posix()
+        log.warning("report: cannot read %s: %s", rel, exc)
+        notes.append(f"`{rel}`: unreadable ({type(exc).__name__}); run left out")
+        return None
+    if not isinstance(obj, dict):
+        rel = path.relative_to(root).as_posix()
+        notes.append(f"`{rel}`: not a JSON object; run left out")
+        return None
+    return obj
+
+
+def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """All runs found under ``root`` (sorted by dataset, variant, seed) and notes on what is missing or unreadable."""
+    root = Path(root)
+    notes: list[str] = []
+    histories: dict[tuple[str, str], Path] = {}
+    metrics: dict[tuple[str, str], Path] = {}
+    for p in sorted((root / "models").glob("*/*/history.json")):
+        if _parse_run(p.parent.name):
+            histories[(p.parent.parent.name, p.parent.name)] = p
+    for p in sorted((root / "metrics").glob("*/*.json")):
+        if _parse_run(p.stem):
+            metrics[(p.parent.name, p.stem)] = p
+
+    runs = []
+    for dataset, run in sorted(set(histories) | set(metrics)):
+        hist_obj = _load_json(histories[(dataset, run)], notes, root) if (dataset, run) in histories else None
+        met_obj = _load_json(metrics[(dataset, run)], notes, root) if (dataset, run) in metrics else None
+        if hist_obj is None and met_obj is None:
+            continue
+        if met_obj is None:
+            notes.append(f"`metrics/{dataset}/{run}.json` missing: `{run}` is drawn but not in the table")
+        if hist_obj is None and (dataset, run) not in histories:
+            notes.append(f"`models/{dataset}/{run}/history.json` missing: `{run}` is in the table but not drawn")
+        name_variant, name_seed = _parse_run(run)  # type: ignore[misc]
+        src = {**(hist_obj or {}), **(met_obj or {})}
+        history = (hist_obj or {}).get("history")
+        test = (met_obj or {}).get("test")
+        initial = (met_obj or {}).get("initial_test")
+        if initial is None and history:
+            initial = history[0].get("test")
+        kind = src.get("kind")
+        if kind not in METRICS:
+            sample = test or (history[-1].get("test") if history else None) or {}
+            kind = "discrete" if "bpc" in sample else "continuous" if "mse" in sample else None
+        pred = root / "metrics" / dataset / f"{run}_predictions.parquet"
+        runs.append({
+            "dataset": str(src.get("dataset", dataset)),
+            "run": run,
+            "variant": str(src.get("variant", name_variant)),
+            "family": src.get("family"),
+            "seed": int(src.get("seed", name_seed)),
+            "kind": kind,
+            "n_params": src.get("n_params"),
+            "best_epoch": (hist_obj or {}).get("best_epoch"),
+            "epochs": (met_obj or {}).get("epochs"),
+            "history": history if isinstance(history, list) else None,
+            "test": test if isinstance(test, dict) else None,
+            "initial_test": initial if isinstance(initial, dict) else None,
+            "bayes_optimal": (met_obj or {}).get("bayes_optimal") or None,
+            "predictions_path": pred if pred.is_file() else None,
+        })
+    runs.sort(key=lambda r: (r["dataset"], r["variant"], r["seed"], r["run"]))
+    return runs, notes
+
+
+def collect_runs(root: Path) -> list[dict[str, Any]]:
+    """Every run (history and/or metrics file) under ``root``, one dict per ``<dataset>/<variant>_s<seed>``.
+
+    Keys: dataset, run, variant, family, seed, kind, n_params, best_epoch, epochs, history (list of epoch entries or
+    None), test / initial_test (metric dicts or None), bayes_optimal (dict or None), predictions_path (Path or None).
+    """
+    return _collect(Path(root))[0]
+
+
+# ------------------------------------------------------------------------------------------------------ aggregation
+
+
+def _finite(values: Iterable[Any]) -> tuple[list[float], int]:
+    vals, n = [], 0
+    for v in values:
+        n += 1
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+            vals.append(float(v))
+    return vals, n
+
+
+def _group(runs: Iterable[dict]) -> dict[str, dict[str, list[dict]]]:
+    """dataset -> variant -> runs (sorted by seed)."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for r in runs:
+        out.setdefault(r["dataset"], {}).setdefault(r["variant"], []).append(r)
+    for by_variant in out.values():
+        for rs in by_variant.values():
+            rs.sort(key=lambda r: r["seed"])
+    return out
+
+
+def _dataset_kind(runs: Sequence[dict]) -> str | None:
+    kinds = sorted({r["kind"] for r in runs if r["kind"]})
+    if len(kinds) > 1:
+        log.warning("report: dataset %s has runs of several kinds %s; using %s", runs[0]["dataset"], kinds, kinds[0])
+    return kinds[0] if kinds else None
+
+
+def _bayes_optimal(runs: Sequence[dict], metric: str) -> float | None:
+    vals, _ = _finite((r["bayes_optimal"] or {}).get(metric) for r in runs)
+    if not vals:
+        return None
+    if max(vals) - min(vals) > 1e-9 * max(1.0, abs(vals[0])):
+        log.warning("report: runs of %s disagree on the Bayes-optimal %s (%s); drawing the mean",
+                    runs[0]["dataset"], metric, sorted(set(vals)))
+    return float(np.mean(vals))
+
+
+def _curve(runs: Sequence[dict], split: str, metric: str):
+    """Epochs and mean / min / max over the runs' finite values of ``metric`` on ``split``."""
+    per_epoch: dict[int, list[float]] = {}
+    for r in runs:
+        for entry in r["history"] or []:
+            if not isinstance(entry, dict) or entry.get("epoch") is None:
+                continue
+            v = (entry.get(split) or {}).get(metric)
+            vals, _ = _finite([v])
+            if vals:
+                per_epoch.setdefault(int(entry["epoch"]), []).append(vals[0])
+    epochs = sorted(per_epoch)
+    if not epochs:
+        return None
+    stacked = [np.asarray(per_epoch[e]) for e in epochs]
+    return (np.asarray(epochs), np.array([s.mean() for s in stacked]), np.array([s.min() for s in stacked]),
+            np.array([s.max() for s in stacked]))
+
+
+# ------------------------------------------------------------------------------------------------------------ figures
+
+
+def _figure(nrows: int, ncols: int, figsize: tuple[float, float]):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def _layout(fig, nrows: int, ncols: int, *, left: float = 0.85, right: float = 0.2, bottom: float = 0.55,
+            top: float = 0.65, wspace: float = 0.85, hspace: float = 0.45) -> None:
+    """Fixed margins in inches (much cheaper than tight_layout, and independent of the data)."""
+    w, h = fig.get_size_inches()
+    axw = (w - left - right - (ncols - 1) * wspace) / ncols
+    axh = (h - bottom - top - (nrows - 1) * hspace) / nrows
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h,
+                        wspace=wspace / axw, hspace=hspace / axh)
+
+
+def _save(fig, path: Path) -> None:
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+
+
+def _style():
+    import matplotlib.style
+
+    return matplotlib.style.context("default")
+
+
+def _colors(variants: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    out: dict[str, Any] = {}
+    ranked = sorted((int(m["rank"]), v) for v in variants if (m := RANK_RE.match(v)))
+    if ranked:
+        cmap = colormaps["viridis"]
+        for i, (_, v) in enumerate(ranked):
+            out[v] = cmap(0.1 + 0.8 * (i / max(1, len(ranked) - 1)) if len(ranked) > 1 else 0.45)
+    used = set()
+    for v in variants:
+        if v not in out and v in _FIXED_COLORS:
+            out[v] = _FIXED_COLORS[v]
+            used.add(_FIXED_COLORS[v])
+    spare = [c for c in _SPARE_COLORS if c not in used]
+    i = 0
+    for v in variants:
+        if v not in out:
+            out[v] = spare[i % len(spare)]
+            i += 1
+    return out
+
+
+def _init_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: "init" if abs(x) < 1e-9 else f"{x:g}")
+
+
+def _use_log(values: list[float], logy: Any) -> bool:
+    if logy in (True, False):
+        return bool(logy)
+    pos = [v for v in values if v > 0]
+    return bool(pos) and len(pos) == len(values) and max(pos) / min(pos) > 100.0
+
+
+def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
+                show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None) -> int:
+    """Draw one metric-vs-epoch panel; returns the number of curves drawn."""
+    from matplotlib.ticker import MaxNLocator
+
+    colors = _colors(variants)
+    drawn, extent = 0, []
+    for v in variants:
+        runs = [r for r in by_variant.get(v, []) if r["history"]]
+        c = _curve(runs, split, metric)
+        if c is None:
+            continue
+        epochs, mean, lo, hi = c
+        n = len({r["seed"] for r in runs})
+        label = f"{v} ({n} seed{'s' if n != 1 else ''})"
+        ax.plot(epochs, mean, color=colors[v], lw=1.8, marker="o" if len(epochs) <= 30 else None, ms=3, label=label)
+        if n > 1:
+            ax.fill_between(epochs, lo, hi, color=colors[v], alpha=0.2, lw=0)
+        extent += list(lo) + list(hi)
+        if show_train:
+            t = _curve(runs, "train", metric)
+            if t is not None:
+                ax.plot(t[0], t[1], color=colors[v], lw=1.0, ls="--", alpha=0.5, label=f"{v} train")
+                extent += list(t[1])
+        drawn += 1
+    if optimal is not None and drawn:
+        ax.axhline(optimal, color="black", ls="--", lw=1.2, label=f"Bayes optimal ({optimal:.4g})")
+        extent.append(optimal)
+    if drawn and _use_log(extent, logy):
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_formatter(_init_formatter())
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"{split} {AXIS_LABELS.get(metric, metric)}")
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(fontsize="small")
+    return drawn
+
+
+def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str],
+                   metrics: Sequence[str], *, title: str, split: str, show_train: bool,
+                   optimal: Mapping[str, float | None], logy: Any) -> None:
+    with _style():
+        fig, axes = _figure(1, len(metrics), (5.5 * len(metrics), 4.2))
+        for ax, m in zip(axes[0], metrics):
+            _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
+                        logy=logy if m == "mse" else False)
+        fig.suptitle(title)
+        _layout(fig, 1, len(metrics))
+        _save(fig, path)
+
+
+def _present(by_variant: Mapping[str, Sequence[dict]], v: str) -> bool:
+    return any(r["history"] for r in by_variant.get(v, []))
+
+
+def _ptb_figure(name: str, cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
+    fname = f"{name}.png"
+    ds = cfg["dataset"]
+    by_variant = grouped.get(ds, {})
+    variants = list(dict.fromkeys(cfg["variants"]))
+    if cfg.get("factorized_ranks"):
+        ranked = sorted((int(m["rank"]), v) for v in by_variant if (m := RANK_RE.match(v)))
+        variants += [v for _, v in ranked if v not in variants]
+    if not by_variant:
+        notes.append(f"`{fname}`: no runs for dataset `{ds}`")
+        return None
+    present = [v for v in variants if _present(by_variant, v)]
+    missing = [v for v in variants if v not in present]
+    if cfg.get("factorized_ranks") and not any(RANK_RE.match(v) for v in variants):
+        missing.append("factorized_psrnn_r*")
+    if not present:
+        notes.append(f"`{fname}`: no training histories on `{ds}` for {_names(variants or ['(none)'])}")
+        return None
+    if missing:
+        notes.append(f"`{fname}`: drawn without {_names(missing)} (no training history on `{ds}`)")
+    runs = [r for v in present for r in by_variant[v]]
+    kind = _dataset_kind(runs) or "discrete"
+    metrics = METRICS[kind]
+    optimal = {m: _bayes_optimal(runs, m) for m in metrics}
+    path = out_fig / fname
+    _metric_figure(path, by_variant, present, metrics, title=cfg["title"], split=cfg["split"],
+                   show_train=cfg["show_train"], optimal=optimal, logy=cfg.get("logy", "auto"))
+    return path
+
+
+def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
+    fname = "fig4a.png"
+    variants = list(dict.fromkeys(cfg["variants"]))
+    panels = []
+    for ds in cfg["datasets"]:
+        by_variant = grouped.get(ds, {})
+        present = [v for v in variants if _present(by_variant, v)]
+        if not present:
+            notes.append(f"`{fname}`: no training histories for dataset `{ds}`")
+            continue
+        missing = [v for v in variants if v not in present]
+        if missing:
+            notes.append(f"`{fname}`: `{ds}` panel drawn without {_names(missing)}")
+        panels.append((ds, by_variant, present))
+    if not panels:
+        return None
+    path = out_fig / fname
+    with _style():
+        fig, axes = _figure(1, len(panels), (5.0 * len(panels), 4.2))
+        for ax, (ds, by_variant, present) in zip(axes[0], panels):
+            runs = [r for v in present for r in by_variant[v]]
+            _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
+                        optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds)
+        fig.suptitle(cfg["title"])
+        _layout(fig, 1, len(panels), wspace=0.75)
+        _save(fig, path)
+    return path
+
+
+def _read_predictions(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["trajectory", "step", "feature", "target", "initial", "final"])
+    return table.set_column(2, "feature", table.column("feature").cast(pa.string()))
+
+
+def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
+    import pyarrow.compute as pc
+
+    fname = "fig4b.png"
+    ds = cfg["dataset"]
+    by_variant = grouped.get(ds, {})
+    variants = list(dict.fromkeys(cfg["variants"]))
+    tables: dict[str, tuple[int, Any]] = {}
+    for v in variants:
+        runs = [r for r in by_variant.get(v, []) if r["predictions_path"] is not None]
+        if cfg["seed"] is not None:
+            runs = [r for r in runs if r["seed"] == int(cfg["seed"])]
+        if not runs:
+            continue
+        r = runs[0]
+        try:
+            tables[v] = (r["seed"], _read_predictions(r["predictions_path"]))
+        except Exception as exc:  # noqa: BLE001 - an unreadable file must not stop the report
+            log.warning("report: cannot read %s: %s", r["predictions_path"], exc)
+            notes.append(f"`{fname}`: `metrics/{ds}/{r['run']}_predictions.parquet` unreadable "
+                         f"({type(exc).__name__})")
+    seed_txt = f" (seed {cfg['seed']})" if cfg["seed"] is not None else ""
+    if not tables:
+        notes.append(f"`{fname}`: no prediction files on `{ds}`{seed_txt} for {_names(variants)}")
+        return None
+
+    features = sorted({f for _, t in tables.values() for f in pc.unique(t.column("feature")).to_pylist()
+                       if f is not None})
+    feature = cfg["feature"]
+    if isinstance(feature, int) and not isinstance(feature, bool):
+        if not 0 <= feature < len(features):
+            notes.append(f"`{fname}`: feature index {feature} out of range ({len(features)} features on `{ds}`)")
+            return None
+        feature = features[feature]
+    elif feature is None:
+        if not features:
+            notes.append(f"`{fname}`: prediction files on `{ds}` have no rows")
+            return None
+        feature = features[0]
+    feature = str(feature)
+    trajectory = cfg["trajectory"]
+    if trajectory is None:
+        ids = [pc.min(t.column("trajectory")).as_py() for _, t in tables.values() if t.num_rows]
+        trajectory = min(i for i in ids if i is not None)
+    trajectory = int(trajectory)
+
+    columns = []
+    for v in variants:
+        if v not in tables:
+            notes.append(f"`{fname}`: no prediction file for `{v}` on `{ds}`{seed_txt}")
+            continue
+        seed, t = tables[v]
+        sub = t.filter(pc.and_(pc.equal(t.column("feature"), feature), pc.equal(t.column("trajectory"), trajectory)))
+        if sub.num_rows == 0:
+            notes.append(f"`{fname}`: `{v}` has no predictions for feature `{feature}` of trajectory {trajectory}")
+            continue
+        sub = sub.sort_by("step")
+        columns.append((v, seed, {c: sub.column(c).to_numpy(zero_copy_only=False).astype(float)
+                                  for c in ("step", "target", "initial", "final")}))
+    if not columns:
+        return None
+
+    colors = _colors([v for v, _, _ in columns])
+    path = out_fig / fname
+    with _style():
+        fig, axes = _figure(2, len(columns), (3.0 * len(columns) + 0.8, 5.6))
+        for j, (v, seed, d) in enumerate(columns):
+            for i, (key, row_name) in enumerate((("initial", "before training"), ("final", "after training"))):
+                ax = axes[i][j]
+                ax.plot(d["step"], d["target"], color="black", lw=1.2, label="test data")
+                ax.plot(d["step"], d[key], color=colors[v], lw=1.2, label="one-step prediction")
+                if i == 0:
+                    ax.set_title(f"{v} (seed {seed})")
+                if i == 1:
+                    ax.set_xlabel("step")
+                if j == 0:
+                    ax.set_ylabel(f"{row_name}\n{feature}")
+                ax.grid(True, alpha=0.3)
+                ax.tick_params(labelsize="small")
+        axes[0][0].legend(fontsize="x-small", loc="best")
+        fig.suptitle(f"{cfg['title']} ({ds}, feature {feature}, trajectory {trajectory})")
+        _layout(fig, 2, len(columns), left=0.95, wspace=0.55, hspace=0.35, top=0.75)
+        _save(fig, path)
+    return path
+
+
+def _per_dataset(ds: str, cfg: dict, by_variant, out_fig: Path, notes: list[str]) -> Path | None:
+    fname = f"{ds}_curves.png"
+    variants = sorted(by_variant, key=_variant_key)
+    present = [v for v in variants if _present(by_variant, v)]
+    if not present:
+        notes.append(f"`{fname}`: no training histories for dataset `{ds}`")
+        return None
+    runs = [r for v in present for r in by_variant[v]]
+    kind = _dataset_kind(runs)
+    metrics = METRICS.get(kind or "", None)
+    if metrics is None:
+        notes.append(f"`{fname}`: cannot tell whether `{ds}` is discrete or continuous")
+        return None
+    optimal = {m: _bayes_optimal(runs, m) for m in metrics}
+    path = out_fig / fname
+    _metric_figure(path, by_variant, present, metrics, title=f"{ds}: {cfg['split']} metrics vs epoch",
+                   split=cfg["split"], show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"])
+    return path
+
+
+def _variant_key(v: str) -> tuple:
+    m = RANK_RE.match(v)
+    return ("factorized_psrnn_r", int(m["rank"])) if m else (v, -1)
+
+
+def _names(vs: Iterable[str]) -> str:
+    return ", ".join(f"`{v}`" for v in vs)
+
+
+# ------------------------------------------------------------------------------------------------------------- table
+
+
+def _fixed(x: float) -> bool:
+    return x == 0 or 1e-2 <= abs(x) < 1e5
+
+
+def _fmt(x: float, fixed: bool | None = None) -> str:
+    """Three decimals, or three decimals of scientific notation for very small or large magnitudes."""
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{x:.3f}" if (_fixed(x) if fixed is None else fixed) else f"{x:.3e}"
+
+
+def _mean_std(values: Iterable[Any]) -> str:
+    vals, n = _finite(values)
+    if not vals:
+        return "n/a"
+    mean = float(np.mean(vals))
+    text = _fmt(mean)
+    if len(vals) > 1:  # the std takes the mean's notation, so that "0.505 ± 0.007" is not "0.505 ± 7.071e-03"
+        text += f" ± {_fmt(float(np.std(vals, ddof=1)), fixed=_fixed(mean))}"
+    if len(vals) < n:
+        text += f" ({len(vals)}/{n} finite)"
+    return text
+
+
+def _mean(values: Iterable[Any]) -> str:
+    vals, n = _finite(values)
+    if not vals:
+        return "n/a"
+    text = _fmt(float(np.mean(vals)))
+    return text + (f" ({len(vals)}/{n} finite)" if len(vals) < n else "")
+
+
+def _params(runs: Sequence[dict]) -> str:
+    ps = sorted({int(r["n_params"]) for r in runs if isinstance(r["n_params"], (int, float))})
+    if not ps:
+        return "n/a"
+    return f"{ps[0]:,}" if len(ps) == 1 else f"{ps[0]:,}–{ps[-1]:,}"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
+    all_runs = [r for rs in by_variant.values() for r in rs if r["test"] is not None]
+    kind = _dataset_kind(all_runs)
+    if not all_runs or kind is None:
+        return [f"## {_md(ds)}", "", "No final metrics (`metrics/{}/*.json`) for this dataset.".format(_md(ds)), ""]
+    metrics = METRICS[kind]
+    primary = PRIMARY[kind]
+    optimal = _bayes_optimal(all_runs, primary)
+
+    header = ["variant", "seeds", "params"] + [f"test {LABELS[m]}" for m in metrics] + \
+             [f"init {LABELS[m]} (mean)" for m in metrics]
+    if optimal is not None:
+        header.append(f"{LABELS[primary]} gap to optimal")
+    rows = []
+    for v in by_variant:
+        runs = [r for r in by_variant[v] if r["test"] is not None]
+        if not runs:
+            continue
+        finals, _ = _finite(r["test"].get(primary) for r in runs)
+        key = float(np.mean(finals)) if finals else math.inf
+        if not LOWER_IS_BETTER[primary]:
+            key = -key
+        cells = [f"`{_md(v)}`", str(len(runs)), _params(runs)]
+        cells += [_mean_std(r["test"].get(m) for r in runs) for m in metrics]
+        cells += [_mean((r["initial_test"] or {}).get(m) for r in runs) for m in metrics]
+        if optimal is not None:
+            gaps = []
+            for r in runs:
+                opt = (r["bayes_optimal"] or {}).get(primary)
+                val = r["test"].get(primary)
+                if isinstance(opt, (int, float)) and isinstance(val, (int, float)):
+                    gaps.append(float(val) - float(opt))
+            cells.append(_mean_std(gaps))
+        rows.append((key, v, cells))
+    rows.sort(key=lambda t: (t[0], t[1]))
+
+    lines = [f"## {_md(ds)} ({kind})", ""]
+    if optimal is not None:
+        lines += [f"Bayes-optimal test {LABELS[primary]}: {_fmt(optimal)}", ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    lines += ["| " + " | ".join(cells) + " |" for _, _, cells in rows]
+    lines.append("")
+    return lines
+
+
+# -------------------------------------------------------------------------------------------------------------- main
+
+
+def _merge_config(figures: Mapping[str, Any] | None) -> dict[str, dict[str, Any] | None]:
+    cfg: dict[str, dict[str, Any] | None] = copy.deepcopy(DEFAULT_FIGURES)  # type: ignore[assignment]
+    for key, value in (figures or {}).items():
+        if key not in DEFAULT_FIGURES:
+            raise ValueError(f"report: unknown figure {key!r}; known: {sorted(DEFAULT_FIGURES)}")
+        if value is None or value is False:
+            cfg[key] = None
+            continue
+        if value is True:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = {"variants": list(value)}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"report: figures.{key} must be a mapping, a list of variants, or false")
+        unknown = set(value) - set(DEFAULT_FIGURES[key])
+        if unknown:
+            raise ValueError(f"report: figures.{key}: unknown option(s) {sorted(unknown)}; "
+                             f"known: {sorted(DEFAULT_FIGURES[key])}")
+        merged = {**DEFAULT_FIGURES[key], **copy.deepcopy(dict(value))}
+        for k in ("variants", "datasets"):
+            if k in merged and isinstance(merged[k], str):
+                merged[k] = [merged[k]]
+        cfg[key] = merged
+    if cfg["per_dataset"] is not None and not cfg["per_dataset"].get("enabled", True):
+        cfg["per_dataset"] = None
+    return cfg
+
+
+def write_report(root: Path, out_dir: Path, *, figures: dict | None = None) -> dict[str, list[str]]:
+    """Write ``out_dir/figures/*.png`` and ``out_dir/results.md`` from the run outputs under ``root``.
+
+    Returns ``{"written": [...], "skipped": [...]}``: paths relative to ``out_dir`` (POSIX), in a fixed order. A
+    skipped figure's stale PNG from an earlier report is removed so the directory reflects this report only.
+    """
+    root, out_dir = Path(root), Path(out_dir)
+    cfg = _merge_config(figures)
+    runs, notes = _collect(root)
+    grouped = _group(runs)
+    out_fig = out_dir / "figures"
+    written: list[str] = []
+    skipped: list[str] = []
+
+    def record(name: str, path: Path | None) -> None:
+        rel = f"figures/{name}.png"
+        if path is None:
+            skipped.append(rel)
+            stale = out_dir / rel
+            if stale.is_file():
+                stale.unlink()
+            log.warning("report: skipped %s (data not available)", rel)
+        else:
+            written.append(rel)
+            log.info("report: wrote %s", out_dir / rel)
+
+    for name in ("fig3a", "fig3b", "fig3c"):
+        if cfg[name] is not None:
+            record(name, _ptb_figure(name, cfg[name], grouped, out_fig, notes))
+    if cfg["fig4a"] is not None:
+        record("fig4a", _fig4a(cfg["fig4a"], grouped, out_fig, notes))
+    if cfg["fig4b"] is not None:
+        record("fig4b", _fig4b(cfg["fig4b"], grouped, out_fig, notes))
+    if cfg["per_dataset"] is not None:
+        for ds in sorted(grouped):
+            record(f"{ds}_curves", _per_dataset(ds, cfg["per_dataset"], grouped[ds], out_fig, notes))
+
+    lines = ["# Results", "",
+             "Final test metrics per dataset and variant: mean ± sample standard deviation (ddof = 1) over seeds; "
+             "a single seed shows its value alone. \"init\" is the epoch-0 model (2SR for PSRNNs, the random or "
+             "fitted initialisation otherwise), averaged over seeds. Rows are sorted by the primary metric "
+             "(lower is better). Curves show the mean over seeds with the min–max band shaded.", ""]
+    if not runs:
+        lines += ["No runs found.", ""]
+    for ds in sorted(grouped):
+        lines += _table(ds, grouped[ds])
+    lines += ["## Figures", ""]
+    lines += [f"- [{Path(w).name}]({w})" for w in written] or ["None."]
+    lines += ["", "## Not available", ""]
+    lines += [f"- {_md_note(n)}" for n in dict.fromkeys(notes)] or ["Nothing missing."]
+    lines.append("")
+    write_text(out_dir / "results.md", "\n".join(lines))
+    written.append("results.md")
+    return {"written": written, "skipped": skipped}
+
+
+def _md_note(note: str) -> str:
+    return note.replace("|", "\\|")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the PSRNN report (figures and results.md).")
+    parser.add_argument("--root", type=Path, default=Path("."), help="project root (default: .)")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="output directory (default: reports)")
+    parser.add_argument("--figures", type=str, default=None, help="JSON object overriding the figure settings")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    result = write_report(args.root, args.out, figures=json.loads(args.figures) if args.figures else None)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""MLflow tracking: the only module that imports mlflow (≈4 s), and only inside its functions.
+
+One experiment per dataset (``<prefix>-<dataset>``), one run per (variant, seed). The default store is
+``sqlite:///<repo root>/mlflow.db`` with the root taken from ``DVC_ROOT`` when DVC runs the stage (queued
+experiments run in temporary copies, and must still log into the user's store); ``MLFLOW_TRACKING_URI``
+overrides it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be used; the message names the URI."""
+
+
+def tracking_uri(root: str | os.PathLike | None = None) -> str:
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    base = Path(os.environ.get("DVC_ROOT") or root or Path.cwd()).resolve()
+    return f"sqlite:///{base / 'mlflow.db'}"
+
+
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (seconds, before any training) when an HTTP tracking server does not answer."""
+    if uri.startswith(("http://", "https://")):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                if resp.status >= 500:
+                    raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: server answered HTTP {resp.status}")
+        except urllib.error.HTTPError as exc:
+            if exc.code >= 500:
+                raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: server answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: tracking server unreachable ({reason})") from None
+    elif uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.parent.exists():
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: directory {db.parent} does not exist")
+    elif uri.startswith("file:") or "://" not in uri:
+        pass  # deprecated file store: MLflow itself warns
+
+
+def git_commit(root: str | os.PathLike) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class RunTracker:
+    """A thin wrapper around one MLflow run, resumable by id (a killed refine continues its run)."""
+
+    def __init__(self, *, root: str | os.PathLike, experiment: str, run_name: str, run_id: str | None = None,
+                 tags: Mapping[str, str] | None = None):
+        uri = tracking_uri(root)
+        check_tracking_uri(uri)
+        # an unreachable server must not keep a stage hanging in MLflow's retry loop
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        import mlflow
+
+        self.mlflow = mlflow
+        self.uri = uri
+        mlflow.set_tracking_uri(uri)
+        self.client = mlflow.MlflowClient(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
+        if run_id is not None:
+            try:
+                run = self.client.get_run(run_id)
+                if run.info.experiment_id != exp_id:
+                    run_id = None
+            except Exception:
+                run_id = None
+        if run_id is None:
+            run = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+            run_id = run.info.run_id
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+            for k, v in (tags or {}).items():
+                self.client.set_tag(run_id, k, v)
+        self.run_id = run_id
+        self.experiment_id = exp_id
+
+    def _create_experiment(self, name: str) -> str:
+        try:
+            return self.client.create_experiment(name)
+        except Exception:
+            # another queued experiment may have created it in the meantime
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items() if k not in existing]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in flatten(metrics).items()
+                 if isinstance(v, (int, float))]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
+
+    def log_epoch(self, entry: Mapping[str, Any]) -> None:
+        """Per-epoch metrics as ``train_bpc``, ``test_mse``... at step = epoch (0 = the initialisation)."""
+        metrics = {}
+        for split in ("train", "valid", "test"):
+            for k, v in (entry.get(split) or {}).items():
+                metrics[f"{split}_{k}"] = v
+        if "seconds" in entry:
+            metrics["epoch_seconds"] = entry["seconds"]
+        self.log_metrics(metrics, step=int(entry["epoch"]))
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_model(self, model, *, name: str = "model", pip_requirements: list[str] | None = None) -> None:
+        """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
+        ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced
+        forward, which a recurrent filter over sequences of any length is not; MLflow therefore stores this
+        model with its pickle format. Our own artifacts (checkpoints, tensors) stay pickle-free."""
+        import torch
+
+        with self.mlflow.start_run(run_id=self.run_id, nested=False):
+            self.mlflow.pytorch.log_model(
+                model.cpu(), name=name, serialization_format="pickle",
+                code_paths=[str(Path(__file__).resolve().parent)],
+                pip_requirements=pip_requirements or [f"torch=={torch.__version__.split('+')[0]}"],
+            )
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)

@@ -1,0 +1,11 @@
+"""DVC stage `two_stage`: see `python stages/two_stage.py --help` and pipeline.workflow."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
+
+from pipeline.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["two_stage", *sys.argv[1:]]))

@@ -1,0 +1,218 @@
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.report import collect_runs, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PTB_VARIANTS = ["lstm", "gru", "factorized_psrnn_r60", "factorized_psrnn_r20", "psrnn", "psrnn_2layer"]
+SWIMMER_MODELS = ["kf", "rnn", "gru", "lstm", "psrnn"]
+FAMILY = {"psrnn_2layer": "psrnn", "factorized_psrnn_r60": "factorized_psrnn",
+          "factorized_psrnn_r20": "factorized_psrnn"}
+
+
+def _write_run(root: Path, dataset: str, variant: str, seed: int, kind: str, curve: list[float], *,
+               accuracy: list[float] | None = None, bayes: dict | None = None, n_params: int = 1000,
+               history: bool = True, metrics: bool = True) -> None:
+    key = "bpc" if kind == "discrete" else "mse"
+
+    def m(i: int) -> dict:
+        out = {key: curve[i]}
+        if kind == "discrete":
+            out["accuracy"] = accuracy[i] if accuracy else 0.5
+        return out
+
+    run = f"{variant}_s{seed}"
+    common = {"dataset": dataset, "variant": variant, "family": FAMILY.get(variant, variant), "seed": seed,
+              "kind": kind, "n_params": n_params}
+    if history:
+        entries = [{"epoch": i, "seconds": float(i), "train": m(i), "test": m(i)} for i in range(len(curve))]
+        p = root / "models" / dataset / run / "history.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({**common, "best_epoch": len(curve) - 1, "history": entries}))
+    if metrics:
+        p = root / "metrics" / dataset / f"{run}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({**common, "epochs": len(curve) - 1, "test": m(len(curve) - 1),
+                                 "initial_test": m(0), "bayes_optimal": bayes}))
+
+
+def _write_predictions(root: Path, dataset: str, run: str, rng: np.random.Generator) -> None:
+    rows = {"trajectory": [], "step": [], "feature": [], "target": [], "initial": [], "final": []}
+    for traj in (3, 7):                       # smallest id is 3
+        for feat in ("qvel_1", "qpos_0"):     # first sorted is qpos_0
+            x = np.sin(np.arange(40) / 4.0 + traj)
+            for step in range(1, 40):
+                rows["trajectory"].append(traj)
+                rows["step"].append(step)
+                rows["feature"].append(feat)
+                rows["target"].append(float(x[step]))
+                rows["initial"].append(float(x[step - 1] + 0.3 * rng.standard_normal()))
+                rows["final"].append(float(x[step] + 0.05 * rng.standard_normal()))
+    table = pa.table({"trajectory": pa.array(rows["trajectory"], pa.int64()),
+                      "step": pa.array(rows["step"], pa.int64()),
+                      "feature": pa.array(rows["feature"], pa.string()),
+                      "target": pa.array(rows["target"], pa.float64()),
+                      "initial": pa.array(rows["initial"], pa.float64()),
+                      "final": pa.array(rows["final"], pa.float64())})
+    path = root / "metrics" / dataset / f"{run}_predictions.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    rng = np.random.default_rng(0)
+    # ptb: two seeds per variant; psrnn's final BPCs are 1.5 and 1.7 -> 1.600 ± 0.141 (sample std)
+    finals = {"psrnn": (1.5, 1.7), "psrnn_2layer": (1.4, 1.45), "factorized_psrnn_r60": (1.8, 1.9),
+              "factorized_psrnn_r20": (2.0, 2.2), "lstm": (2.1, 2.3), "gru": (2.05, 2.25)}
+    for v in PTB_VARIANTS:
+        for seed, final in zip((0, 1), finals[v]):
+            curve = list(np.linspace(3.0 + seed * 0.1, final, 4))
+            curve[-1] = final
+            _write_run(root, "ptb", v, seed, "discrete", curve, accuracy=[0.2, 0.3, 0.4, 0.5 + 0.01 * seed],
+                       n_params=5000)
+    # swimmer: the five models of Fig. 4, one seed each, with prediction files
+    for i, v in enumerate(SWIMMER_MODELS):
+        _write_run(root, "swimmer", v, 0, "continuous", [10.0 - i, 5.0 - i * 0.5, 2.0 - i * 0.3], n_params=300)
+        _write_predictions(root, "swimmer", f"{v}_s0", rng)
+    # synthetic hmm with a Bayes-optimal value: gaps 1.0-0.8=0.2 and 1.2-0.8=0.4 -> 0.300 ± 0.141
+    for seed, final in zip((0, 1), (1.0, 1.2)):
+        _write_run(root, "hmm", "psrnn", seed, "discrete", [1.5, 1.1, final], bayes={"bpc": 0.8})
+        _write_run(root, "hmm", "lstm", seed, "discrete", [2.0, 1.5, final + 0.5], bayes={"bpc": 0.8})
+    # a run with metrics but no history (e.g. pulled from another machine): table only
+    _write_run(root, "hmm", "gru", 0, "discrete", [1.9, 1.8], bayes={"bpc": 0.8}, history=False)
+    return root
+
+
+def _table_rows(md: str, dataset: str) -> list[list[str]]:
+    section = md.split(f"## {dataset} (")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+
+
+def test_collect_runs(project: Path):
+    runs = collect_runs(project)
+    keys = [(r["dataset"], r["variant"], r["seed"]) for r in runs]
+    assert keys == sorted(keys)
+    assert len(runs) == 2 * len(PTB_VARIANTS) + len(SWIMMER_MODELS) + 5
+    psrnn0 = next(r for r in runs if (r["dataset"], r["variant"], r["seed"]) == ("ptb", "psrnn", 0))
+    assert psrnn0["kind"] == "discrete" and psrnn0["test"]["bpc"] == 1.5 and len(psrnn0["history"]) == 4
+    gru = next(r for r in runs if (r["dataset"], r["variant"]) == ("hmm", "gru"))
+    assert gru["history"] is None and gru["bayes_optimal"] == {"bpc": 0.8}
+    assert all((r["predictions_path"] is not None) == (r["dataset"] == "swimmer") for r in runs)
+    assert collect_runs(project / "nowhere") == []
+
+
+def test_write_report(project: Path, tmp_path: Path):
+    import matplotlib.image as mpimg
+
+    out = tmp_path / "reports"
+    result = write_report(project, out)
+    expected = ["fig3a", "fig3b", "fig3c", "fig4a", "fig4b", "hmm_curves", "ptb_curves", "swimmer_curves"]
+    assert sorted(result["written"]) == sorted([f"figures/{n}.png" for n in expected] + ["results.md"])
+    assert result["skipped"] == []
+    for name in expected:
+        path = out / "figures" / f"{name}.png"
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+        img = mpimg.imread(path)
+        assert img.ndim == 3 and img.shape[2] in (3, 4) and min(img.shape[:2]) > 100
+        assert float(img[..., :3].std()) > 0.0  # not blank
+    assert not list(out.rglob(".*.tmp")) and not list(out.rglob(".*.png"))  # no leftover temporaries
+
+    md = (out / "results.md").read_text()
+    # hand-computed: mean(1.5, 1.7) = 1.6, sample std = sqrt(0.02) = 0.1414
+    ptb = {row[0]: row for row in _table_rows(md, "ptb")}
+    assert ptb["`psrnn`"][1] == "2"
+    assert "1.600 ± 0.141" in ptb["`psrnn`"][3]
+    assert ptb["`psrnn`"][4] == "0.505 ± 0.007"          # accuracies 0.50, 0.51
+    assert ptb["`psrnn`"][5] == "3.050"                  # epoch-0 BPC mean of 3.0 and 3.1
+    assert ptb["`psrnn`"][2] == "5,000"
+    order = [row[0] for row in _table_rows(md, "ptb")]
+    assert order == ["`psrnn_2layer`", "`psrnn`", "`factorized_psrnn_r60`", "`factorized_psrnn_r20`", "`gru`",
+                     "`lstm`"]
+    # continuous table sorted by MSE: psrnn (2.0-1.2=0.8) first, kf (2.0) last; single seed shows no ± term
+    swim = _table_rows(md, "swimmer")
+    assert [r[0] for r in swim] == ["`psrnn`", "`lstm`", "`gru`", "`rnn`", "`kf`"]
+    assert swim[0][3] == "0.800" and swim[-1][3] == "2.000"
+    # Bayes-optimal gap for the synthetic dataset
+    assert "Bayes-optimal test BPC: 0.800" in md
+    hmm = {row[0]: row for row in _table_rows(md, "hmm")}
+    assert hmm["`psrnn`"][-1] == "0.300 ± 0.141"
+    assert hmm["`lstm`"][-1] == "0.800 ± 0.141"
+    assert hmm["`gru`"][-1] == "1.000"                   # metrics without history still in the table
+    assert [r[0] for r in _table_rows(md, "hmm")] == ["`psrnn`", "`lstm`", "`gru`"]
+    header = md.split("## hmm (")[1].splitlines()[4]
+    assert "gap to optimal" in header
+    assert "gap to optimal" not in md.split("## ptb (")[1].split("\n## ")[0]
+    # figure links and "Not available"
+    assert "[fig3a.png](figures/fig3a.png)" in md
+    na = md.split("## Not available")[1]
+    assert "mocap" in na and "handwriting" in na
+    assert "models/hmm/gru_s0/history.json" in na
+    # deterministic
+    first_md = (out / "results.md").read_bytes()
+    first_png = (out / "figures" / "fig4b.png").read_bytes()
+    write_report(project, out)
+    assert (out / "results.md").read_bytes() == first_md
+    assert (out / "figures" / "fig4b.png").read_bytes() == first_png
+    assert not re.search(r"\d{4}-\d{2}-\d{2}", first_md.decode())
+    assert str(project) not in first_md.decode()
+
+
+def test_missing_data_is_skipped_not_fatal(tmp_path: Path):
+    root = tmp_path / "project"
+    # only swimmer with kf and psrnn, no predictions for psrnn; ptb has only lstm
+    _write_run(root, "swimmer", "kf", 0, "continuous", [3.0, 2.0])
+    _write_run(root, "swimmer", "psrnn", 0, "continuous", [1.0, 0.5])
+    _write_predictions(root, "swimmer", "kf_s0", np.random.default_rng(1))
+    _write_run(root, "ptb", "lstm", 0, "discrete", [3.0, 2.0])
+    (root / "metrics" / "ptb" / "broken_s0.json").write_text("{not json")
+    _write_run(root, "custom", "psrnn", 0, "continuous", [1.0, 0.5], metrics=False)  # still training
+    out = tmp_path / "reports"
+    (out / "figures").mkdir(parents=True)
+    (out / "figures" / "fig3b.png").write_bytes(b"stale")  # from an earlier report
+    result = write_report(root, out)
+    assert "figures/fig3a.png" in result["written"]        # drawn with lstm only
+    assert {"figures/fig3b.png", "figures/fig3c.png"} <= set(result["skipped"])
+    assert not (out / "figures" / "fig3b.png").exists()
+    assert "figures/fig4a.png" in result["written"] and "figures/fig4b.png" in result["written"]
+    md = (out / "results.md").read_text()
+    na = md.split("## Not available")[1]
+    assert "`gru`" in na and "`factorized_psrnn_r60`" in na    # missing from fig3a
+    assert "psrnn_2layer" in na and "mocap" in na and "handwriting" in na
+    assert "broken_s0.json" in na
+    assert "no prediction file for `psrnn`" in na
+    assert "fig3b.png" not in md.split("## Figures")[1].split("## Not available")[0]
+    assert "figures/custom_curves.png" in result["written"]
+    assert "## custom\n\nNo final metrics" in md
+    # an empty root does not crash either
+    empty = write_report(root / "nothing", tmp_path / "empty")
+    assert empty["written"] == ["results.md"]
+    assert "No runs found." in (tmp_path / "empty" / "results.md").read_text()
+
+
+def test_figure_config_overrides(project: Path, tmp_path: Path):
+    out = tmp_path / "reports"
+    result = write_report(project, out, figures={
+        "fig3a": ["lstm", "gru"], "fig3b": False, "fig3c": None, "fig4a": False,
+        "fig4b": {"feature": "qvel_1", "trajectory": 7}, "per_dataset": {"enabled": False}})
+    assert result == {"written": ["figures/fig3a.png", "figures/fig4b.png", "results.md"], "skipped": []}
+    md = (out / "results.md").read_text()
+    assert "feature qvel_1" not in md and "factorized_psrnn_r60" not in md.split("## Not available")[1]
+    with pytest.raises(ValueError, match="unknown figure"):
+        write_report(project, out, figures={"fig5": {}})
+    with pytest.raises(ValueError, match="unknown option"):
+        write_report(project, out, figures={"fig4b": {"feture": "x"}})
+    off = {k: False for k in ("fig3a", "fig3b", "fig3c", "fig4a", "per_dataset")}
+    res = write_report(project, tmp_path / "r2", figures={**off, "fig4b": {"trajectory": 99}})
+    assert res == {"written": ["results.md"], "skipped": ["figures/fig4b.png"]}
+    assert "figures/fig4b.png" in res["skipped"]
+    assert "trajectory 99" in (tmp_path / "r2" / "results.md").read_text()
