@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.train import TrainConfig
+from pipeline.train_config import TrainConfig
 from pipeline.two_stage import TwoStageConfig
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")

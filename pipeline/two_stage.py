@@ -26,7 +26,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 
 from pipeline.features import FeatureMaps, Windows, fit_feature_maps, make_windows
 from pipeline.progress import progress
@@ -330,6 +329,8 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
 def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray], *, discrete: bool,
                 vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300) -> Decoder:
     """Regress o_{t+1} on the state after o_t: softmax regression (discrete) or ridge regression (continuous)."""
+    import scipy.optimize
+
     X = np.concatenate([s[:-1] for s in states], axis=0)
     n, d = X.shape
     if discrete:
