@@ -111,10 +111,18 @@ class RandomFourierFeatures:
         idx = np.asarray(idx)
         if idx.ndim == 1:
             idx = idx[:, None]
-        proj = self.frequencies[idx[:, 0]].copy()
+        freq = self._frequencies_as(dtype)
+        proj = freq[idx[:, 0]]  # fancy indexing copies
         for j in range(1, idx.shape[1]):
-            proj += self.frequencies[idx[:, j]]
+            proj += freq[idx[:, j]]
         return self._finish(proj, dtype)
+
+    def _frequencies_as(self, dtype: np.dtype) -> np.ndarray:
+        cache = self.__dict__.setdefault("_cast", {})
+        key = np.dtype(dtype).str
+        if key not in cache:
+            cache[key] = self.frequencies.astype(dtype)
+        return cache[key]
 
     def _finish(self, proj: np.ndarray, dtype: np.dtype) -> np.ndarray:
         # cos dominates the cost; numpy vectorises it far better in float32, which is accurate enough for RFF.
@@ -134,39 +142,81 @@ class RandomFourierFeatures:
                    width=float(arrays[f"{prefix}_width"]))
 
 
-@dataclass
 class Windows:
     """Past / future / shifted-future / observation windows of a set of trajectories, in raw space.
 
+    Only the trajectories and the (trajectory, t) index of each row are held; a window array is built on demand
+    for a slice or an index array of rows (:meth:`rows`), so streaming 2SR never holds more than a chunk of them.
+    The properties ``past``, ``future``, ``shifted`` and ``obs`` build every row (fine for small data).
+
     For discrete data each window is an int array of one-hot column indices (position j of a window of a
     vocabulary of size V occupies columns j·V … j·V+V-1); for continuous data it is the flattened window.
-    ``times`` holds (trajectory index, t) of each row.
     """
 
-    past: np.ndarray
-    future: np.ndarray
-    shifted: np.ndarray
-    obs: np.ndarray
-    times: np.ndarray
-    discrete: bool
+    def __init__(self, trajectories: Sequence[np.ndarray], times: np.ndarray, past_window: int, future_window: int,
+                 discrete: bool, vocab_size: int | None):
+        self.trajectories = [np.asarray(t) for t in trajectories]
+        self.times = times
+        self.past_window = past_window
+        self.future_window = future_window
+        self.discrete = discrete
+        self.vocab_size = vocab_size
 
     def __len__(self) -> int:
-        return self.past.shape[0]
+        return self.times.shape[0]
 
     def chunks(self, size: int) -> Iterator[slice]:
         for start in range(0, len(self), size):
             yield slice(start, min(start + size, len(self)))
 
+    def rows(self, which: str, index: slice | np.ndarray) -> np.ndarray:
+        """The ``which`` windows ("past", "future", "shifted" or "obs") of the selected rows."""
+        offset, length = {"past": (-self.past_window, self.past_window), "future": (0, self.future_window),
+                          "shifted": (1, self.future_window), "obs": (0, 1)}[which]
+        times = self.times[index]
+        if times.shape[0] == 0:
+            width = length if self.discrete else length * self._obs_size()
+            return np.zeros((0, width), dtype=np.int64 if self.discrete else np.float64)
+        parts = []
+        traj_ids = times[:, 0]
+        # rows are sorted by trajectory, so each trajectory is one contiguous block of the selection
+        bounds = np.flatnonzero(np.diff(traj_ids)) + 1
+        for block in np.split(np.arange(times.shape[0]), bounds):
+            traj = self.trajectories[int(traj_ids[block[0]])]
+            starts = times[block, 1] + offset
+            w = traj[starts[:, None] + np.arange(length)[None, :]]
+            if self.discrete:
+                w = w + int(self.vocab_size) * np.arange(length)[None, :]  # type: ignore[arg-type]
+            else:
+                w = w.reshape(len(block), -1)
+            parts.append(w)
+        return np.concatenate(parts, axis=0)
 
-def _window_stack(traj: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    idx = starts[:, None] + np.arange(length)[None, :]
-    return traj[idx]  # discrete: (n, length); continuous: (n, length, m)
+    def _obs_size(self) -> int:
+        t = self.trajectories[0]
+        return 1 if t.ndim == 1 else t.shape[1]
+
+    @property
+    def past(self) -> np.ndarray:
+        return self.rows("past", slice(None))
+
+    @property
+    def future(self) -> np.ndarray:
+        return self.rows("future", slice(None))
+
+    @property
+    def shifted(self) -> np.ndarray:
+        return self.rows("shifted", slice(None))
+
+    @property
+    def obs(self) -> np.ndarray:
+        return self.rows("obs", slice(None))
 
 
 def make_windows(
     trajectories: Sequence[np.ndarray], past: int, future: int, *, discrete: bool, vocab_size: int | None = None
 ) -> Windows:
-    """Cut past/future/shifted/observation windows from every trajectory separately (see module docstring).
+    """Index the past/future/shifted/observation windows of every trajectory separately (see module docstring).
 
     Trajectories shorter than ``past + future + 1`` contribute no rows.
     """
@@ -174,41 +224,19 @@ def make_windows(
         raise ValueError(f"window lengths must be >= 1, got past={past}, future={future}")
     if discrete and vocab_size is None:
         raise ValueError("vocab_size is required for discrete windows")
-    parts: dict[str, list[np.ndarray]] = {"past": [], "future": [], "shifted": [], "obs": [], "times": []}
+    times = []
     for i, traj in enumerate(trajectories):
-        traj = np.asarray(traj)
-        T = traj.shape[0]
-        ts = np.arange(past, T - future)  # shifted future needs o_{t+k} to exist: t + k <= T - 1
-        if ts.size == 0:
-            continue
-        p = _window_stack(traj, ts - past, past)
-        f = _window_stack(traj, ts, future)
-        s = _window_stack(traj, ts + 1, future)
-        o = traj[ts]
-        if discrete:
-            V = int(vocab_size)  # type: ignore[arg-type]
-            p = p + V * np.arange(past)[None, :]
-            f = f + V * np.arange(future)[None, :]
-            s = s + V * np.arange(future)[None, :]
-            o = o[:, None]
-        else:
-            p = p.reshape(len(ts), -1)
-            f = f.reshape(len(ts), -1)
-            s = s.reshape(len(ts), -1)
-            o = o.reshape(len(ts), -1)
-        parts["past"].append(p)
-        parts["future"].append(f)
-        parts["shifted"].append(s)
-        parts["obs"].append(o)
-        parts["times"].append(np.stack([np.full(len(ts), i), ts], axis=1))
-    if not parts["past"]:
+        T = np.asarray(traj).shape[0]
+        ts = np.arange(past, T - future, dtype=np.int64)  # the shifted future needs o_{t+k}: t + k <= T - 1
+        if ts.size:
+            times.append(np.stack([np.full(ts.size, i, dtype=np.int64), ts], axis=1))
+    if not times:
         lengths = [len(t) for t in trajectories]
         raise ValueError(
             f"no trajectory is long enough for past window {past} + future window {future} + 1 "
             f"(longest has {max(lengths) if lengths else 0} steps)"
         )
-    cat = {k: np.concatenate(v, axis=0) for k, v in parts.items()}
-    return Windows(discrete=discrete, **cat)
+    return Windows(trajectories, np.concatenate(times, axis=0), past, future, discrete, vocab_size)
 
 
 @dataclass
@@ -292,10 +320,12 @@ def fit_feature_maps(
     ``obs_dim`` is the raw observation size (vocabulary size for discrete data).
     """
     widths = dict(widths or {})
-    past_window = windows.past.shape[1] if windows.discrete else windows.past.shape[1] // obs_dim
-    future_window = windows.future.shape[1] if windows.discrete else windows.future.shape[1] // obs_dim
+    past_window, future_window = windows.past_window, windows.future_window
     maps = {}
-    for k, (name, x) in enumerate((("obs", windows.obs), ("past", windows.past), ("future", windows.future))):
+    for k, name in enumerate(("obs", "past", "future")):
+        n = len(windows)
+        sample = np.sort(np.random.default_rng(seed + 7 * k).choice(n, size=min(n, max_points), replace=False))
+        x = windows.rows(name, sample)
         w = widths.get(name)
         if w is None:
             if windows.discrete:
@@ -303,7 +333,7 @@ def fit_feature_maps(
             else:
                 w = median_pairwise_distance(x, max_points=max_points, seed=seed + 7 * k)
             w *= width_scale
-        in_dim = x.shape[1] * (vocab_size if windows.discrete else 1)
+        in_dim = x.shape[1] * (vocab_size if windows.discrete else 1)  # one-hot windows: positions × V
         maps[name] = RandomFourierFeatures.create(in_dim, n_features, float(w), seed=seed + 1000 * (k + 1))
     return FeatureMaps(discrete=windows.discrete, vocab_size=vocab_size, past_window=past_window,
                        future_window=future_window, **maps)

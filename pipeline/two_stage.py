@@ -11,7 +11,7 @@ its top singular directions (o_t = U_oᵀω_t, h_t = U_hᵀη_t, f_t = U_fᵀφ_
 Streaming. Only the sufficient statistics are ever held: the projections come from a randomised range finder
 (Halko et al. 2011) whose products ΦᵀΦQ are accumulated chunk by chunk, and stage 1 and 2 need only HᵀH, HᵀF and
 HᵀE (Σ ŝŝᵀ = W_fᵀHᵀH W_f and Σ ŝêᵀ = W_fᵀHᵀH W_e). No T × n_rff matrix is materialised; memory is
-O(chunk·n_rff + n_rff·(d + oversample)) whatever the length of the data.
+O(chunk·n_rff + n_rff·(d + oversample)) besides the data and one (trajectory, t) index per window.
 
 Then the states are filtered through the training data with the normalised update, and a regression from states to
 the next observation initialises the decoder (softmax for discrete data, linear for continuous data). A multilayer
@@ -160,7 +160,7 @@ def top_projections(
         grams = {f: np.zeros((D, D)) for f in fams}
         for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR gram"):
             for f in fams:
-                phi, _, counts = maps.apply_unique(f, getattr(windows, f)[sl], dtype)
+                phi, _, counts = maps.apply_unique(f, windows.rows(f, sl), dtype)
                 phi = phi.astype(np.float64)
                 grams[f] += phi.T @ (phi if counts is None else phi * counts[:, None])
         out, sv = {}, {}
@@ -178,7 +178,7 @@ def top_projections(
         Y = {f: np.zeros_like(Q[f]) for f in fams}
         for sl in progress(list(windows.chunks(cfg.chunk_size)), desc=f"2SR range pass {it + 1}"):
             for f in fams:
-                phi, _, counts = maps.apply_unique(f, getattr(windows, f)[sl], dtype)
+                phi, _, counts = maps.apply_unique(f, windows.rows(f, sl), dtype)
                 proj = phi @ Q[f].astype(dtype)
                 if counts is not None:
                     proj *= counts[:, None].astype(dtype)
@@ -251,10 +251,10 @@ def two_stage_regression(
     OO = np.zeros((d_o, d_o))
     h_sum = np.zeros(d_h)
     for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR stage 1"):
-        h = _projected(maps, "past", windows.past[sl], U_h, dtype)
-        f = _projected(maps, "future", windows.future[sl], U_f, dtype)
-        s = _projected(maps, "shifted", windows.shifted[sl], U_f, dtype)
-        o = _projected(maps, "obs", windows.obs[sl], U_o, dtype)
+        h = _projected(maps, "past", windows.rows("past", sl), U_h, dtype)
+        f = _projected(maps, "future", windows.rows("future", sl), U_f, dtype)
+        s = _projected(maps, "shifted", windows.rows("shifted", sl), U_f, dtype)
+        o = _projected(maps, "obs", windows.rows("obs", sl), U_o, dtype)
         e = (s[:, :, None] * o[:, None, :]).reshape(len(s), d * d_o)  # index (i, j) -> i·d_o + j
         HH += h.T @ h
         HF += h.T @ f

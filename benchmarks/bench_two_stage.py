@@ -1,0 +1,250 @@
+"""Streaming vs materialised 2SR on PTB: speed, peak memory, epoch-0 BPC (part A); streaming scaling (part B).
+
+A. On the PTB training stream (default: the paper's 1001 lines, 120780 characters), 2000 RFF per family, history
+   and future windows of 5, state 20: the naive 2SR (benchmarks/naive_two_stage.py) and the streaming 2SR
+   (pipeline.two_stage.two_stage_regression, its defaults: randomised range finder, float32 feature chunks) each
+   run in a fresh subprocess. Reported: the 2SR wall time (median of the repeats) and its peak RSS, the speedup
+   naive / streaming, and the epoch-0 test BPC of the 1-layer PSRNN each initialises (filter_states + fit_decoder
+   as multilayer_two_stage does, then pipeline.api.initialise_model and pipeline.train.evaluate on the whole PTB
+   test stream). Claim: the two BPCs differ by less than 0.01 bits.
+
+B. The streaming 2SR at 1x, 4x and 16x the PTB training length (the first N characters of full/ptb.train.txt):
+   time (should grow at most linearly) and peak RSS (should stay roughly flat).
+
+Peak RSS is the child's VmHWM, reset (``/proc/self/clear_refs``) just before the 2SR call, so it is the peak while
+the 2SR ran (data already loaded; torch is imported only afterwards, for the BPC). ``peak_delta`` subtracts the RSS
+at the reset, i.e. what the 2SR itself added.
+
+    python benchmarks/bench_two_stage.py            # full sizes (naive needs ~10 GB of RAM and minutes)
+    python benchmarks/bench_two_stage.py --quick    # smoke test: 5000 / 2000-32000 characters, 200 RFF, 1 run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (PTB_TRAIN_CHARS, blas_threads, busy_warning, child_report, default_ptb_dir, load_ptb,  # noqa: E402
+                               machine_info, median, one_layer_model, peak_rss_mb, reset_peak_rss, rss_mb,
+                               run_child, table, thread_env, write_results)
+
+SCRIPT = Path(__file__).resolve()
+
+
+# ------------------------------------------------------------------------------------------------- child
+
+
+def child_main(spec: dict) -> None:
+    """One measurement in this (fresh) process: load PTB, run one 2SR, optionally evaluate its epoch-0 BPC."""
+    from pipeline.two_stage import TwoStageConfig, two_stage_regression
+
+    ds = load_ptb(Path(spec["raw_dir"]), spec["lines"])
+    train = ds.train[0]
+    if spec.get("train_chars"):
+        if spec["train_chars"] > len(train):
+            raise ValueError(f"asked for {spec['train_chars']} training characters, the file has {len(train)}")
+        train = train[: spec["train_chars"]].copy()
+    V = len(ds.vocab)
+    cfg = TwoStageConfig(**spec["cfg"])
+    if spec["impl"] == "naive":
+        from benchmarks.naive_two_stage import naive_two_stage_regression as fn
+    else:
+        fn = two_stage_regression
+    gc.collect()
+    rss0 = rss_mb()
+    reset_ok = reset_peak_rss()
+    t0 = time.perf_counter()
+    layer = fn([train], cfg, discrete=True, vocab_size=V)
+    seconds = time.perf_counter() - t0
+    peak = peak_rss_mb()
+    out = {"impl": spec["impl"], "seconds": seconds, "peak_rss_mb": peak, "rss_before_mb": rss0,
+           "peak_delta_mb": None if rss0 is None or not reset_ok else peak - rss0, "peak_reset": reset_ok,
+           "train_chars": int(len(train)), "vocab_size": V, "n_windows": layer.diagnostics["n_windows"],
+           "blas_threads": blas_threads()}
+    if spec.get("bpc"):
+        import torch
+
+        from pipeline.api import initialise_model
+        from pipeline.models.common import ModelConfig
+        from pipeline.train import evaluate
+
+        test = ds.test[0][: spec["test_chars"]] if spec.get("test_chars") else ds.test[0]
+        t1 = time.perf_counter()
+        tsm = one_layer_model(layer, [train], cfg, discrete=True, vocab_size=V)
+        model = initialise_model(ModelConfig(model="psrnn", discrete=True, input_dim=V, output_dim=V,
+                                             state_dim=cfg.state_dim, obs_dim=cfg.obs_dim, n_rff=cfg.n_features,
+                                             init="2sr", bias_scale=0.0), two_stage=tsm, seed=cfg.seed)
+        res = evaluate(model, [test], device=torch.device("cpu"))
+        out.update({"test_bpc": res["bpc"], "test_accuracy": res["accuracy"], "test_chars": int(len(test)),
+                    "init_seconds": time.perf_counter() - t1,
+                    "singular_values_future": layer.diagnostics["singular_values"]["future"][:5]})
+    child_report(out)
+
+
+# ------------------------------------------------------------------------------------------------ parent
+
+
+def _child(spec: dict, args) -> dict:
+    res = run_child(SCRIPT, ["--child", json.dumps(spec)], timeout=args.timeout, env=thread_env(args.threads))
+    line = f"  {res['impl']:9s} {res['train_chars']:>9,d} chars: {res['seconds']:8.2f} s, peak {res['peak_rss_mb']:8.1f} MB"
+    if "test_bpc" in res:
+        line += f", test BPC {res['test_bpc']:.4f}"
+    print(line, flush=True)
+    return res
+
+
+def _summary(runs: list[dict]) -> dict:
+    out = {"n": len(runs), "seconds": median([r["seconds"] for r in runs]),
+           "peak_rss_mb": median([r["peak_rss_mb"] for r in runs]),
+           "seconds_all": [r["seconds"] for r in runs], "peak_rss_mb_all": [r["peak_rss_mb"] for r in runs]}
+    deltas = [r["peak_delta_mb"] for r in runs if r.get("peak_delta_mb") is not None]
+    out["peak_delta_mb"] = median(deltas) if deltas else None
+    for k in ("train_chars", "n_windows", "test_bpc", "test_accuracy", "test_chars"):
+        vals = [r[k] for r in runs if k in r]
+        if vals:
+            out[k] = vals[0]
+    return out
+
+
+def part_compare(args, cfg: dict) -> dict:
+    print(f"\n== A. naive vs streaming 2SR on PTB train (lines={args.lines}, "
+          f"{args.train_chars or 'all'} chars, {cfg['n_features']} RFF, windows {cfg['past_window']}/"
+          f"{cfg['future_window']}, state {cfg['state_dim']}) ==")
+    print(f"   naive: {args.naive_repeats} run(s) (slow: the materialised baseline defaults to 1 repeat); "
+          f"streaming: {args.repeats} run(s); medians reported")
+    base = {"raw_dir": str(args.raw_dir), "lines": args.lines, "train_chars": args.train_chars,
+            "test_chars": args.test_chars}
+    runs: dict[str, list[dict]] = {"naive": [], "streaming": []}
+    stream_cfg = {**cfg, "svd": args.svd}
+    for r in range(max(args.repeats, args.naive_repeats)):
+        # interleaved, so that load from other processes hits both alike; the BPC (deterministic) only once each
+        if r < args.naive_repeats and not args.skip_naive:
+            runs["naive"].append(_child({**base, "impl": "naive", "cfg": cfg, "bpc": r == 0 and not args.no_bpc},
+                                        args))
+        if r < args.repeats:
+            runs["streaming"].append(_child({**base, "impl": "streaming", "cfg": stream_cfg,
+                                             "bpc": r == 0 and not args.no_bpc}, args))
+    res = {k: _summary(v) for k, v in runs.items() if v}
+    rows = []
+    for k, s in res.items():
+        rows.append([k, s["n"], s["seconds"], s["peak_rss_mb"], s["peak_delta_mb"] if s["peak_delta_mb"] is not None
+                     else float("nan"), s.get("test_bpc", float("nan"))])
+    print(table(["2SR", "runs", "time s (median)", "peak RSS MB", "peak Δ MB", "epoch-0 test BPC"], rows))
+    if "naive" in res:
+        n, s = res["naive"], res["streaming"]
+        res["speedup"] = n["seconds"] / s["seconds"]
+        res["peak_ratio"] = n["peak_rss_mb"] / s["peak_rss_mb"]
+        if n.get("peak_delta_mb") and s.get("peak_delta_mb"):
+            res["peak_delta_ratio"] = n["peak_delta_mb"] / s["peak_delta_mb"]
+        print(f"speedup naive/streaming: {res['speedup']:.2f}x   peak RSS naive/streaming: {res['peak_ratio']:.2f}x"
+              + (f" (2SR's own allocation: {res['peak_delta_ratio']:.1f}x)" if "peak_delta_ratio" in res else ""))
+        if "test_bpc" in n and "test_bpc" in s:
+            res["bpc_difference"] = n["test_bpc"] - s["test_bpc"]
+            ok = abs(res["bpc_difference"]) < 0.01
+            res["bpc_within_0.01"] = ok
+            print(f"epoch-0 test BPC naive - streaming: {res['bpc_difference']:+.4f} bits "
+                  f"(claim |diff| < 0.01: {'holds' if ok else 'FAILS'})")
+    return res
+
+
+def part_scaling(args, cfg: dict) -> dict:
+    scales = args.scales
+    lengths = [s * args.base_chars for s in scales]
+    # one data source for every scale, so the RSS before the 2SR is the same in every child
+    lines = None if max(lengths) > PTB_TRAIN_CHARS else 1001
+    print(f"\n== B. streaming 2SR scaling: {', '.join(f'{s}x' for s in scales)} of {args.base_chars:,d} chars "
+          f"(first N chars of {'full/ptb.train.txt' if lines is None else 'the 1001-line PTB train'}), "
+          f"{cfg['n_features']} RFF, {args.repeats} run(s) each, medians ==")
+    runs: dict[int, list[dict]] = {s: [] for s in scales}
+    for _ in range(args.repeats):
+        for s, n in zip(scales, lengths):
+            runs[s].append(_child({"raw_dir": str(args.raw_dir), "lines": lines, "train_chars": n,
+                                   "impl": "streaming", "cfg": {**cfg, "svd": args.svd}, "bpc": False},
+                                  args))
+    res = {str(s): _summary(v) for s, v in runs.items()}
+    b = res[str(scales[0])]
+    rows = []
+    for s in scales:
+        r = res[str(s)]
+        r["time_ratio"] = r["seconds"] / b["seconds"]
+        r["length_ratio"] = r["train_chars"] / b["train_chars"]
+        r["peak_ratio"] = r["peak_rss_mb"] / b["peak_rss_mb"]
+        rows.append([f"{s}x", r["train_chars"], r["seconds"], r["time_ratio"], r["time_ratio"] / r["length_ratio"],
+                     r["peak_rss_mb"], r["peak_ratio"],
+                     r["peak_delta_mb"] if r["peak_delta_mb"] is not None else float("nan")])
+    print(table(["scale", "chars", "time s", "time ratio", "ratio / length ratio", "peak RSS MB", "peak ratio",
+                 "peak Δ MB"], rows))
+    print("time ratio / length ratio <= 1: linear or better; peak ratio ~ 1: memory independent of length")
+    return {"scales": scales, "base_chars": args.base_chars, "lines": lines, "results": res}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: part A on 5000 chars, part B on 2000/8000/32000 chars, 200 RFF, 1 repeat")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs of each streaming figure, median reported (default 3; --quick: 1)")
+    p.add_argument("--naive-repeats", type=int, default=1, help="runs of the naive 2SR (slow; default 1)")
+    p.add_argument("--raw-dir", type=Path, default=None, help="PTB raw dir holding full/ptb.*.txt")
+    p.add_argument("--lines", type=int, default=1001, help="PTB lines for part A (1001 = the paper's split)")
+    p.add_argument("--train-chars", type=int, default=None, help="part A: keep only the first N train chars")
+    p.add_argument("--test-chars", type=int, default=None, help="part A: keep only the first N test chars")
+    p.add_argument("--n-features", type=int, default=2000, help="RFF per family")
+    p.add_argument("--state-dim", type=int, default=20, help="state, observation and history projection size")
+    p.add_argument("--past-window", type=int, default=5)
+    p.add_argument("--future-window", type=int, default=5)
+    p.add_argument("--svd", choices=("randomized", "exact"), default="randomized", help="streaming projections")
+    p.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
+    p.add_argument("--base-chars", type=int, default=PTB_TRAIN_CHARS, help="part B: length of 1x")
+    p.add_argument("--parts", default="ab", help="'a' (naive vs streaming), 'b' (scaling) or 'ab'")
+    p.add_argument("--skip-naive", action="store_true", help="part A without the naive 2SR")
+    p.add_argument("--no-bpc", action="store_true", help="skip the epoch-0 BPC evaluation")
+    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per child process")
+    p.add_argument("--threads", type=int, default=None,
+                   help="BLAS/OpenMP threads of the children (OMP/OPENBLAS/MKL_NUM_THREADS; default: inherited)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child_main(json.loads(args.child))
+        return 0
+    if args.quick:
+        args.n_features = min(args.n_features, 200)
+        args.train_chars = args.train_chars or 5000
+        args.test_chars = args.test_chars or 5000
+        args.base_chars = 2000 if args.base_chars == PTB_TRAIN_CHARS else args.base_chars
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.raw_dir = args.raw_dir or default_ptb_dir()
+    cfg = {"state_dim": args.state_dim, "obs_dim": args.state_dim, "past_dim": args.state_dim,
+           "n_features": args.n_features, "past_window": args.past_window, "future_window": args.future_window,
+           "seed": 0}
+    print(f"PTB from {args.raw_dir}; 2SR config {cfg}; streaming svd={args.svd}")
+    # children use every CPU for BLAS unless --threads says otherwise
+    warning = busy_warning(args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                            else os.cpu_count() or 1))
+    if warning:
+        print(warning, flush=True)
+    t0 = time.perf_counter()
+    payload: dict = {"benchmark": "two_stage", "quick": args.quick, "argv": sys.argv[1:] if argv is None else argv,
+                     "config": cfg, "streaming_svd": args.svd, "repeats": args.repeats,
+                     "naive_repeats": args.naive_repeats, "child_threads": args.threads, "busy_warning": warning}
+    if "a" in args.parts:
+        payload["compare"] = part_compare(args, cfg)
+    if "b" in args.parts:
+        payload["scaling"] = part_scaling(args, cfg)
+    payload["total_seconds"] = time.perf_counter() - t0
+    payload["machine"] = machine_info()
+    path = write_results("two_stage", payload, quick=args.quick)
+    print(f"\nresults written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

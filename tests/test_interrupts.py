@@ -1,0 +1,118 @@
+"""Killing `dvc repro` (SIGKILL) in the middle of refine and running it again resumes from the checkpoint and
+ends with the same metrics as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config"]
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {
+    "seeds": [0],
+    "data": {"mirror": None},
+    "tracking": {"experiment_prefix": "kill", "log_model": False, "log_checkpoints": False},
+    "report": {"figures": {}},
+    "hmm": {
+        "source": {"n_states": 3, "n_symbols": 4, "n_train": 60, "n_test": 10, "length": 200, "seed": 0},
+        "two_stage": {"n_features": 64, "state_dim": 5, "obs_dim": 4, "past_dim": 5, "past_window": 2,
+                      "future_window": 2},
+        "variants": ["psrnn"],
+        "model": {"psrnn_bias_scale": 0.0, "factorized_bias_scale": 0.1},
+        "train": {"epochs": 8, "lr": 1.0, "clip": 0.25, "bptt": 5, "batch_size": 2, "device": "cpu"},
+    },
+}
+
+
+def _project(base: Path, name: str, env: dict[str, str]) -> Path:
+    root = base / name
+    root.mkdir()
+    for item in COPY:
+        src, dst = ROOT / item, root / item
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dst)
+    # only the hmm stages: drop the other datasets from the matrices
+    dvc = yaml.safe_load((root / "dvc.yaml").read_text())
+    stages = {}
+    for k, v in dvc["stages"].items():
+        if k in ("download", "preprocess") or (k.startswith(("refine_", "evaluate_")) and not k.endswith("_hmm")):
+            continue
+        if "matrix" in v and "dataset" in v["matrix"]:
+            v["matrix"]["dataset"] = ["hmm"]
+        if "foreach" in v:
+            v["foreach"] = ["hmm"]
+        stages[k] = v
+    dvc["stages"] = stages
+    (root / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
+    (root / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "kill test"]):
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    return root
+
+
+def _repro(root: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_sigkill_during_refine_resumes_to_the_same_metrics(tmp_path):
+    if shutil.which("dvc") is None:
+        pytest.skip("dvc is not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@example.com")
+    reference = _project(tmp_path, "reference", env)
+    _repro(reference, env)
+    expected = json.loads((reference / "metrics" / "hmm" / "psrnn_s0.json").read_text())
+
+    killed = _project(tmp_path, "killed", env)
+    proc = subprocess.Popen(["dvc", "repro"], cwd=killed, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt = killed / "models" / "hmm" / "psrnn_s0" / "checkpoint.pt"
+    history_probe = killed / "models" / "hmm" / "psrnn_s0"
+    deadline = time.time() + 600
+    import torch
+
+    epoch = -1
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists():
+            try:
+                epoch = torch.load(ckpt, weights_only=True)["epoch"]
+            except Exception:
+                epoch = -1
+            if epoch >= 2:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "refine finished before it could be killed; make the run longer"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert epoch >= 2 and not (history_probe / "history.json").exists()
+
+    _repro(killed, env)
+    got = json.loads((killed / "metrics" / "hmm" / "psrnn_s0.json").read_text())
+    assert got["test"] == pytest.approx(expected["test"], abs=1e-6)
+    history = json.loads((history_probe / "history.json").read_text())["history"]
+    assert [h["epoch"] for h in history] == list(range(9))
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{killed / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("kill-hmm")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1, "the resumed refine must continue the same MLflow run"
+    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "test_bpc"))
+    assert steps == list(range(9))
