@@ -122,3 +122,52 @@ def test_gradcheck_kalman_filter():
         return out
 
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("factorized", [False, True])
+def test_gradcheck_with_resets_and_initial_state(factorized):
+    """The hand-written backward of the recurrence, through trajectory resets, against finite differences."""
+    torch.manual_seed(1)
+    d, d_o, L, B = 3, 2, 6, 3
+    layer = (FactorizedPSRNNLayer(d, d_o, rank=2) if factorized else PSRNNLayer(d, d_o)).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p))
+    reset = torch.zeros(L, B, dtype=torch.bool)
+    reset[2, 0] = reset[4, 2] = True
+    names = [n for n, _ in layer.named_parameters()]
+    o = torch.randn(L, B, d_o, dtype=torch.float64, requires_grad=True)
+    q = torch.nn.functional.normalize(torch.randn(B, d, dtype=torch.float64), dim=-1).requires_grad_()
+
+    def f(o, q, *ps):
+        return torch.func.functional_call(layer, dict(zip(names, ps)), (o, q, reset))
+
+    inputs = (o, q, *[p.detach().clone().requires_grad_() for p in layer.parameters()])
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_custom_backward_matches_autograd_of_the_plain_loop():
+    torch.manual_seed(2)
+    L, B, d = 7, 4, 5
+    G = torch.randn(L, B, d, d, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(d, dtype=torch.float64, requires_grad=True)
+    q0 = torch.nn.functional.normalize(torch.randn(B, d, dtype=torch.float64), dim=-1).requires_grad_()
+    qi = torch.nn.functional.normalize(torch.randn(d, dtype=torch.float64), dim=0).requires_grad_()
+    reset = torch.zeros(L, B, dtype=torch.bool)
+    reset[3, 1] = True
+    from pipeline.models.psrnn import normalized_recurrence
+
+    w = torch.randn(L, B, d, dtype=torch.float64)
+    (normalized_recurrence(G, b, q0, qi, reset) * w).sum().backward()
+    fast = [t.grad.clone() for t in (G, b, q0, qi)]
+    for t in (G, b, q0, qi):
+        t.grad = None
+    q, outs = q0, []
+    for t in range(L):
+        q = torch.where(reset[t].unsqueeze(-1), qi.expand_as(q), q)
+        z = torch.bmm(G[t], q.unsqueeze(-1)).squeeze(-1) + b
+        q = z / z.norm(dim=-1, keepdim=True)
+        outs.append(q)
+    (torch.stack(outs) * w).sum().backward()
+    for a, t in zip(fast, (G, b, q0, qi)):
+        assert torch.allclose(a, t.grad, atol=1e-10)

@@ -59,20 +59,84 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
 
     ``reset[t, b]`` puts element b back to ``q_init`` before step t. A zero vector (possible only for
     degenerate parameters) is mapped to ``q_init`` instead of dividing by zero.
+
+    With gradients, a hand-written backward (:class:`_NormalizedRecurrence`) replaces autograd's per-step graph:
+    the recurrence is a chain of tiny products, where recording and replaying a graph costs more than the math.
+    Without gradients on the CPU, the loop runs in numpy.
     """
+    if not torch.is_grad_enabled():
+        if G.device.type == "cpu":
+            return _normalized_recurrence_numpy(G, b, q, q_init, reset, eps)
+        with torch.no_grad():
+            return _recurrence_forward(G, b, q, q_init, reset, eps)[0]
+    if reset is None:
+        reset = torch.zeros(G.shape[:2], dtype=torch.bool, device=G.device)
+    return _NormalizedRecurrence.apply(G, b, q, q_init, reset, eps)
+
+
+def _reset_steps(reset: torch.Tensor | None) -> list[int]:
+    return [] if reset is None else torch.nonzero(reset.any(1)).flatten().tolist()
+
+
+def _recurrence_forward(G, b, q, q_init, reset, eps):
     L = G.shape[0]
-    if not torch.is_grad_enabled() and G.device.type == "cpu":
-        return _normalized_recurrence_numpy(G, b, q, q_init, reset, eps)
-    reset_steps = set() if reset is None else set(torch.nonzero(reset.any(1)).flatten().tolist())
-    out = []
+    steps = set(_reset_steps(reset))
+    inputs = torch.empty((L, *q.shape), dtype=G.dtype, device=G.device)
+    out = torch.empty_like(inputs)
+    norms = torch.empty((L, q.shape[0], 1), dtype=G.dtype, device=G.device)
+    qi = q_init.expand_as(q)
     for t in range(L):
-        if t in reset_steps:
-            q = apply_reset(q, q_init, reset[t])  # type: ignore[index]
+        if t in steps:
+            q = torch.where(reset[t].unsqueeze(-1), qi, q)
+        inputs[t] = q
         z = torch.bmm(G[t], q.unsqueeze(-1)).squeeze(-1) + b
-        norm = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
-        q = torch.where(norm > eps, z / norm.clamp_min(eps), q_init.expand_as(z))
-        out.append(q)
-    return torch.stack(out)
+        n = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+        norms[t] = n
+        q = torch.where(n > eps, z / n.clamp_min(eps), qi)
+        out[t] = q
+    return out, inputs, norms
+
+
+class _NormalizedRecurrence(torch.autograd.Function):
+    """Forward: the recurrence. Backward, for t = L-1 … 0, with g the gradient reaching q_{t+1}:
+
+        ∂z_t = (g − q_{t+1}(q_{t+1}·g)) / ‖z_t‖,   ∂G_t = ∂z_t q_tᵀ,   ∂b += ∂z_t,   g ← G_tᵀ ∂z_t (+ ∂ of q_t's use)
+
+    and at a reset the gradient of the replaced rows goes to q_init instead of the previous state.
+    """
+
+    @staticmethod
+    def forward(ctx, G, b, q, q_init, reset, eps):
+        out, inputs, norms = _recurrence_forward(G, b, q, q_init, reset, eps)
+        ctx.save_for_backward(G, inputs, out, norms, reset)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        G, inputs, out, norms, reset = ctx.saved_tensors
+        L = G.shape[0]
+        steps = set(_reset_steps(reset))
+        grad_z = torch.empty_like(out)
+        g_q = torch.zeros_like(inputs[0])
+        g_init = torch.zeros_like(inputs[0])
+        alive = norms > ctx.eps                                     # rows that were not replaced by q_init
+        Gt = G.transpose(-1, -2)
+        for t in range(L - 1, -1, -1):
+            g = grad_out[t] + g_q
+            qn = out[t]
+            gz = (g - qn * (qn * g).sum(-1, keepdim=True)) / norms[t].clamp_min(ctx.eps)
+            gz = torch.where(alive[t], gz, torch.zeros_like(gz))
+            g_init = g_init + torch.where(alive[t], torch.zeros_like(g), g)
+            grad_z[t] = gz
+            g_q = torch.bmm(Gt[t], gz.unsqueeze(-1)).squeeze(-1)
+            if t in steps:
+                m = reset[t].unsqueeze(-1)
+                g_init = g_init + torch.where(m, g_q, torch.zeros_like(g_q))
+                g_q = torch.where(m, torch.zeros_like(g_q), g_q)
+        grad_G = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)       # (L, B, d, d): ∂z_t q_tᵀ
+        grad_b = grad_z.sum((0, 1))
+        return grad_G, grad_b, g_q, g_init.sum(0), None, None
 
 
 def _normalized_recurrence_numpy(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor,
