@@ -79,6 +79,30 @@ def _reset_steps(reset: torch.Tensor | None) -> list[int]:
 
 
 def _recurrence_forward(G, b, q, q_init, reset, eps):
+    """The loop, in column form (B, d, 1) with one fused op per product; returns (outputs, inputs, norms)."""
+    steps = set(_reset_steps(reset))
+    Gs = G.unbind(0)
+    bcol = b.reshape(1, -1, 1).expand(q.shape[0], -1, 1)
+    qi = q_init.reshape(1, -1, 1).expand(q.shape[0], -1, 1)
+    qc = q.unsqueeze(-1)
+    inputs, outs, norms = [], [], []
+    for t, Gt in enumerate(Gs):
+        if t in steps:
+            qc = torch.where(reset[t].reshape(-1, 1, 1), qi, qc)
+        inputs.append(qc)
+        z = torch.baddbmm(bcol, Gt, qc)
+        n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
+        qc = z / n
+        norms.append(n)
+        outs.append(qc)
+    norms_t = torch.stack(norms)
+    out = torch.stack(outs).squeeze(-1)
+    if bool((norms_t <= eps).any()):  # degenerate parameters: redo those steps with the q_init fallback
+        return _recurrence_forward_careful(G, b, q, q_init, reset, eps)
+    return out, torch.stack(inputs).squeeze(-1), norms_t.squeeze(-1)
+
+
+def _recurrence_forward_careful(G, b, q, q_init, reset, eps):
     L = G.shape[0]
     steps = set(_reset_steps(reset))
     inputs = torch.empty((L, *q.shape), dtype=G.dtype, device=G.device)
@@ -117,26 +141,34 @@ class _NormalizedRecurrence(torch.autograd.Function):
         G, inputs, out, norms, reset = ctx.saved_tensors
         L = G.shape[0]
         steps = set(_reset_steps(reset))
-        grad_z = torch.empty_like(out)
-        g_q = torch.zeros_like(inputs[0])
-        g_init = torch.zeros_like(inputs[0])
-        alive = norms > ctx.eps                                     # rows that were not replaced by q_init
-        Gt = G.transpose(-1, -2)
+        alive = norms > ctx.eps                                      # rows that were not replaced by q_init
+        degenerate = not bool(alive.all())
+        inv_n = (1.0 / norms.clamp_min(ctx.eps)).unsqueeze(-1)       # (L, B, 1, 1)
+        GT = G.transpose(-1, -2).unbind(0)
+        outs = out.unsqueeze(-1).unbind(0)                           # (B, d, 1) each
+        gouts = grad_out.unsqueeze(-1).unbind(0)
+        g_q = torch.zeros_like(outs[0])
+        g_init = torch.zeros_like(outs[0])
+        grads = [None] * L
         for t in range(L - 1, -1, -1):
-            g = grad_out[t] + g_q
-            qn = out[t]
-            gz = (g - qn * (qn * g).sum(-1, keepdim=True)) / norms[t].clamp_min(ctx.eps)
-            gz = torch.where(alive[t], gz, torch.zeros_like(gz))
-            g_init = g_init + torch.where(alive[t], torch.zeros_like(g), g)
-            grad_z[t] = gz
-            g_q = torch.bmm(Gt[t], gz.unsqueeze(-1)).squeeze(-1)
+            g = gouts[t] + g_q
+            qn = outs[t]
+            dot = torch.bmm(qn.transpose(1, 2), g)                  # (B, 1, 1): q_{t+1}·g
+            gz = torch.addcmul(g, qn, dot, value=-1.0) * inv_n[t]
+            if degenerate:
+                a = alive[t].unsqueeze(-1)
+                g_init = g_init + torch.where(a, torch.zeros_like(g), g)
+                gz = torch.where(a, gz, torch.zeros_like(gz))
+            grads[t] = gz
+            g_q = torch.bmm(GT[t], gz)
             if t in steps:
-                m = reset[t].unsqueeze(-1)
+                m = reset[t].reshape(-1, 1, 1)
                 g_init = g_init + torch.where(m, g_q, torch.zeros_like(g_q))
                 g_q = torch.where(m, torch.zeros_like(g_q), g_q)
-        grad_G = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)       # (L, B, d, d): ∂z_t q_tᵀ
+        grad_z = torch.stack(grads).squeeze(-1)                     # (L, B, d)
+        grad_G = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)       # ∂z_t q_tᵀ
         grad_b = grad_z.sum((0, 1))
-        return grad_G, grad_b, g_q, g_init.sum(0), None, None
+        return grad_G, grad_b, g_q.squeeze(-1), g_init.squeeze(-1).sum(0), None, None
 
 
 def _normalized_recurrence_numpy(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor,
