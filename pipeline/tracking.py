@@ -143,6 +143,9 @@ class RunTracker:
             metrics["epoch_seconds"] = entry["seconds"]
         self.log_metrics(metrics, step=int(entry["epoch"]))
 
+    def logged_steps(self, metric: str) -> set[int]:
+        return {m.step for m in self.client.get_metric_history(self.run_id, metric)}
+
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 

@@ -338,14 +338,17 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: in
                         "model": model.config.to_dict(), "train": asdict(tcfg),
                         "two_stage": asdict(dp.two_stage), "n_params": model.n_parameters(),
                         "source": dp.source})
-    logged = set()
     if resume:
+        # a kill can fall between an epoch's checkpoint and its MLflow logging: log what the run lacks
+        from pipeline.metrics import primary_metric
+
+        logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
         for entry in load_checkpoint(ckpt)["history"]:
-            logged.add(entry["epoch"])
+            if entry["epoch"] not in logged:
+                tracker.log_epoch(entry)
 
     def on_epoch(entry: dict[str, Any]) -> None:
-        if entry["epoch"] not in logged:
-            tracker.log_epoch(entry)
+        tracker.log_epoch(entry)
 
     try:
         result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
