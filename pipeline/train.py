@@ -90,11 +90,9 @@ def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: 
     outputs = []
     if keep_outputs:
         full = np.concatenate(outs, 0)
-        # with one stream per trajectory, trajectory b occupies the start of stream b
-        order = sorted(range(len(trajectories)), key=lambda i: i)
         lengths = [len(t) for t in trajectories]
         starts = _stream_positions(lengths, streams.batch_size)
-        for i in order:
+        for i in range(len(trajectories)):
             b, pos = starts[i]
             outputs.append(full[pos:pos + lengths[i], b])
     return sums, outputs
