@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run or imported as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.features import FeatureMaps, fit_feature_maps, make_windows  # noqa: E402
-from pipeline.two_stage import TwoStageConfig, TwoStageLayer, _fix_signs  # noqa: E402
+from pipeline.two_stage import TwoStageConfig, TwoStageLayer, _fix_signs, apply_observation_inverse  # noqa: E402
 
 
 def dense_ridge(X: np.ndarray, Y: np.ndarray, lam: float) -> np.ndarray:
@@ -94,9 +94,7 @@ def naive_two_stage_regression(
     M = dense_ridge(F_hat, E_hat, lam)  # stage 2
     W = M.reshape(d, d, d_o).transpose(1, 2, 0).copy()      # M[k, i·d_o + j] -> W[i, j, k]
     if cfg.obs_inverse:
-        Coo = O.T @ O / n
-        reg = cfg.obs_ridge * np.trace(Coo) / d_o
-        W = np.einsum("ijk,jl->ilk", W, np.linalg.inv(Coo + reg * np.eye(d_o)))
+        W = apply_observation_inverse(W, O.T @ O / n, cfg.obs_ridge)
     q1 = F_hat.mean(0)
     norm = np.linalg.norm(q1)
     q1 = q1 / norm if norm > 0 else np.full(d, 1.0 / np.sqrt(d))

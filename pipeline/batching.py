@@ -9,7 +9,7 @@ through the whole test sequence and never reset per batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -22,6 +22,7 @@ class Streams:
     y: torch.Tensor        # targets, same layout
     mask: torch.Tensor     # (L, B) bool: step has a target
     reset: torch.Tensor    # (L, B) bool: trajectory starts here
+    positions: list[tuple[int, int]] = field(default_factory=list)  # (stream, start) of each placed trajectory
 
     @property
     def length(self) -> int:
@@ -40,7 +41,7 @@ class Streams:
         x, y = self.x.to(device), self.y.to(device)
         if dtype is not None and x.is_floating_point():
             x, y = x.to(dtype), y.to(dtype)
-        return Streams(x=x, y=y, mask=self.mask.to(device), reset=self.reset.to(device))
+        return Streams(x=x, y=y, mask=self.mask.to(device), reset=self.reset.to(device), positions=self.positions)
 
 
 def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete: bool,
@@ -59,8 +60,10 @@ def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete
     n_streams = min(n_streams, len(trajs))
     buckets: list[list[np.ndarray]] = [[] for _ in range(n_streams)]
     lengths = np.zeros(n_streams, dtype=np.int64)
+    positions = []
     for t in trajs:  # greedy: next trajectory to the currently shortest stream, ties to the lowest index
         b = int(np.argmin(lengths))
+        positions.append((b, int(lengths[b])))
         buckets[b].append(t)
         lengths[b] += len(t)
     L = int(lengths.max())
@@ -80,4 +83,4 @@ def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete
             reset[pos, b] = True
             pos += T
     return Streams(x=torch.from_numpy(x), y=torch.from_numpy(y), mask=torch.from_numpy(mask),
-                   reset=torch.from_numpy(reset))
+                   reset=torch.from_numpy(reset), positions=positions)

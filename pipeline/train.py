@@ -90,23 +90,9 @@ def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: 
     outputs = []
     if keep_outputs:
         full = np.concatenate(outs, 0)
-        lengths = [len(t) for t in trajectories]
-        starts = _stream_positions(lengths, streams.batch_size)
-        for i in range(len(trajectories)):
-            b, pos = starts[i]
-            outputs.append(full[pos:pos + lengths[i], b])
+        for traj, (b, pos) in zip(trajectories, streams.positions):
+            outputs.append(full[pos:pos + len(traj), b])
     return sums, outputs
-
-
-def _stream_positions(lengths: list[int], n_streams: int) -> list[tuple[int, int]]:
-    """Where make_streams put each trajectory (same greedy rule)."""
-    totals = np.zeros(n_streams, dtype=np.int64)
-    where = []
-    for L in lengths:
-        b = int(np.argmin(totals))
-        where.append((b, int(totals[b])))
-        totals[b] += L
-    return where
 
 
 def _make_optimizer(model: SequenceModel, cfg: TrainConfig) -> torch.optim.Optimizer:

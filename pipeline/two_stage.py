@@ -217,6 +217,13 @@ def _ridge_solve(gram: np.ndarray, rhs: np.ndarray, lam: float) -> np.ndarray:
         return np.linalg.lstsq(A, rhs, rcond=None)[0]
 
 
+def apply_observation_inverse(W: np.ndarray, Coo: np.ndarray, obs_ridge: float) -> np.ndarray:
+    """W ×₂ (C_oo + obs_ridge · tr(C_oo)/d_o · I)⁻¹: the observation mode multiplied by the regularised C_oo⁻¹."""
+    d_o = Coo.shape[0]
+    reg = obs_ridge * np.trace(Coo) / d_o
+    return np.einsum("ijk,jl->ilk", W, np.linalg.inv(Coo + reg * np.eye(d_o)))
+
+
 def _projected(maps: FeatureMaps, which: str, x: np.ndarray, U: np.ndarray, dtype: np.dtype) -> np.ndarray:
     phi, inverse, _ = maps.apply_unique(which, x, dtype)
     proj = (phi @ U.astype(dtype)).astype(np.float64)
@@ -276,9 +283,7 @@ def two_stage_regression(
         # observation mode by the marginal C_oo⁻¹ undoes it: for discrete data with independent features,
         # W ×₂ C_oo⁻¹ω(o_t) = E[s | o_t, h] · p(o_t | h) / p(o_t), whose direction is exact. It is a fixed
         # linear map, so the model keeps the form of Eq. (5).
-        Coo = OO / n
-        reg = cfg.obs_ridge * np.trace(Coo) / d_o
-        W = np.einsum("ijk,jl->ilk", W, np.linalg.inv(Coo + reg * np.eye(d_o)))
+        W = apply_observation_inverse(W, OO / n, cfg.obs_ridge)
     q1 = W_f.T @ (h_sum / n)
     norm = np.linalg.norm(q1)
     q1 = q1 / norm if norm > 0 else np.full(d, 1.0 / np.sqrt(d))
