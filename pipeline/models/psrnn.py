@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline import native
 from pipeline.models.common import ModelConfig, SequenceModel, apply_reset
 
 
@@ -60,10 +61,15 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
     ``reset[t, b]`` puts element b back to ``q_init`` before step t. A zero vector (possible only for
     degenerate parameters) is mapped to ``q_init`` instead of dividing by zero.
 
-    With gradients, a hand-written backward (:class:`_NormalizedRecurrence`) replaces autograd's per-step graph:
-    the recurrence is a chain of tiny products, where recording and replaying a graph costs more than the math.
-    Without gradients on the CPU, the loop runs in numpy.
+    On the CPU the loop runs in compiled C (:mod:`pipeline.native`) with a hand-written backward
+    (:class:`_NativeRecurrence`): the recurrence is a chain of tiny products whose cost in torch is dispatch, not
+    arithmetic. Elsewhere (CUDA, or no C compiler) :class:`_NormalizedRecurrence` runs the same backward as torch
+    ops, and without gradients on the CPU the loop runs in numpy.
     """
+    if native.usable(G, b, q, q_init):
+        if not torch.is_grad_enabled():
+            return native.full_forward(G, b, q, q_init, reset, eps)[0]
+        return _NativeRecurrence.apply(G, b, q, q_init, reset, eps)
     if not torch.is_grad_enabled():
         if G.device.type == "cpu":
             return _normalized_recurrence_numpy(G, b, q, q_init, reset, eps)
@@ -72,6 +78,89 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
     if reset is None:
         reset = torch.zeros(G.shape[:2], dtype=torch.bool, device=G.device)
     return _NormalizedRecurrence.apply(G, b, q, q_init, reset, eps)
+
+
+def factorized_recurrence(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor, b: torch.Tensor, q: torch.Tensor,
+                          q_init: torch.Tensor, reset: torch.Tensor | None = None, eps: float = 1e-12
+                          ) -> torch.Tensor:
+    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b) with u_t = B o_t (Eq. 10), shape (L, B, d); resets as above.
+
+    The compiled path never forms the (L, B, d, d) step matrices G_t = Aᵀ diag(u_t) C: a step costs 2·r·d
+    multiply-adds per chain, and the parameter gradients are three batched matrix products after the loop.
+    """
+    if native.usable(A, u, C, b, q, q_init):
+        if not torch.is_grad_enabled():
+            return native.factorized_forward(A, u, C, b, q, q_init, reset, eps)[0]
+        return _NativeFactorizedRecurrence.apply(A, u, C, b, q, q_init, reset, eps)
+    return normalized_recurrence(torch.einsum("ri,lbr,rk->lbik", A, u, C), b, q, q_init, reset, eps)
+
+
+def symbol_recurrence(G_table: torch.Tensor, symbols: torch.Tensor, b: torch.Tensor, q: torch.Tensor,
+                      q_init: torch.Tensor, reset: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
+    """:func:`normalized_recurrence` for discrete observations, with G_t = G_table[symbols[t]].
+
+    An embedded symbol o_t = U_oᵀ ω(e_v) takes one of V values, so W ×₂ o_t is one of V matrices: forming the
+    (V, d, d) table costs V·d_o·d² multiply-adds instead of L·B·d_o·d² for the per-step matrices, and its
+    gradient is summed per symbol inside the compiled backward.
+    """
+    if native.usable(G_table, b, q, q_init):
+        if not torch.is_grad_enabled():
+            return native.full_forward(G_table.transpose(1, 2).contiguous(), b, q, q_init, reset, eps,
+                                       idx=symbols, transposed=True)[0]
+        return _NativeRecurrence.apply(G_table, b, q, q_init, reset, eps, symbols)
+    return normalized_recurrence(G_table[symbols], b, q, q_init, reset, eps)
+
+
+class _NativeRecurrence(torch.autograd.Function):
+    """:func:`normalized_recurrence` (or :func:`symbol_recurrence`, given ``symbols``) in C; the backward of
+    :class:`_NormalizedRecurrence`, with ∂G_t = ∂z_t q_tᵀ formed in the same loop."""
+
+    @staticmethod
+    def forward(ctx, G, b, q, q_init, reset, eps, symbols=None):
+        if symbols is None:
+            out, inputs, norms = native.full_forward(G, b, q, q_init, reset, eps)
+        else:  # a (V, d, d) table: the transposed copy for the forward loop costs nothing
+            out, inputs, norms = native.full_forward(G.transpose(1, 2).contiguous(), b, q, q_init, reset, eps,
+                                                     idx=symbols, transposed=True)
+        ctx.save_for_backward(G, inputs, out, norms, reset, symbols)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        G, inputs, out, norms, reset, symbols = ctx.saved_tensors
+        grad_z, grad_G, g_q0, g_init = native.full_backward(G, inputs, out, norms, reset, ctx.eps, grad_out,
+                                                            idx=symbols, grad_G=ctx.needs_input_grad[0])
+        return grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
+
+
+class _NativeFactorizedRecurrence(torch.autograd.Function):
+    """:func:`factorized_recurrence` in C. With s_t = C q_t, m_t = u_t ⊙ s_t and ∂z_t from the C backward:
+
+        ∂A = Σ_t m_t ∂z_tᵀ,   ∂u_t = (A ∂z_t) ⊙ s_t,   ∂C = Σ_t ((A ∂z_t) ⊙ u_t) q_tᵀ,   ∂b = Σ_t ∂z_t.
+    """
+
+    @staticmethod
+    def forward(ctx, A, u, C, b, q, q_init, reset, eps):
+        out, inputs, norms = native.factorized_forward(A, u, C, b, q, q_init, reset, eps)
+        ctx.save_for_backward(A, u, C, inputs, out, norms, reset)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        A, u, C, inputs, out, norms, reset = ctx.saved_tensors
+        grad_z, g_q0, g_init = native.factorized_backward(A, u, C, out, norms, reset, ctx.eps, grad_out)
+        r, d = A.shape
+        gz = grad_z.reshape(-1, d)
+        q_in = inputs.reshape(-1, d)
+        s = q_in @ C.T                                   # (L·B, r)
+        dm = gz @ A.T
+        u2 = u.reshape(-1, r)
+        grad_A = (u2 * s).T @ gz
+        grad_u = (dm * s).reshape(u.shape)
+        grad_C = (dm * u2).T @ q_in
+        return grad_A, grad_u, grad_C, gz.sum(0), g_q0, g_init.sum(0), None, None
 
 
 def _reset_steps(reset: torch.Tensor | None) -> list[int]:
@@ -222,6 +311,12 @@ class PSRNNLayer(nn.Module):
     def forward(self, o: torch.Tensor, q: torch.Tensor, reset: torch.Tensor | None = None) -> torch.Tensor:
         return normalized_recurrence(self.step_matrices(o), self.b, q, self.initial(), reset)
 
+    def forward_symbols(self, table: torch.Tensor, x: torch.Tensor, q: torch.Tensor,
+                        reset: torch.Tensor | None = None) -> torch.Tensor:
+        """The same update for discrete inputs x (L, B) whose observations are rows of ``table`` (V, d_o)."""
+        G_table = torch.einsum("ijk,vj->vik", self.W, table)
+        return symbol_recurrence(G_table, x, self.b, q, self.initial(), reset)
+
 
 class FactorizedPSRNNLayer(PSRNNLayer):
     """A factorized PSRNN layer (Eq. 10): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, rank r."""
@@ -237,6 +332,9 @@ class FactorizedPSRNNLayer(PSRNNLayer):
     def step_matrices(self, o: torch.Tensor) -> torch.Tensor:
         """G_t = Aᵀ diag(B o_t) C, i.e. W ×₂ o_t with W = Σ_r a_r ⊗ b_r ⊗ c_r."""
         return torch.einsum("ri,lbr,rk->lbik", self.A, o @ self.B.T, self.C)
+
+    def forward(self, o: torch.Tensor, q: torch.Tensor, reset: torch.Tensor | None = None) -> torch.Tensor:
+        return factorized_recurrence(self.A, o @ self.B.T, self.C, self.b, q, self.initial(), reset)
 
 
 class PSRNN(SequenceModel):
@@ -270,7 +368,10 @@ class PSRNN(SequenceModel):
         new_state = []
         h = x
         for encoder, core, q in zip(self.encoders, self.cores, state):
-            states = core(encoder(h), q, reset)
+            if isinstance(encoder, EmbeddingEncoder) and type(core) is PSRNNLayer:
+                states = core.forward_symbols(encoder.table.weight, h, q, reset)
+            else:
+                states = core(encoder(h), q, reset)
             new_state.append(states[-1])
             h = states
         return self.decoder(h), tuple(new_state)

@@ -1,0 +1,164 @@
+"""The compiled recurrence (pipeline.native) computes what the pure-torch path computes: states, gradients, resets,
+degenerate steps, symbol tables; models train the same with either; the library builds and can be turned off."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipeline import native
+from pipeline.models.psrnn import factorized_recurrence, normalized_recurrence, symbol_recurrence
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler: the torch path is the only path")
+
+L, B, D, R, V = 9, 4, 5, 3, 6
+
+
+def _case(dtype, degenerate=False):
+    g = torch.Generator().manual_seed(3)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    c = {"G": rnd(L, B, D, D), "table": rnd(V, D, D), "symbols": torch.randint(0, V, (L, B), generator=g),
+         "A": rnd(R, D), "u": rnd(L, B, R), "C": rnd(R, D), "b": rnd(D),
+         "q": torch.nn.functional.normalize(rnd(B, D), dim=-1), "qi": torch.nn.functional.normalize(rnd(D), dim=0)}
+    reset = torch.zeros(L, B, dtype=torch.bool)
+    reset[2, 1] = reset[6, :] = True
+    c["reset"] = reset
+    if degenerate:  # step 4 of chain 2 maps every state to z = 0: the state falls back to q_init
+        c["b"] = torch.zeros(D, dtype=dtype)
+        c["G"][4, 2] = 0.0
+        c["u"][4, 2] = 0.0
+        c["table"][5] = 0.0
+        c["symbols"][4, 2] = 5
+    return c
+
+
+CORES = {
+    "full": (normalized_recurrence, ("G", "b", "q", "qi")),
+    "symbols": (lambda table, b, q, qi, reset, symbols: symbol_recurrence(table, symbols, b, q, qi, reset),
+                ("table", "b", "q", "qi")),
+    "factorized": (factorized_recurrence, ("A", "u", "C", "b", "q", "qi")),
+}
+
+
+def _run(core, case, monkeypatch, use_native):
+    monkeypatch.setenv("PSRNN_NATIVE", "1" if use_native else "0")
+    fn, names = CORES[core]
+    leaves = [case[n].clone().requires_grad_() for n in names]
+    extra = {"symbols": case["symbols"]} if core == "symbols" else {}
+    out = fn(*leaves, case["reset"], **extra)
+    w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * w).sum().backward()
+    with torch.no_grad():
+        out_nograd = fn(*[t.detach() for t in leaves], case["reset"], **extra)
+    return out.detach(), out_nograd, [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+@pytest.mark.parametrize("degenerate", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_native_matches_torch_path(core, degenerate, dtype, tol, monkeypatch):
+    case = _case(dtype, degenerate)
+    fast = _run(core, case, monkeypatch, True)
+    slow = _run(core, case, monkeypatch, False)
+    torch.testing.assert_close(fast[0], slow[0], atol=tol, rtol=tol)
+    torch.testing.assert_close(fast[1], slow[1], atol=tol, rtol=tol)   # the no-grad loop too
+    torch.testing.assert_close(fast[1], fast[0], atol=tol, rtol=tol)
+    for a, b in zip(fast[2], slow[2]):
+        torch.testing.assert_close(a, b, atol=tol * 10, rtol=tol * 10)
+    assert torch.allclose(fast[0].norm(dim=-1), torch.ones((), dtype=dtype), atol=tol)
+    if degenerate:
+        torch.testing.assert_close(fast[0][4, 2], case["qi"])
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+def test_native_gradcheck(core, monkeypatch):
+    monkeypatch.setenv("PSRNN_NATIVE", "1")
+    case = _case(torch.float64)
+    fn, names = CORES[core]
+    extra = {"symbols": case["symbols"]} if core == "symbols" else {}
+    leaves = tuple(case[n].clone().requires_grad_() for n in names)
+    assert torch.autograd.gradcheck(lambda *xs: fn(*xs, case["reset"], **extra), leaves, eps=1e-6, atol=1e-7)
+
+
+def test_symbol_table_equals_per_step_matrices(monkeypatch):
+    """One (V, d, d) table indexed by symbol is exactly the per-step G_t = table[x_t]."""
+    case = _case(torch.float64)
+    a = symbol_recurrence(case["table"], case["symbols"], case["b"], case["q"], case["qi"], case["reset"])
+    b = normalized_recurrence(case["table"][case["symbols"]], case["b"], case["q"], case["qi"], case["reset"])
+    torch.testing.assert_close(a, b, atol=1e-13, rtol=1e-13)
+    with pytest.raises(IndexError, match="symbol index out of range"):
+        symbol_recurrence(case["table"], case["symbols"] + V, case["b"], case["q"], case["qi"])
+
+
+@pytest.mark.parametrize("model,rank", [("psrnn", None), ("factorized_psrnn", 3)])
+def test_training_is_the_same_with_and_without_native(model, rank, monkeypatch):
+    """Three SGD steps of a discrete PSRNN (embedding, symbol tables, decoder) in float64 give the same parameters."""
+    from pipeline.api import initialise_model
+    from pipeline.metrics import masked_loss
+    from pipeline.models.common import ModelConfig, detach_state
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, 7, (12, 3), generator=g)
+        y = torch.randint(0, 7, (12, 3), generator=g)
+        mask = torch.ones(12, 3, dtype=torch.bool)
+        final = {}
+        for flag in ("1", "0"):
+            monkeypatch.setenv("PSRNN_NATIVE", flag)
+            cfg = ModelConfig(model=model, discrete=True, input_dim=7, output_dim=7, state_dim=4, obs_dim=3,
+                              rank=rank, init="random")
+            m = initialise_model(cfg, seed=1)
+            opt = torch.optim.SGD(m.parameters(), lr=0.5)
+            state = m.init_state(3)
+            for _ in range(3):
+                state = detach_state(state)
+                out, state = m(x, state)
+                loss = masked_loss(out, y, mask, True)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            final[flag] = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        for k in final["1"]:
+            torch.testing.assert_close(final["1"][k], final["0"][k], atol=1e-10, rtol=1e-10)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_build_into_a_fresh_cache_and_disable(tmp_path, monkeypatch):
+    lib = native.build(tmp_path / "cache")
+    assert lib.parent == tmp_path / "cache" and lib.stat().st_size > 0
+    assert native.build(tmp_path / "cache") == lib               # cached: same file, no rebuild
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".build-")]  # no temp left
+    monkeypatch.setenv("PSRNN_NATIVE", "0")
+    assert native.library() is None
+    assert not native.usable(torch.zeros(1))
+    monkeypatch.setenv("PSRNN_NATIVE", "1")
+    assert native.usable(torch.zeros(1)) and not native.usable(torch.zeros(1, dtype=torch.float16))
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(native.NativeBuildError, match="no-such-cc"):
+        native.build(tmp_path / "other-cache")
+
+
+def test_large_window_state_stays_normalised():
+    """A long no-grad filter (the evaluation path) keeps unit norms and matches chunked filtering exactly."""
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn(V, D, D, generator=g) / math.sqrt(D)
+    x = torch.randint(0, V, (5000, 1), generator=g)
+    b = torch.randn(D, generator=g) * 0.1
+    qi = torch.nn.functional.normalize(torch.randn(D, generator=g), dim=0)
+    q0 = qi.expand(1, D).clone()
+    with torch.no_grad():
+        whole = symbol_recurrence(table, x, b, q0, qi)
+        first = symbol_recurrence(table, x[:2000], b, q0, qi)
+        second = symbol_recurrence(table, x[2000:], b, first[-1], qi)
+    torch.testing.assert_close(whole, torch.cat([first, second]), atol=0, rtol=0)
+    assert torch.allclose(whole.norm(dim=-1), torch.ones(()), atol=1e-5)
