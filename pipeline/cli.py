@@ -16,7 +16,9 @@ STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initi
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="psrnn", description="PSRNN pipeline stages (normally run by `dvc repro`).")
     p.add_argument("--params", default=None, help="params file (default: <project root>/params.yaml)")
-    p.add_argument("--root", default=None, help="project root (default: $DVC_ROOT or the folder of params.yaml)")
+    p.add_argument("--root", default=None,
+                   help="project root (default: $DVC_ROOT in the workspace, else the nearest folder of params.yaml, "
+                        "e.g. the experiment's copy in a queued experiment)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     sub = p.add_subparsers(dest="stage", required=True)
     sub.add_parser("check", help="validate params.yaml and exit")

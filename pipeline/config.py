@@ -338,13 +338,23 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 def project_root() -> Path:
-    """The repository root: ``DVC_ROOT`` when DVC runs the stage, else the directory holding params.yaml."""
+    """The working tree a stage reads params.yaml and data from and writes its outputs to: ``DVC_ROOT`` when DVC
+    runs the stage in the workspace, else the nearest directory holding params.yaml from the working directory.
+
+    Queued and ``--temp`` experiments run in a copy ``<repo>/.dvc/tmp/exps/<tmp>/`` (the stage's working
+    directory) while DVC sets ``DVC_ROOT`` to the parent ``<repo>`` (so that trackers log into the user's store,
+    see :mod:`pipeline.tracking`). There the copy is the root: it holds the experiment's ``-S`` params, and DVC
+    collects the outputs from it. ``DVC_ROOT`` counts only when the working directory lies inside it and not
+    inside its ``.dvc/``."""
     import os
 
+    here = Path.cwd().resolve()
     env = os.environ.get("DVC_ROOT")
     if env:
-        return Path(env)
-    here = Path.cwd()
+        dvc_root = Path(env).resolve()
+        if (here == dvc_root or dvc_root in here.parents) and not (here == dvc_root / ".dvc"
+                                                                  or dvc_root / ".dvc" in here.parents):
+            return dvc_root
     for p in (here, *here.parents):
         if (p / "params.yaml").exists():
             return p

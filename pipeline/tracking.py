@@ -1,31 +1,114 @@
 """MLflow tracking: the only module that imports mlflow (≈4 s), and only inside its functions.
 
-One experiment per dataset (``<prefix>-<dataset>``), one run per (variant, seed). The default store is
-``sqlite:///<repo root>/mlflow.db`` with the root taken from ``DVC_ROOT`` when DVC runs the stage (queued
-experiments run in temporary copies, and must still log into the user's store); ``MLFLOW_TRACKING_URI``
-overrides it.
+One experiment per dataset (``<prefix>-<dataset>``), one run per (variant, seed).
+
+Where runs go (``tracking_uri``):
+
+* ``MLFLOW_TRACKING_URI`` when set, e.g. ``http://127.0.0.1:5000`` for a running ``mlflow server``;
+* else ``sqlite:///<repo root>/mlflow.db``, the repo root being ``DVC_ROOT`` when DVC runs the stage, else the
+  ``root`` the stage passes (the folder of params.yaml).
+
+Queued (``dvc exp run --queue`` + ``dvc queue start``) and ``--temp`` experiments run in temporary copies of the
+repo under ``<repo>/.dvc/tmp/exps/``. There DVC (3.x) sets ``DVC_ROOT`` to the *parent* repo, not to the copy
+(the copy is the stage's working directory, see :func:`pipeline.config.project_root`), so their runs land in the
+user's ``<repo>/mlflow.db`` next to the workspace runs. A root inside ``.dvc/tmp/`` (older DVC, or a stage run
+by hand inside a copy) is mapped back to the repo that holds it: no run is left behind in a copy DVC deletes.
+
+Artifacts of a SQLite store go to ``<store folder>/mlruns/<experiment>/``, fixed when ``RunTracker`` creates the
+experiment. (MLflow's own default, ``./mlruns`` of the working directory at creation, would put them into the
+copy of whichever queued experiment created it, for that run and every later one.) A tracking server decides
+artifact locations itself (``--artifacts-destination``).
+
+Several experiments (``dvc queue start -j N``) may open a new SQLite store at the same moment; MLflow creates its
+tables with unguarded Alembic migrations, which race. ``RunTracker`` therefore creates/opens the store and its
+experiment under an exclusive ``flock`` on the store's folder; later writes use MLflow's own 20 s busy timeout.
+
+``RunTracker`` sets no process-wide MLflow state (``mlflow.set_tracking_uri`` also exports
+``MLFLOW_TRACKING_URI``, which would send every later tracker of the process to the first one's store); only
+``log_model``, which needs MLflow's fluent API, sets the URI for its duration.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 
 class TrackingError(RuntimeError):
     """The tracking store cannot be used; the message names the URI."""
 
 
+def store_root(path: str | os.PathLike) -> Path:
+    """The repo whose ``mlflow.db`` a stage at ``path`` logs into: ``path`` itself, or, for a temporary
+    experiment copy ``<repo>/.dvc/tmp/...``, ``<repo>``."""
+    p = Path(path).resolve()
+    parts = p.parts
+    for i in range(len(parts) - 1):
+        if parts[i] == ".dvc" and parts[i + 1] == "tmp":
+            return Path(*parts[:i])
+    return p
+
+
 def tracking_uri(root: str | os.PathLike | None = None) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    base = Path(os.environ.get("DVC_ROOT") or root or Path.cwd()).resolve()
+    base = store_root(os.environ.get("DVC_ROOT") or root or Path.cwd())
     return f"sqlite:///{base / 'mlflow.db'}"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (relative to the working directory, as SQLite opens it)."""
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Exclusive lock (``flock`` on the store's folder) while a SQLite store is created or opened: concurrent
+    first opens would run MLflow's Alembic migrations twice and fail ("Online migration expected to match one
+    row..."). No-op for other stores and where ``fcntl`` does not exist."""
+    db = _sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    fd = os.open(db.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment's artifacts go: ``<store folder>/mlruns/<experiment>`` for a SQLite store, else
+    the store's default (None)."""
+    db = _sqlite_path(uri)
+    if db is None:
+        return None
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in experiment)
+    return str(db.resolve().parent / "mlruns" / safe)
+
+
+@contextlib.contextmanager
+def _fluent_tracking_uri(mlflow, uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``mlflow.pytorch.log_model``) reads a process-wide URI; set it for the block only and
+    restore ``MLFLOW_TRACKING_URI`` as it was (``mlflow.set_tracking_uri`` exports it)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)  # None unsets it
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
@@ -83,10 +166,10 @@ class RunTracker:
 
         self.mlflow = mlflow
         self.uri = uri
-        mlflow.set_tracking_uri(uri)
-        self.client = mlflow.MlflowClient(uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
+        with _store_lock(uri):
+            self.client = mlflow.MlflowClient(uri)
+            exp = self.client.get_experiment_by_name(experiment)  # creates a new SQLite store's tables
+            exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
         if run_id is not None:
             try:
                 run = self.client.get_run(run_id)
@@ -106,7 +189,7 @@ class RunTracker:
 
     def _create_experiment(self, name: str) -> str:
         try:
-            return self.client.create_experiment(name)
+            return self.client.create_experiment(name, artifact_location=_artifact_location(self.uri, name))
         except Exception:
             # another queued experiment may have created it in the meantime
             exp = self.client.get_experiment_by_name(name)
@@ -156,7 +239,7 @@ class RunTracker:
         model with its pickle format. Our own artifacts (checkpoints, tensors) stay pickle-free."""
         import torch
 
-        with self.mlflow.start_run(run_id=self.run_id, nested=False):
+        with _fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False):
             self.mlflow.pytorch.log_model(
                 model.cpu(), name=name, serialization_format="pickle",
                 code_paths=[str(Path(__file__).resolve().parent)],

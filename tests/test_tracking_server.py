@@ -1,0 +1,236 @@
+"""Issue 3: tracking works with the default local SQLite store and with a real `mlflow server` on loopback through
+``MLFLOW_TRACKING_URI``; an unreachable server fails fast.
+
+Both stores get what ``workflow.refine`` logs through ``pipeline.tracking.RunTracker`` (nested params, per-epoch
+metrics, final metrics, artifacts, the MLflow model, a resumed run) and are read back with a fresh
+``mlflow.MlflowClient``. The server is the installed ``mlflow server`` CLI, started as a subprocess in its own
+process group and always killed; if it cannot start, the test fails with its log (it does not skip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+STARTUP_TIMEOUT_S = 60  # ~12 s on 2 busy cores
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 (SQLite backend, proxied artifacts); yields (url, artifact folder)."""
+    tmp = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    artifacts = tmp / "artifacts"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{tmp / 'db.sqlite'}",
+           "--serve-artifacts", "--artifacts-destination", str(artifacts)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no background job runner: tracking only, faster start
+    log_path = tmp / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn / job-runner children
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever ignored SIGTERM
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+        log.close()
+
+    try:
+        # the heavy imports of this process (~6 s) overlap with the server's start
+        import mlflow.pytorch  # noqa: F401
+        import pipeline.models  # noqa: F401
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = (f"exited with {proc.returncode}" if proc.poll() is not None
+                       else f"no healthy /health in {STARTUP_TIMEOUT_S} s")
+                tail = log_path.read_text(errors="replace")[-3000:]
+                pytest.fail(f"mlflow server could not start ({why}): {' '.join(cmd)}\n{tail}", pytrace=False)
+            time.sleep(0.3)
+        yield url, artifacts
+    finally:
+        stop()
+
+
+def _log_like_refine(root: Path, tmp: Path, *, experiment: str):
+    """What workflow.refine logs, through RunTracker; returns (run id, model, history)."""
+    from pipeline.api import initialise_model
+    from pipeline.models import ModelConfig
+    from pipeline.tracking import RunTracker
+
+    tags = {"dataset": "hmm", "variant": "gru", "family": "baseline", "seed": "0", "dvc_stage": "refine_hmm@gru-0"}
+    tracker = RunTracker(root=root, experiment=experiment, run_name="gru_s0", tags=tags)
+    config = ModelConfig(model="gru", discrete=True, input_dim=5, output_dim=5, state_dim=4, obs_dim=4)
+    model = initialise_model(config, seed=0)
+    tracker.log_params({"dataset": "hmm", "variant": "gru", "seed": 0, "model": config.to_dict(),
+                        "train": {"lr": 1.0, "epochs": 2, "clip": 0.25}, "n_params": model.n_parameters()})
+    history = [{"epoch": e, "train": {"bpc": 2.0 - 0.1 * e, "accuracy": 0.3 + 0.1 * e},
+                "test": {"bpc": 2.1 - 0.1 * e, "accuracy": 0.25 + 0.1 * e}, "seconds": 0.5} for e in range(2)]
+    tracker.log_epoch(history[0])
+    # a killed refine resumes the same run, and logs only the epochs the run lacks
+    resumed = RunTracker(root=root, experiment=experiment, run_name="gru_s0", run_id=tracker.run_id, tags=tags)
+    assert resumed.run_id == tracker.run_id
+    assert resumed.logged_steps("test_bpc") == {0}
+    resumed.log_params({"seed": 0, "train": {"lr": 1.0}})  # already there: skipped, not an error
+    resumed.log_epoch(history[1])
+    resumed.log_metrics({f"final_test_{k}": v for k, v in history[-1]["test"].items()}, step=1)
+    (tmp / "history.json").write_text(json.dumps({"history": history}))
+    (tmp / "checkpoint.pt").write_bytes(b"not really a checkpoint")
+    resumed.log_artifact(tmp / "checkpoint.pt", "checkpoints")
+    resumed.log_artifact(tmp / "history.json")
+    resumed.log_model(model)
+    resumed.finish()
+    return tracker.run_id, model, history
+
+
+def _check_run(uri: str, run_id: str, model, history, *, experiment: str) -> None:
+    """Read the run back through a fresh client of the store, as a user would."""
+    import mlflow
+    import torch
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "gru_s0"
+    p = run.data.params
+    assert p["train.lr"] == "1.0" and p["train.epochs"] == "2" and p["model.model"] == "gru"
+    assert p["model.state_dim"] == "4" and p["n_params"] == str(model.n_parameters()) and p["seed"] == "0"
+    assert {k: run.data.tags[k] for k in ("dataset", "variant", "dvc_stage")} == \
+        {"dataset": "hmm", "variant": "gru", "dvc_stage": "refine_hmm@gru-0"}
+    for split in ("train", "test"):
+        for metric in ("bpc", "accuracy"):
+            got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, f"{split}_{metric}"))
+            assert got == pytest.approx([(e["epoch"], e[split][metric]) for e in history]), (split, metric)
+    assert [m.step for m in client.get_metric_history(run_id, "epoch_seconds")] == [0, 1]
+    assert run.data.metrics["final_test_bpc"] == pytest.approx(history[-1]["test"]["bpc"])
+
+    top = {a.path: a.is_dir for a in client.list_artifacts(run_id)}
+    assert top == {"checkpoints": True, "history.json": False}, top
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == ["checkpoints/checkpoint.pt"]
+    local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="history.json",
+                                                     tracking_uri=uri))
+    assert json.loads(local.read_text()) == {"history": history}
+
+    models = client.search_logged_models(experiment_ids=[exp.experiment_id])
+    assert [(m.name, m.source_run_id) for m in models] == [("model", run_id)]
+    loaded = mlflow.pytorch.load_model(models[0].model_uri)
+    # fluent API pointed at this store by RunTracker.log_model only; load_model needs it for a models:/ URI
+    assert type(loaded) is type(model)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in ("MLFLOW_TRACKING_URI", "DVC_ROOT"):
+        monkeypatch.delenv(k, raising=False)
+    return monkeypatch
+
+
+def test_run_tracker_logs_to_a_real_mlflow_server(mlflow_server, clean_env, tmp_path):
+    import mlflow
+
+    url, artifacts = mlflow_server
+    clean_env.setenv("MLFLOW_TRACKING_URI", url)
+    clean_env.chdir(tmp_path)
+    run_id, model, history = _log_like_refine(tmp_path, tmp_path, experiment="psrnn-hmm-server")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    assert os.environ["MLFLOW_TRACKING_URI"] == url
+
+    with mlflow.tracking._tracking_service.utils._use_tracking_uri(url):
+        _check_run(url, run_id, model, history, experiment="psrnn-hmm-server")
+    # artifacts went through the server's proxy into its --artifacts-destination
+    run = mlflow.MlflowClient(url).get_run(run_id)
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:"), run.info.artifact_uri
+    stored = {p.name for p in artifacts.rglob("*") if p.is_file()}
+    assert {"history.json", "checkpoint.pt", "MLmodel"} <= stored, stored
+
+
+def test_run_tracker_logs_to_the_default_sqlite_store(clean_env, tmp_path):
+    import mlflow
+
+    from pipeline.tracking import tracking_uri
+
+    root, work = tmp_path / "repo", tmp_path / "work"
+    root.mkdir()
+    work.mkdir()
+    clean_env.chdir(work)  # artifacts must not depend on the working directory (queued experiments run elsewhere)
+    run_id, model, history = _log_like_refine(root, work, experiment="psrnn-hmm")
+    uri = tracking_uri(root)
+    assert uri == f"sqlite:///{root.resolve() / 'mlflow.db'}" and (root / "mlflow.db").is_file()
+    assert "MLFLOW_TRACKING_URI" not in os.environ, "RunTracker leaked its store into the environment"
+    with mlflow.tracking._tracking_service.utils._use_tracking_uri(uri):
+        _check_run(uri, run_id, model, history, experiment="psrnn-hmm")
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    assert (root / "mlruns").resolve() in Path(run.info.artifact_uri).parents, run.info.artifact_uri
+    assert not (work / "mlruns").exists()
+
+
+def test_trackers_of_two_roots_log_into_their_own_stores(clean_env, tmp_path):
+    """One process, two roots: the first tracker (and its log_model) must not redirect the second."""
+    import torch
+
+    from pipeline.tracking import RunTracker
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    first = RunTracker(root=a, experiment="e", run_name="r")
+    first.log_model(torch.nn.Linear(2, 2))
+    first.finish()
+    second = RunTracker(root=b, experiment="e", run_name="r")
+    second.finish()
+    assert first.uri == f"sqlite:///{a.resolve() / 'mlflow.db'}"
+    assert second.uri == f"sqlite:///{b.resolve() / 'mlflow.db'}"
+    assert [r.info.run_id for r in second.client.search_runs([second.experiment_id])] == [second.run_id]
+
+
+def test_unreachable_tracking_server_fails_fast_in_run_tracker(clean_env, tmp_path):
+    """RunTracker itself (not only check_tracking_uri) refuses a dead MLFLOW_TRACKING_URI within seconds."""
+    from pipeline.tracking import RunTracker, TrackingError
+
+    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    clean_env.setenv("MLFLOW_TRACKING_URI", uri)
+    t0 = time.perf_counter()
+    with pytest.raises(TrackingError, match=rf"MLFLOW_TRACKING_URI={uri}: tracking server unreachable"):
+        RunTracker(root=tmp_path, experiment="e", run_name="r")
+    assert time.perf_counter() - t0 < 5
+    assert not (tmp_path / "mlflow.db").exists()
