@@ -135,31 +135,28 @@ class _NativeRecurrence(torch.autograd.Function):
 
 
 class _NativeFactorizedRecurrence(torch.autograd.Function):
-    """:func:`factorized_recurrence` in C. With s_t = C q_t, m_t = u_t ⊙ s_t and ∂z_t from the C backward:
+    """:func:`factorized_recurrence` in C. With s_t = C q_t, m_t = u_t ⊙ s_t, v_t = A ∂z_t and ∂z_t as for the full
+    cell, the C backward forms ∂u_t = v_t ⊙ s_t and w_t = v_t ⊙ u_t in its loop, and then
 
-        ∂A = Σ_t m_t ∂z_tᵀ,   ∂u_t = (A ∂z_t) ⊙ s_t,   ∂C = Σ_t ((A ∂z_t) ⊙ u_t) q_tᵀ,   ∂b = Σ_t ∂z_t.
+        ∂A = Σ_t m_t ∂z_tᵀ,   ∂C = Σ_t w_t q_tᵀ,   ∂b = Σ_t ∂z_t   (one matrix product each).
     """
 
     @staticmethod
     def forward(ctx, A, u, C, b, q, q_init, reset, eps):
-        out, inputs, norms = native.factorized_forward(A, u, C, b, q, q_init, reset, eps)
-        ctx.save_for_backward(A, u, C, inputs, out, norms, reset)
+        out, inputs, norms, cq = native.factorized_forward(A, u, C, b, q, q_init, reset, eps, keep_cq=True)
+        ctx.save_for_backward(A, u, C, inputs, cq, out, norms, reset)
         ctx.eps = eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        A, u, C, inputs, out, norms, reset = ctx.saved_tensors
-        grad_z, g_q0, g_init = native.factorized_backward(A, u, C, out, norms, reset, ctx.eps, grad_out)
+        A, u, C, inputs, cq, out, norms, reset = ctx.saved_tensors
+        grad_z, grad_u, w, g_q0, g_init = native.factorized_backward(A, u, C, cq, out, norms, reset, ctx.eps,
+                                                                     grad_out)
         r, d = A.shape
         gz = grad_z.reshape(-1, d)
-        q_in = inputs.reshape(-1, d)
-        s = q_in @ C.T                                   # (L·B, r)
-        dm = gz @ A.T
-        u2 = u.reshape(-1, r)
-        grad_A = (u2 * s).T @ gz
-        grad_u = (dm * s).reshape(u.shape)
-        grad_C = (dm * u2).T @ q_in
+        grad_A = (u * cq).reshape(-1, r).T @ gz
+        grad_C = w.reshape(-1, r).T @ inputs.reshape(-1, d)
         return grad_A, grad_u, grad_C, gz.sum(0), g_q0, g_init.sum(0), None, None
 
 

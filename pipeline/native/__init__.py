@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("recurrence.c")
-ABI = 3
+ABI = 5
 # Reassociation lets the compiler vectorise the short dot products and sums (results stay deterministic for a given
 # binary; NaN and Inf still propagate, unlike -ffast-math). -march=native: the cache key holds the CPU's identity.
 CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
@@ -124,8 +124,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "psrnn_full_forward": [i, i, i, p, i, p, p, p, p, p, f, p, p, p],
         "psrnn_full_backward": [i, i, i, p, p, p, p, p, p, f, p, p, p, p, p],
-        "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, f, p, p, p],
-        "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, f, p, p, p, p],
+        "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, f, p, p, p, p],
+        "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
     }
     for stem, args in sigs.items():
         for suffix in ("f32", "f64"):
@@ -174,13 +174,16 @@ def _reset_bytes(reset: torch.Tensor | None) -> torch.Tensor | None:
     return reset.to(torch.uint8).contiguous()
 
 
+# ----------------------------------------------------------------------------------------------- kernels
+
+
 def full_forward(G, b, q0, q_init, reset, eps, idx=None, transposed=False):
     """q_{t+1} = n(G_t q_t + b): returns (out, inputs, norms) with shapes (L,B,d), (L,B,d), (L,B).
 
     G is (L,B,d,d), or with ``idx`` (L,B) int64 a table (V,d,d) from which step t of chain b takes G[idx[t,b]];
     ``transposed``: G holds G_tᵀ (the faster layout for this loop).
     """
-    lib = library()
+    fn = getattr(library(), "psrnn_full_forward_" + _ctypes_of[G.dtype])
     G, b, q0, q_init = (x.detach().contiguous() for x in (G, b, q0, q_init))
     L, B = (idx.shape if idx is not None else G.shape[:2])
     d = G.shape[-1]
@@ -189,28 +192,27 @@ def full_forward(G, b, q0, q_init, reset, eps, idx=None, transposed=False):
     inputs = torch.empty_like(out)
     norms = torch.empty((L, B), dtype=G.dtype)
     rb = _reset_bytes(reset)
-    getattr(lib, "psrnn_full_forward_" + _ctypes_of[G.dtype])(
-        L, B, d, _ptr(G), int(transposed), _ptr(ix), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps),
-        _ptr(inputs), _ptr(out), _ptr(norms))
+    args = (_ptr(G), int(transposed), _ptr(ix), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps),
+            _ptr(inputs), _ptr(out), _ptr(norms))
+    fn(L, B, d, *args)
     return out, inputs, norms
 
 
 def full_backward(G, inputs, out, norms, reset, eps, grad_out, idx=None, grad_G=True):
     """Returns (grad_z (L,B,d), grad_G (shape of G, or None), grad_q0 (B,d), grad_q_init (B,d) per chain)."""
-    lib = library()
+    fn = getattr(library(), "psrnn_full_backward_" + _ctypes_of[G.dtype])
     G, inputs, out, norms, grad_out = (x.detach().contiguous() for x in (G, inputs, out, norms, grad_out))
     L, B, d = out.shape
     ix = _index(idx, G.shape[0])
     grad_z = torch.empty((L, B, d), dtype=G.dtype)
     gG = None
-    if grad_G:
+    if grad_G:  # a symbol table's gradient is summed into by the loop; per-step gradients are written
         gG = torch.zeros_like(G) if ix is not None else torch.empty_like(G)
     g_q0 = torch.empty((B, d), dtype=G.dtype)
     g_init = torch.empty((B, d), dtype=G.dtype)
     rb = _reset_bytes(reset)
-    getattr(lib, "psrnn_full_backward_" + _ctypes_of[G.dtype])(
-        L, B, d, _ptr(G), _ptr(ix), _ptr(inputs), _ptr(out), _ptr(norms), _ptr(rb), float(eps), _ptr(grad_out),
-        _ptr(grad_z), _ptr(gG), _ptr(g_q0), _ptr(g_init))
+    fn(L, B, d, _ptr(G), _ptr(ix), _ptr(inputs), _ptr(out), _ptr(norms), _ptr(rb), float(eps), _ptr(grad_out),
+       _ptr(grad_z), _ptr(gG), _ptr(g_q0), _ptr(g_init))
     return grad_z, gG, g_q0, g_init
 
 
@@ -224,33 +226,37 @@ def _index(idx: torch.Tensor | None, n_table: int) -> torch.Tensor | None:
     return ix
 
 
-def factorized_forward(A, u, C, b, q0, q_init, reset, eps):
-    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b): returns (out, inputs, norms)."""
-    lib = library()
-    A, u, C, b, q0, q_init = (x.detach().contiguous() for x in (A, u, C, b, q0, q_init))
+def factorized_forward(A, u, C, b, q0, q_init, reset, eps, keep_cq=False):
+    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b): returns (out, inputs, norms, cq), cq = C q_t (L,B,r) if ``keep_cq``."""
+    fn = getattr(library(), "psrnn_factorized_forward_" + _ctypes_of[A.dtype])
+    A, u, b, q0, q_init = (x.detach().contiguous() for x in (A, u, b, q0, q_init))
+    CT = C.detach().T.contiguous()
     L, B, r = u.shape
     d = A.shape[1]
     out = torch.empty((L, B, d), dtype=A.dtype)
     inputs = torch.empty_like(out)
     norms = torch.empty((L, B), dtype=A.dtype)
+    cq = torch.empty((L, B, r), dtype=A.dtype) if keep_cq else None
     rb = _reset_bytes(reset)
-    getattr(lib, "psrnn_factorized_forward_" + _ctypes_of[A.dtype])(
-        L, B, d, r, _ptr(A), _ptr(u), _ptr(C), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps),
-        _ptr(inputs), _ptr(out), _ptr(norms))
-    return out, inputs, norms
+    fn(L, B, d, r, _ptr(A), _ptr(CT), _ptr(u), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps), _ptr(inputs),
+       _ptr(out), _ptr(norms), _ptr(cq))
+    return out, inputs, norms, cq
 
 
-def factorized_backward(A, u, C, out, norms, reset, eps, grad_out):
-    """Returns (grad_z (L,B,d), grad_q0 (B,d), grad_q_init (B,d) per chain)."""
-    lib = library()
-    A, u, C, out, norms, grad_out = (x.detach().contiguous() for x in (A, u, C, out, norms, grad_out))
+def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out):
+    """Returns (grad_z (L,B,d), grad_u (L,B,r), w (L,B,r) = (A ∂z_t) ⊙ u_t, grad_q0 (B,d), grad_q_init (B,d) per
+    chain)."""
+    fn = getattr(library(), "psrnn_factorized_backward_" + _ctypes_of[A.dtype])
+    u, C, cq, out, norms, grad_out = (x.detach().contiguous() for x in (u, C, cq, out, norms, grad_out))
+    AT = A.detach().T.contiguous()
     L, B, r = u.shape
-    d = A.shape[1]
-    grad_z = torch.empty((L, B, d), dtype=A.dtype)
-    g_q0 = torch.empty((B, d), dtype=A.dtype)
-    g_init = torch.empty((B, d), dtype=A.dtype)
+    d = AT.shape[0]
+    grad_z = torch.empty((L, B, d), dtype=AT.dtype)
+    grad_u = torch.empty((L, B, r), dtype=AT.dtype)
+    w = torch.empty((L, B, r), dtype=AT.dtype)
+    g_q0 = torch.empty((B, d), dtype=AT.dtype)
+    g_init = torch.empty((B, d), dtype=AT.dtype)
     rb = _reset_bytes(reset)
-    getattr(lib, "psrnn_factorized_backward_" + _ctypes_of[A.dtype])(
-        L, B, d, r, _ptr(A), _ptr(u), _ptr(C), _ptr(out), _ptr(norms), _ptr(rb), float(eps), _ptr(grad_out),
-        _ptr(grad_z), _ptr(g_q0), _ptr(g_init))
-    return grad_z, g_q0, g_init
+    fn(L, B, d, r, _ptr(AT), _ptr(C), _ptr(u), _ptr(cq), _ptr(out), _ptr(norms), _ptr(rb), float(eps),
+       _ptr(grad_out), _ptr(grad_z), _ptr(grad_u), _ptr(w), _ptr(g_q0), _ptr(g_init))
+    return grad_z, grad_u, w, g_q0, g_init

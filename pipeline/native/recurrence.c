@@ -13,13 +13,16 @@
        step t of chain b uses G[idx[t,b]] (discrete observations: one matrix per symbol); the forward also
        takes G stored transposed (transposed = 1: G[.., k, i]), where the product is a sum of contiguous axpys
        instead of d dot products (no horizontal reductions);
-     A, C (r,d);  u (L,B,r);  bias (d);  q0 (B,d);  qinit (d);
+     A, C (r,d) (the factorized kernels take A and C^T forward, A^T and C backward: every product is then a
+       sum of contiguous axpys);  u (L,B,r);  bias (d);  q0 (B,d);  qinit (d);
      reset (L,B) bytes or NULL: chain b restarts from qinit before step t;
      a norm <= eps (degenerate parameters only) gives q_{t+1} = qinit.
    Forward writes inputs (L,B,d) = the q_t each step used, out (L,B,d) = q_{t+1}, norms (L,B) = ||z_t||.
    Backward takes grad_out (L,B,d) = dLoss/dq_{t+1} and writes grad_z (L,B,d) = dLoss/dz_t, g_q0 (B,d) and
    g_init (B,d) (gradient reaching qinit through resets and degenerate steps, per chain); the full layer's
-   backward also writes grad_G (shape of G, zeroed by the caller when G is a table) unless it is NULL. */
+   backward also writes grad_G (shape of G, zeroed by the caller when G is a table) unless it is NULL; the
+   factorized forward can keep cq (L,B,r) = C q_t, from which its backward writes grad_u (L,B,r) = v_t * C q_t
+   and w (L,B,r) = v_t * u_t with v_t = A dz_t (the caller forms dA and dC from them in two matrix products). */
 
 #include <math.h>
 #include <stdint.h>
@@ -132,9 +135,9 @@ void psrnn_full_backward_##SUFFIX(int L, int B, int d, const T *G, const int64_t
     }                                                                                                          \
 }                                                                                                              \
                                                                                                                \
-void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, const T *u, const T *C,         \
+void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, const T *CT, const T *u,       \
                                        const T *bias, const T *q0, const T *qinit, const uint8_t *reset,       \
-                                       double eps_, T *inputs, T *out, T *norms) {                             \
+                                       double eps_, T *inputs, T *out, T *norms, T *cq) {                      \
     const T eps = (T)eps_;                                                                                     \
     T z[d], m[r];                                                                                              \
     for (int c = 0; c < B; ++c) {                                                                              \
@@ -145,17 +148,19 @@ void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, c
             T *qin = inputs + tc * d;                                                                          \
             memcpy(qin, q, sizeof(T) * (size_t)d);                                                             \
             const T *ut = u + tc * r;                                                                          \
-            for (int j = 0; j < r; ++j) {                                                                      \
-                const T *row = C + (size_t)j * d;                                                              \
-                T acc = 0;                                                                                     \
-                for (int k = 0; k < d; ++k) acc += row[k] * qin[k];                                            \
-                m[j] = acc * ut[j];                                                                            \
+            memset(m, 0, sizeof(T) * (size_t)r);                                                               \
+            for (int k = 0; k < d; ++k) { /* C q as axpys over the rows of C^T */                              \
+                const T *row = CT + (size_t)k * r;                                                             \
+                T qk = qin[k];                                                                                 \
+                for (int j = 0; j < r; ++j) m[j] += qk * row[j];                                               \
             }                                                                                                  \
+            if (cq) memcpy(cq + tc * r, m, sizeof(T) * (size_t)r);                                             \
+            for (int j = 0; j < r; ++j) m[j] *= ut[j];                                                         \
             memcpy(z, bias, sizeof(T) * (size_t)d);                                                            \
             for (int j = 0; j < r; ++j) {                                                                      \
                 const T *row = A + (size_t)j * d;                                                              \
                 T mj = m[j];                                                                                   \
-                for (int i = 0; i < d; ++i) z[i] += row[i] * mj;                                               \
+                for (int i = 0; i < d; ++i) z[i] += mj * row[i];                                               \
             }                                                                                                  \
             T ss = 0;                                                                                          \
             for (int i = 0; i < d; ++i) ss += z[i] * z[i];                                                     \
@@ -168,9 +173,10 @@ void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, c
     }                                                                                                          \
 }                                                                                                              \
                                                                                                                \
-void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *A, const T *u, const T *C,        \
-                                        const T *out, const T *norms, const uint8_t *reset, double eps_,       \
-                                        const T *grad_out, T *grad_z, T *g_q0, T *g_init) {                    \
+void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *AT, const T *C, const T *u,       \
+                                        const T *cq, const T *out, const T *norms,                             \
+                                        const uint8_t *reset, double eps_, const T *grad_out, T *grad_z,       \
+                                        T *grad_u, T *wout, T *g_q0, T *g_init) {                              \
     const T eps = (T)eps_;                                                                                     \
     T g[d], gq[d], w[r];                                                                                       \
     for (int c = 0; c < B; ++c) {                                                                              \
@@ -183,19 +189,27 @@ void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *A, 
             for (int i = 0; i < d; ++i) g[i] = go[i] + gq[i];                                                  \
             T *gz = grad_z + tc * d;                                                                           \
             memset(gq, 0, sizeof(T) * (size_t)d);                                                              \
+            const T *ut = u + tc * r, *st = cq + tc * r;                                                       \
+            T *gu = grad_u + tc * r, *wt = wout + tc * r;                                                      \
             if (step_grad_z_##SUFFIX(d, g, out + tc * d, norms[tc], eps, gz, gi)) {                            \
-                const T *ut = u + tc * r;                                                                      \
-                for (int j = 0; j < r; ++j) {                                                                  \
-                    const T *row = A + (size_t)j * d;                                                          \
-                    T acc = 0;                                                                                 \
-                    for (int i = 0; i < d; ++i) acc += row[i] * gz[i];                                         \
-                    w[j] = acc * ut[j];                                                                        \
+                memset(w, 0, sizeof(T) * (size_t)r);                                                           \
+                for (int i = 0; i < d; ++i) { /* v = A dz as axpys over the rows of A^T */                     \
+                    const T *row = AT + (size_t)i * r;                                                         \
+                    T gzi = gz[i];                                                                             \
+                    for (int j = 0; j < r; ++j) w[j] += gzi * row[j];                                          \
                 }                                                                                              \
                 for (int j = 0; j < r; ++j) {                                                                  \
+                    gu[j] = w[j] * st[j];                   /* du_t = v_t * (C q_t) */                         \
+                    wt[j] = w[j] * ut[j];                   /* w_t = v_t * u_t */                              \
+                }                                                                                              \
+                for (int j = 0; j < r; ++j) { /* dq = C^T w */                                                 \
                     const T *row = C + (size_t)j * d;                                                          \
-                    T wj = w[j];                                                                               \
-                    for (int k = 0; k < d; ++k) gq[k] += row[k] * wj;                                          \
+                    T wj = wt[j];                                                                              \
+                    for (int k = 0; k < d; ++k) gq[k] += wj * row[k];                                          \
                 }                                                                                              \
+            } else {                                                                                           \
+                memset(gu, 0, sizeof(T) * (size_t)r);                                                          \
+                memset(wt, 0, sizeof(T) * (size_t)r);                                                          \
             }                                                                                                  \
             if (reset && reset[tc]) {                                                                          \
                 for (int i = 0; i < d; ++i) { gi[i] += gq[i]; gq[i] = 0; }                                     \
@@ -209,4 +223,4 @@ DEFINE_KERNELS(float, f32)
 DEFINE_KERNELS(double, f64)
 
 /* version of the calling convention above; the loader refuses a library that reports another */
-int psrnn_native_abi(void) { return 3; }
+int psrnn_native_abi(void) { return 5; }
