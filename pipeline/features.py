@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
+import scipy.sparse
 
 
 def median_pairwise_distance(x: np.ndarray, *, max_points: int = 1000, seed: int = 0) -> float:
@@ -112,9 +113,12 @@ class RandomFourierFeatures:
         if idx.ndim == 1:
             idx = idx[:, None]
         freq = self._frequencies_as(dtype)
-        proj = freq[idx[:, 0]]  # fancy indexing copies
-        for j in range(1, idx.shape[1]):
-            proj += freq[idx[:, j]]
+        n, k = idx.shape
+        # the one-hot rows as a sparse matrix times Ω: each output row is written once (k gathered adds of
+        # n × D arrays would stream the output through memory k times, ~3× slower)
+        one_hot = scipy.sparse.csr_matrix((np.ones(n * k, dtype=freq.dtype), idx.reshape(-1),
+                                           np.arange(0, n * k + 1, k)), shape=(n, freq.shape[0]))
+        proj = np.asarray(one_hot @ freq)
         return self._finish(proj, dtype)
 
     def _frequencies_as(self, dtype: np.dtype) -> np.ndarray:

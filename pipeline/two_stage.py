@@ -10,8 +10,11 @@ its top singular directions (o_t = U_oᵀω_t, h_t = U_hᵀη_t, f_t = U_fᵀφ_
 
 Streaming. Only the sufficient statistics are ever held: the projections come from a randomised range finder
 (Halko et al. 2011) whose products ΦᵀΦQ are accumulated chunk by chunk, and stage 1 and 2 need only HᵀH, HᵀF and
-HᵀE (Σ ŝŝᵀ = W_fᵀHᵀH W_f and Σ ŝêᵀ = W_fᵀHᵀH W_e). No T × n_rff matrix is materialised; memory is
-O(chunk·n_rff + n_rff·(d + oversample)) besides the data and one (trajectory, t) index per window.
+HᵀE (Σ ŝŝᵀ = W_fᵀHᵀH W_f and Σ ŝêᵀ = W_fᵀHᵀH W_e). The last range-finder pass also accumulates these statistics
+in the range bases Q (they are linear in each projection, and U = QR), so the data are read
+``power_iterations + 1`` times in all. No T × n_rff matrix is materialised; memory is
+O(chunk·(n_rff + (d + oversample)²) + n_rff·(d + oversample)) besides the data and one (trajectory, t) index per
+window.
 
 Then the states are filtered through the training data with the normalised update, and a regression from states to
 the next observation initialises the decoder (softmax for discrete data, linear for continuous data). A multilayer
@@ -148,10 +151,16 @@ def _families(maps: FeatureMaps) -> tuple[str, ...]:
 
 def top_projections(
     windows: Windows, maps: FeatureMaps, dims: dict[str, int], cfg: TwoStageConfig
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Top right singular vectors of each feature matrix Φ (n × D), streamed over chunks of rows.
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], "Statistics"]:
+    """Top right singular vectors of each feature matrix Φ (n × D), streamed over chunks of rows, and the
+    stage-1 statistics in those projections (:func:`accumulate_statistics`).
 
-    Returns (projections {family: (D, dim)}, singular values {family: (dim,)}).
+    Randomised (default): ``power_iterations`` passes of the range finder Y = ΦᵀΦQ, then one last pass that forms
+    P = ΦQ and, from the same features, the stage-1 statistics in the Q bases; the small Gram PᵀP = QᵀΦᵀΦQ gives
+    the singular directions U = QR, and the statistics are rotated by R (they are linear in each projection), so
+    stage 1 costs no pass of its own. Exact: the D × D Grams, then one pass for the statistics.
+
+    Returns (projections {family: (D, dim)}, singular values {family: (dim,)}, statistics in the projections).
     """
     dtype = np.dtype(cfg.feature_dtype)
     D = maps.obs.n_features
@@ -169,12 +178,11 @@ def top_projections(
             order = np.argsort(evals)[::-1][: dims[f]]
             out[f] = _fix_signs(evecs[:, order])
             sv[f] = np.sqrt(np.maximum(evals[order], 0))
-        return out, sv
+        return out, sv, accumulate_statistics(windows, maps, out, cfg)
 
     rng = np.random.default_rng(cfg.seed + 17)
     Q = {f: _orth(rng.standard_normal((D, min(D, dims[f] + cfg.oversample)))) for f in fams}
-    T_small: dict[str, np.ndarray] = {}
-    for it in range(cfg.power_iterations + 1):
+    for it in range(cfg.power_iterations):
         Y = {f: np.zeros_like(Q[f]) for f in fams}
         for sl in progress(list(windows.chunks(cfg.chunk_size)), desc=f"2SR range pass {it + 1}"):
             for f in fams:
@@ -183,26 +191,92 @@ def top_projections(
                 if counts is not None:
                     proj *= counts[:, None].astype(dtype)
                 Y[f] += (phi.T @ proj).astype(np.float64)
-        if it == cfg.power_iterations:
-            T_small = {f: Q[f].T @ Y[f] for f in fams}
-        else:
-            Q = {f: _orth(Y[f]) for f in fams}
-    out, sv = {}, {}
+        Q = {f: _orth(Y[f]) for f in fams}
+    stats = accumulate_statistics(windows, maps, Q, cfg, future_gram=True)
+    small = {"obs": stats.OO, "past": stats.HH, "future": stats.FF}   # PᵀP = QᵀΦᵀΦQ per family
+    out, sv, rot = {}, {}, {}
     for f in fams:
-        S = 0.5 * (T_small[f] + T_small[f].T)
-        evals, evecs = np.linalg.eigh(S)
+        evals, evecs = np.linalg.eigh(0.5 * (small[f] + small[f].T))
         order = np.argsort(evals)[::-1][: dims[f]]
-        out[f] = _fix_signs(Q[f] @ evecs[:, order])
+        signs = _sign_fix(Q[f] @ evecs[:, order])
+        rot[f] = evecs[:, order] * signs
+        out[f] = Q[f] @ rot[f]
         sv[f] = np.sqrt(np.maximum(evals[order], 0))
-    return out, sv
+    return out, sv, stats.rotated(rot["past"], rot["future"], rot["obs"])
+
+
+@dataclass
+class Statistics:
+    """The sufficient statistics of both stages, in given projections of the history (h), future (f), shifted
+    future (s, same projection as f) and observation (o) features: HᵀH, HᵀF, Hᵀ(S ⊙⊗ O) (row-wise Kronecker,
+    column i·d_o + j), OᵀO, Σh, and (optionally) FᵀF."""
+
+    HH: np.ndarray
+    HF: np.ndarray
+    HE: np.ndarray
+    OO: np.ndarray
+    h_sum: np.ndarray
+    n: int
+    FF: np.ndarray | None = None
+
+    def rotated(self, R_h: np.ndarray, R_f: np.ndarray, R_o: np.ndarray) -> "Statistics":
+        """The same statistics in the projections P R (each statistic is linear in each projection)."""
+        return Statistics(HH=R_h.T @ self.HH @ R_h, HF=R_h.T @ self.HF @ R_f,
+                          HE=R_h.T @ self.HE @ np.kron(R_f, R_o), OO=R_o.T @ self.OO @ R_o,
+                          h_sum=self.h_sum @ R_h, n=self.n,
+                          FF=None if self.FF is None else R_f.T @ self.FF @ R_f)
+
+
+def accumulate_statistics(windows: Windows, maps: FeatureMaps, bases: dict[str, np.ndarray], cfg: TwoStageConfig,
+                          *, future_gram: bool = False) -> Statistics:
+    """One streamed pass: project each family's features on ``bases`` and accumulate :class:`Statistics`.
+
+    The shifted future of window t is the future of window t+1 of the same trajectory, so its projection is
+    reused and computed only at trajectory (and chunk) ends.
+    """
+    dtype = np.dtype(cfg.feature_dtype)
+    U_o, U_h, U_f = bases["obs"], bases["past"], bases["future"]
+    q_h, q_f, q_o = U_h.shape[1], U_f.shape[1], U_o.shape[1]
+    HH, HF, HE = np.zeros((q_h, q_h)), np.zeros((q_h, q_f)), np.zeros((q_h, q_f * q_o))
+    OO, FF, h_sum = np.zeros((q_o, q_o)), np.zeros((q_f, q_f)), np.zeros(q_h)
+    for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR statistics"):
+        h = _projected(maps, "past", windows.rows("past", sl), U_h, dtype)
+        f = _projected(maps, "future", windows.rows("future", sl), U_f, dtype)
+        s = _shifted_projection(windows, maps, sl, f, U_f, dtype)
+        o = _projected(maps, "obs", windows.rows("obs", sl), U_o, dtype)
+        HH += h.T @ h
+        HF += h.T @ f
+        hs = (h[:, :, None] * s[:, None, :]).reshape(len(h), q_h * q_f)
+        HE += (hs.T @ o).reshape(q_h, q_f * q_o)                     # Σ h (s ⊗ o)ᵀ, column i·q_o + j
+        OO += o.T @ o
+        h_sum += h.sum(0)
+        if future_gram:
+            FF += f.T @ f
+    return Statistics(HH=HH, HF=HF, HE=HE, OO=OO, h_sum=h_sum, n=len(windows), FF=FF if future_gram else None)
+
+
+def _shifted_projection(windows: Windows, maps: FeatureMaps, sl: slice, f: np.ndarray, U_f: np.ndarray,
+                        dtype: np.dtype) -> np.ndarray:
+    times = windows.times[sl]
+    s = np.empty_like(f)
+    follows = (times[1:, 0] == times[:-1, 0]) & (times[1:, 1] == times[:-1, 1] + 1)
+    s[:-1][follows] = f[1:][follows]
+    missing = np.append(np.flatnonzero(~follows), len(f) - 1)
+    s[missing] = _projected(maps, "shifted", windows.rows("shifted", sl.start + missing), U_f, dtype)
+    return s
+
+
+def _sign_fix(U: np.ndarray) -> np.ndarray:
+    """Signs (±1 per column) that make the largest-magnitude entry of each column positive."""
+    idx = np.argmax(np.abs(U), axis=0)
+    signs = np.sign(U[idx, np.arange(U.shape[1])])
+    signs[signs == 0] = 1
+    return signs
 
 
 def _fix_signs(U: np.ndarray) -> np.ndarray:
     """Make the largest-magnitude entry of each column positive, so results do not depend on LAPACK's sign."""
-    idx = np.argmax(np.abs(U), axis=0)
-    signs = np.sign(U[idx, np.arange(U.shape[1])])
-    signs[signs == 0] = 1
-    return U * signs
+    return U * _sign_fix(U)
 
 
 # ----------------------------------------------------------------------------------------------- regression
@@ -248,26 +322,9 @@ def two_stage_regression(
         maps = fit_feature_maps(windows, n_features=cfg.n_features, obs_dim=raw_dim, vocab_size=vocab_size,
                                 widths=cfg.widths, width_scale=cfg.width_scale, seed=cfg.seed)
     d, d_o, d_h = cfg.state_dim, cfg.obs_dim, cfg.past_dim
-    proj, sv = top_projections(windows, maps, {"obs": d_o, "past": d_h, "future": d}, cfg)
+    proj, sv, st = top_projections(windows, maps, {"obs": d_o, "past": d_h, "future": d}, cfg)
     U_o, U_h, U_f = proj["obs"], proj["past"], proj["future"]
-
-    dtype = np.dtype(cfg.feature_dtype)
-    HH = np.zeros((d_h, d_h))
-    HF = np.zeros((d_h, d))
-    HE = np.zeros((d_h, d * d_o))
-    OO = np.zeros((d_o, d_o))
-    h_sum = np.zeros(d_h)
-    for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR stage 1"):
-        h = _projected(maps, "past", windows.rows("past", sl), U_h, dtype)
-        f = _projected(maps, "future", windows.rows("future", sl), U_f, dtype)
-        s = _projected(maps, "shifted", windows.rows("shifted", sl), U_f, dtype)
-        o = _projected(maps, "obs", windows.rows("obs", sl), U_o, dtype)
-        e = (s[:, :, None] * o[:, None, :]).reshape(len(s), d * d_o)  # index (i, j) -> i·d_o + j
-        HH += h.T @ h
-        HF += h.T @ f
-        HE += h.T @ e
-        OO += o.T @ o
-        h_sum += h.sum(0)
+    HH, HF, HE, OO, h_sum = st.HH, st.HF, st.HE, st.OO, st.h_sum
 
     lam = cfg.ridge * n
     W_f = _ridge_solve(HH, HF, lam)            # stage 1: history -> future
