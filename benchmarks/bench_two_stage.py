@@ -241,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         payload["scaling"] = part_scaling(args, cfg)
     payload["total_seconds"] = time.perf_counter() - t0
     payload["machine"] = machine_info()
-    path = write_results("two_stage", payload, quick=args.quick)
+    # each part has its own record, so running one part never overwrites the other's
+    name = {"a": "two_stage", "b": "two_stage_scaling"}.get(args.parts, "two_stage")
+    path = write_results(name, payload, quick=args.quick)
     print(f"\nresults written to {path}")
     return 0
 

@@ -23,7 +23,7 @@ def _case(dtype, degenerate=False):
         return torch.randn(*shape, generator=g, dtype=dtype)
 
     c = {"G": rnd(L, B, D, D), "table": rnd(V, D, D), "symbols": torch.randint(0, V, (L, B), generator=g),
-         "A": rnd(R, D), "u": rnd(L, B, R), "C": rnd(R, D), "b": rnd(D),
+         "A": rnd(R, D), "u": rnd(L, B, R), "utable": rnd(V, R), "C": rnd(R, D), "b": rnd(D),
          "q": torch.nn.functional.normalize(rnd(B, D), dim=-1), "qi": torch.nn.functional.normalize(rnd(D), dim=0)}
     reset = torch.zeros(L, B, dtype=torch.bool)
     reset[2, 1] = reset[6, :] = True
@@ -33,6 +33,7 @@ def _case(dtype, degenerate=False):
         c["G"][4, 2] = 0.0
         c["u"][4, 2] = 0.0
         c["table"][5] = 0.0
+        c["utable"][5] = 0.0
         c["symbols"][4, 2] = 5
     return c
 
@@ -42,6 +43,9 @@ CORES = {
     "symbols": (lambda table, b, q, qi, reset, symbols: symbol_recurrence(table, symbols, b, q, qi, reset),
                 ("table", "b", "q", "qi")),
     "factorized": (factorized_recurrence, ("A", "u", "C", "b", "q", "qi")),
+    "factorized_symbols": (lambda A, u, C, b, q, qi, reset, symbols: factorized_recurrence(A, u, C, b, q, qi, reset,
+                                                                                           symbols=symbols),
+                           ("A", "utable", "C", "b", "q", "qi")),
 }
 
 
@@ -49,7 +53,7 @@ def _run(core, case, monkeypatch, use_native):
     monkeypatch.setenv("PSRNN_NATIVE", "1" if use_native else "0")
     fn, names = CORES[core]
     leaves = [case[n].clone().requires_grad_() for n in names]
-    extra = {"symbols": case["symbols"]} if core == "symbols" else {}
+    extra = {"symbols": case["symbols"]} if core.endswith("symbols") else {}
     out = fn(*leaves, case["reset"], **extra)
     w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
     (out * w).sum().backward()
@@ -80,7 +84,7 @@ def test_native_gradcheck(core, monkeypatch):
     monkeypatch.setenv("PSRNN_NATIVE", "1")
     case = _case(torch.float64)
     fn, names = CORES[core]
-    extra = {"symbols": case["symbols"]} if core == "symbols" else {}
+    extra = {"symbols": case["symbols"]} if core.endswith("symbols") else {}
     leaves = tuple(case[n].clone().requires_grad_() for n in names)
     assert torch.autograd.gradcheck(lambda *xs: fn(*xs, case["reset"], **extra), leaves, eps=1e-6, atol=1e-7)
 
@@ -91,8 +95,16 @@ def test_symbol_table_equals_per_step_matrices(monkeypatch):
     a = symbol_recurrence(case["table"], case["symbols"], case["b"], case["q"], case["qi"], case["reset"])
     b = normalized_recurrence(case["table"][case["symbols"]], case["b"], case["q"], case["qi"], case["reset"])
     torch.testing.assert_close(a, b, atol=1e-13, rtol=1e-13)
+    fa = factorized_recurrence(case["A"], case["utable"], case["C"], case["b"], case["q"], case["qi"],
+                               case["reset"], symbols=case["symbols"])
+    fb = factorized_recurrence(case["A"], case["utable"][case["symbols"]], case["C"], case["b"], case["q"],
+                               case["qi"], case["reset"])
+    torch.testing.assert_close(fa, fb, atol=1e-13, rtol=1e-13)
     with pytest.raises(IndexError, match="symbol index out of range"):
         symbol_recurrence(case["table"], case["symbols"] + V, case["b"], case["q"], case["qi"])
+    with pytest.raises(IndexError, match="symbol index out of range"):
+        factorized_recurrence(case["A"], case["utable"], case["C"], case["b"], case["q"], case["qi"],
+                              symbols=case["symbols"] - V)
 
 
 @pytest.mark.parametrize("model,rank", [("psrnn", None), ("factorized_psrnn", 3)])

@@ -81,17 +81,20 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
 
 
 def factorized_recurrence(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor, b: torch.Tensor, q: torch.Tensor,
-                          q_init: torch.Tensor, reset: torch.Tensor | None = None, eps: float = 1e-12
-                          ) -> torch.Tensor:
+                          q_init: torch.Tensor, reset: torch.Tensor | None = None, eps: float = 1e-12,
+                          symbols: torch.Tensor | None = None) -> torch.Tensor:
     """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b) with u_t = B o_t (Eq. 10), shape (L, B, d); resets as above.
 
+    With ``symbols`` (L, B), u is a (V, r) table and u_t = u[symbols[t]] (discrete observations).
     The compiled path never forms the (L, B, d, d) step matrices G_t = Aᵀ diag(u_t) C: a step costs 2·r·d
-    multiply-adds per chain, and the parameter gradients are three batched matrix products after the loop.
+    multiply-adds per chain, and the parameter gradients are two matrix products after the loop.
     """
     if native.usable(A, u, C, b, q, q_init):
         if not torch.is_grad_enabled():
-            return native.factorized_forward(A, u, C, b, q, q_init, reset, eps)[0]
-        return _NativeFactorizedRecurrence.apply(A, u, C, b, q, q_init, reset, eps)
+            return native.factorized_forward(A, u, C, b, q, q_init, reset, eps, idx=symbols)[0]
+        return _NativeFactorizedRecurrence.apply(A, u, C, b, q, q_init, reset, eps, symbols)
+    if symbols is not None:
+        u = u[symbols]
     return normalized_recurrence(torch.einsum("ri,lbr,rk->lbik", A, u, C), b, q, q_init, reset, eps)
 
 
@@ -136,28 +139,30 @@ class _NativeRecurrence(torch.autograd.Function):
 
 class _NativeFactorizedRecurrence(torch.autograd.Function):
     """:func:`factorized_recurrence` in C. With s_t = C q_t, m_t = u_t ⊙ s_t, v_t = A ∂z_t and ∂z_t as for the full
-    cell, the C backward forms ∂u_t = v_t ⊙ s_t and w_t = v_t ⊙ u_t in its loop, and then
+    cell, the C backward forms ∂u_t = v_t ⊙ s_t (summed per symbol for a table) and w_t = v_t ⊙ u_t in its loop,
+    and then
 
         ∂A = Σ_t m_t ∂z_tᵀ,   ∂C = Σ_t w_t q_tᵀ,   ∂b = Σ_t ∂z_t   (one matrix product each).
     """
 
     @staticmethod
-    def forward(ctx, A, u, C, b, q, q_init, reset, eps):
-        out, inputs, norms, cq = native.factorized_forward(A, u, C, b, q, q_init, reset, eps, keep_cq=True)
-        ctx.save_for_backward(A, u, C, inputs, cq, out, norms, reset)
+    def forward(ctx, A, u, C, b, q, q_init, reset, eps, symbols=None):
+        out, inputs, norms, cq, m = native.factorized_forward(A, u, C, b, q, q_init, reset, eps, keep=True,
+                                                              idx=symbols)
+        ctx.save_for_backward(A, u, C, inputs, cq, m, out, norms, reset, symbols)
         ctx.eps = eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        A, u, C, inputs, cq, out, norms, reset = ctx.saved_tensors
+        A, u, C, inputs, cq, m, out, norms, reset, symbols = ctx.saved_tensors
         grad_z, grad_u, w, g_q0, g_init = native.factorized_backward(A, u, C, cq, out, norms, reset, ctx.eps,
-                                                                     grad_out)
+                                                                     grad_out, idx=symbols)
         r, d = A.shape
         gz = grad_z.reshape(-1, d)
-        grad_A = (u * cq).reshape(-1, r).T @ gz
+        grad_A = m.reshape(-1, r).T @ gz
         grad_C = w.reshape(-1, r).T @ inputs.reshape(-1, d)
-        return grad_A, grad_u, grad_C, gz.sum(0), g_q0, g_init.sum(0), None, None
+        return grad_A, grad_u, grad_C, gz.sum(0), g_q0, g_init.sum(0), None, None, None
 
 
 def _reset_steps(reset: torch.Tensor | None) -> list[int]:
@@ -333,6 +338,12 @@ class FactorizedPSRNNLayer(PSRNNLayer):
     def forward(self, o: torch.Tensor, q: torch.Tensor, reset: torch.Tensor | None = None) -> torch.Tensor:
         return factorized_recurrence(self.A, o @ self.B.T, self.C, self.b, q, self.initial(), reset)
 
+    def forward_symbols(self, table: torch.Tensor, x: torch.Tensor, q: torch.Tensor,
+                        reset: torch.Tensor | None = None) -> torch.Tensor:
+        """Discrete inputs: u_t = B o_t is one of V rows of ``table`` Bᵀ, indexed by symbol in the loop."""
+        return factorized_recurrence(self.A, table @ self.B.T, self.C, self.b, q, self.initial(), reset,
+                                     symbols=x)
+
 
 class PSRNN(SequenceModel):
     """A stack of PSRNN layers (full or factorized) with per-layer encoders and a linear decoder.
@@ -365,7 +376,7 @@ class PSRNN(SequenceModel):
         new_state = []
         h = x
         for encoder, core, q in zip(self.encoders, self.cores, state):
-            if isinstance(encoder, EmbeddingEncoder) and type(core) is PSRNNLayer:
+            if isinstance(encoder, EmbeddingEncoder):
                 states = core.forward_symbols(encoder.table.weight, h, q, reset)
             else:
                 states = core(encoder(h), q, reset)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("recurrence.c")
-ABI = 5
+ABI = 6
 # Reassociation lets the compiler vectorise the short dot products and sums (results stay deterministic for a given
 # binary; NaN and Inf still propagate, unlike -ffast-math). -march=native: the cache key holds the CPU's identity.
 CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
@@ -124,8 +124,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "psrnn_full_forward": [i, i, i, p, i, p, p, p, p, p, f, p, p, p],
         "psrnn_full_backward": [i, i, i, p, p, p, p, p, p, f, p, p, p, p, p],
-        "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, f, p, p, p, p],
-        "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
+        "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p],
+        "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
     }
     for stem, args in sigs.items():
         for suffix in ("f32", "f64"):
@@ -226,37 +226,41 @@ def _index(idx: torch.Tensor | None, n_table: int) -> torch.Tensor | None:
     return ix
 
 
-def factorized_forward(A, u, C, b, q0, q_init, reset, eps, keep_cq=False):
-    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b): returns (out, inputs, norms, cq), cq = C q_t (L,B,r) if ``keep_cq``."""
+def factorized_forward(A, u, C, b, q0, q_init, reset, eps, keep=False, idx=None):
+    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b): returns (out, inputs, norms, cq, m), with cq = C q_t and m = u_t ⊙ C q_t
+    (L,B,r) kept for the backward if ``keep``. u is (L,B,r), or with ``idx`` (L,B) a table (V,r) of symbols."""
     fn = getattr(library(), "psrnn_factorized_forward_" + _ctypes_of[A.dtype])
     A, u, b, q0, q_init = (x.detach().contiguous() for x in (A, u, b, q0, q_init))
     CT = C.detach().T.contiguous()
-    L, B, r = u.shape
-    d = A.shape[1]
+    L, B = (idx.shape if idx is not None else u.shape[:2])
+    r, d = A.shape
+    ix = _index(idx, u.shape[0])
     out = torch.empty((L, B, d), dtype=A.dtype)
     inputs = torch.empty_like(out)
     norms = torch.empty((L, B), dtype=A.dtype)
-    cq = torch.empty((L, B, r), dtype=A.dtype) if keep_cq else None
+    cq = torch.empty((L, B, r), dtype=A.dtype) if keep else None
+    m = torch.empty((L, B, r), dtype=A.dtype) if keep else None
     rb = _reset_bytes(reset)
-    fn(L, B, d, r, _ptr(A), _ptr(CT), _ptr(u), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps), _ptr(inputs),
-       _ptr(out), _ptr(norms), _ptr(cq))
-    return out, inputs, norms, cq
+    fn(L, B, d, r, _ptr(A), _ptr(CT), _ptr(u), _ptr(ix), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps),
+       _ptr(inputs), _ptr(out), _ptr(norms), _ptr(cq), _ptr(m))
+    return out, inputs, norms, cq, m
 
 
-def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out):
-    """Returns (grad_z (L,B,d), grad_u (L,B,r), w (L,B,r) = (A ∂z_t) ⊙ u_t, grad_q0 (B,d), grad_q_init (B,d) per
-    chain)."""
+def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out, idx=None):
+    """Returns (grad_z (L,B,d), grad_u (shape of u), w (L,B,r) = (A ∂z_t) ⊙ u_t, grad_q0 (B,d), grad_q_init (B,d)
+    per chain)."""
     fn = getattr(library(), "psrnn_factorized_backward_" + _ctypes_of[A.dtype])
     u, C, cq, out, norms, grad_out = (x.detach().contiguous() for x in (u, C, cq, out, norms, grad_out))
     AT = A.detach().T.contiguous()
-    L, B, r = u.shape
-    d = AT.shape[0]
+    L, B, d = out.shape
+    r = AT.shape[1]
+    ix = _index(idx, u.shape[0])
     grad_z = torch.empty((L, B, d), dtype=AT.dtype)
-    grad_u = torch.empty((L, B, r), dtype=AT.dtype)
+    grad_u = torch.zeros_like(u) if ix is not None else torch.empty_like(u)
     w = torch.empty((L, B, r), dtype=AT.dtype)
     g_q0 = torch.empty((B, d), dtype=AT.dtype)
     g_init = torch.empty((B, d), dtype=AT.dtype)
     rb = _reset_bytes(reset)
-    fn(L, B, d, r, _ptr(AT), _ptr(C), _ptr(u), _ptr(cq), _ptr(out), _ptr(norms), _ptr(rb), float(eps),
+    fn(L, B, d, r, _ptr(AT), _ptr(C), _ptr(u), _ptr(ix), _ptr(cq), _ptr(out), _ptr(norms), _ptr(rb), float(eps),
        _ptr(grad_out), _ptr(grad_z), _ptr(grad_u), _ptr(w), _ptr(g_q0), _ptr(g_init))
     return grad_z, grad_u, w, g_q0, g_init

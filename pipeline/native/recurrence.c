@@ -21,8 +21,10 @@
    Backward takes grad_out (L,B,d) = dLoss/dq_{t+1} and writes grad_z (L,B,d) = dLoss/dz_t, g_q0 (B,d) and
    g_init (B,d) (gradient reaching qinit through resets and degenerate steps, per chain); the full layer's
    backward also writes grad_G (shape of G, zeroed by the caller when G is a table) unless it is NULL; the
-   factorized forward can keep cq (L,B,r) = C q_t, from which its backward writes grad_u (L,B,r) = v_t * C q_t
-   and w (L,B,r) = v_t * u_t with v_t = A dz_t (the caller forms dA and dC from them in two matrix products). */
+   factorized forward can keep cq (L,B,r) = C q_t and m (L,B,r) = u_t * C q_t, from which its backward writes
+   grad_u = v_t * C q_t and w (L,B,r) = v_t * u_t with v_t = A dz_t (the caller forms dA and dC from m, w in two
+   matrix products). With idx, u is a table (V,r) of per-symbol u_t = B o_t and grad_u (V,r, zeroed by the caller)
+   is summed per symbol. */
 
 #include <math.h>
 #include <stdint.h>
@@ -136,8 +138,9 @@ void psrnn_full_backward_##SUFFIX(int L, int B, int d, const T *G, const int64_t
 }                                                                                                              \
                                                                                                                \
 void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, const T *CT, const T *u,       \
-                                       const T *bias, const T *q0, const T *qinit, const uint8_t *reset,       \
-                                       double eps_, T *inputs, T *out, T *norms, T *cq) {                      \
+                                       const int64_t *idx, const T *bias, const T *q0, const T *qinit,         \
+                                       const uint8_t *reset, double eps_, T *inputs, T *out, T *norms, T *cq,  \
+                                       T *mout) {                                                              \
     const T eps = (T)eps_;                                                                                     \
     T z[d], m[r];                                                                                              \
     for (int c = 0; c < B; ++c) {                                                                              \
@@ -147,7 +150,7 @@ void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, c
             if (reset && reset[tc]) q = qinit;                                                                 \
             T *qin = inputs + tc * d;                                                                          \
             memcpy(qin, q, sizeof(T) * (size_t)d);                                                             \
-            const T *ut = u + tc * r;                                                                          \
+            const T *ut = u + (idx ? (size_t)idx[tc] : tc) * r;                                                \
             memset(m, 0, sizeof(T) * (size_t)r);                                                               \
             for (int k = 0; k < d; ++k) { /* C q as axpys over the rows of C^T */                              \
                 const T *row = CT + (size_t)k * r;                                                             \
@@ -156,6 +159,7 @@ void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, c
             }                                                                                                  \
             if (cq) memcpy(cq + tc * r, m, sizeof(T) * (size_t)r);                                             \
             for (int j = 0; j < r; ++j) m[j] *= ut[j];                                                         \
+            if (mout) memcpy(mout + tc * r, m, sizeof(T) * (size_t)r);                                         \
             memcpy(z, bias, sizeof(T) * (size_t)d);                                                            \
             for (int j = 0; j < r; ++j) {                                                                      \
                 const T *row = A + (size_t)j * d;                                                              \
@@ -174,7 +178,7 @@ void psrnn_factorized_forward_##SUFFIX(int L, int B, int d, int r, const T *A, c
 }                                                                                                              \
                                                                                                                \
 void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *AT, const T *C, const T *u,       \
-                                        const T *cq, const T *out, const T *norms,                             \
+                                        const int64_t *idx, const T *cq, const T *out, const T *norms,         \
                                         const uint8_t *reset, double eps_, const T *grad_out, T *grad_z,       \
                                         T *grad_u, T *wout, T *g_q0, T *g_init) {                              \
     const T eps = (T)eps_;                                                                                     \
@@ -189,8 +193,9 @@ void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *AT,
             for (int i = 0; i < d; ++i) g[i] = go[i] + gq[i];                                                  \
             T *gz = grad_z + tc * d;                                                                           \
             memset(gq, 0, sizeof(T) * (size_t)d);                                                              \
-            const T *ut = u + tc * r, *st = cq + tc * r;                                                       \
-            T *gu = grad_u + tc * r, *wt = wout + tc * r;                                                      \
+            size_t ui = (idx ? (size_t)idx[tc] : tc) * r;                                                      \
+            const T *ut = u + ui, *st = cq + tc * r;                                                           \
+            T *gu = grad_u + ui, *wt = wout + tc * r;                                                          \
             if (step_grad_z_##SUFFIX(d, g, out + tc * d, norms[tc], eps, gz, gi)) {                            \
                 memset(w, 0, sizeof(T) * (size_t)r);                                                           \
                 for (int i = 0; i < d; ++i) { /* v = A dz as axpys over the rows of A^T */                     \
@@ -198,8 +203,8 @@ void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *AT,
                     T gzi = gz[i];                                                                             \
                     for (int j = 0; j < r; ++j) w[j] += gzi * row[j];                                          \
                 }                                                                                              \
-                for (int j = 0; j < r; ++j) {                                                                  \
-                    gu[j] = w[j] * st[j];                   /* du_t = v_t * (C q_t) */                         \
+                for (int j = 0; j < r; ++j) {               /* du_t = v_t * (C q_t), per step or per symbol */ \
+                    if (idx) gu[j] += w[j] * st[j]; else gu[j] = w[j] * st[j];                                 \
                     wt[j] = w[j] * ut[j];                   /* w_t = v_t * u_t */                              \
                 }                                                                                              \
                 for (int j = 0; j < r; ++j) { /* dq = C^T w */                                                 \
@@ -208,7 +213,7 @@ void psrnn_factorized_backward_##SUFFIX(int L, int B, int d, int r, const T *AT,
                     for (int k = 0; k < d; ++k) gq[k] += wj * row[k];                                          \
                 }                                                                                              \
             } else {                                                                                           \
-                memset(gu, 0, sizeof(T) * (size_t)r);                                                          \
+                if (!idx) memset(gu, 0, sizeof(T) * (size_t)r);                                                \
                 memset(wt, 0, sizeof(T) * (size_t)r);                                                          \
             }                                                                                                  \
             if (reset && reset[tc]) {                                                                          \
@@ -223,4 +228,4 @@ DEFINE_KERNELS(float, f32)
 DEFINE_KERNELS(double, f64)
 
 /* version of the calling convention above; the loader refuses a library that reports another */
-int psrnn_native_abi(void) { return 5; }
+int psrnn_native_abi(void) { return 6; }
