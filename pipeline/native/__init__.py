@@ -30,11 +30,13 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("recurrence.c")
-ABI = 6
-# Reassociation lets the compiler vectorise the short dot products and sums (results stay deterministic for a given
-# binary; NaN and Inf still propagate, unlike -ffast-math). -march=native: the cache key holds the CPU's identity.
-CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-          "-fno-trapping-math")
+SOURCES = (SOURCE, SOURCE.with_name("recurrence_impl.h"))   # the library is keyed by both
+ABI = 7
+# Reassociation lets the compiler vectorise the short dot products and sums, and fused multiply-adds are allowed
+# (ISO C mode turns contraction off); results stay deterministic for a given binary, and NaN and Inf still
+# propagate (unlike -ffast-math). -march=native: the cache key holds the CPU's identity.
+CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-ffp-contract=fast", "-fno-math-errno", "-fassociative-math",
+          "-fno-signed-zeros", "-fno-trapping-math")
 NATIVE_ARCH = ("-march=native",)
 
 _ctypes_of = {torch.float32: "f32", torch.float64: "f64"}
@@ -85,7 +87,7 @@ def build(cache_dir: Path | None = None) -> Path:
     cc = _compiler()
     if cc is None:
         raise NativeBuildError("no C compiler found (set CC, or install gcc)")
-    source = SOURCE.read_bytes()
+    source = b"".join(f.read_bytes() for f in SOURCES)
     ident = " ".join((cc, *CFLAGS, *NATIVE_ARCH, platform.machine(), sys.platform, _cpu_identity()))
     key = hashlib.sha256(source + ident.encode()).hexdigest()[:16]
     name = f"psrnn_recurrence-{key}.so"
@@ -124,8 +126,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "psrnn_full_forward": [i, i, i, p, i, p, p, p, p, p, f, p, p, p],
         "psrnn_full_backward": [i, i, i, p, p, p, p, p, p, f, p, p, p, p, p],
-        "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p],
-        "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
+        "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
+        "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p, p],
     }
     for stem, args in sigs.items():
         for suffix in ("f32", "f64"):
@@ -240,9 +242,10 @@ def factorized_forward(A, u, C, b, q0, q_init, reset, eps, keep=False, idx=None)
     norms = torch.empty((L, B), dtype=A.dtype)
     cq = torch.empty((L, B, r), dtype=A.dtype) if keep else None
     m = torch.empty((L, B, r), dtype=A.dtype) if keep else None
+    work = torch.empty((2 * r + d) * B, dtype=A.dtype)
     rb = _reset_bytes(reset)
     fn(L, B, d, r, _ptr(A), _ptr(CT), _ptr(u), _ptr(ix), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps),
-       _ptr(inputs), _ptr(out), _ptr(norms), _ptr(cq), _ptr(m))
+       _ptr(inputs), _ptr(out), _ptr(norms), _ptr(cq), _ptr(m), _ptr(work))
     return out, inputs, norms, cq, m
 
 
@@ -260,7 +263,8 @@ def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out, idx=None)
     w = torch.empty((L, B, r), dtype=AT.dtype)
     g_q0 = torch.empty((B, d), dtype=AT.dtype)
     g_init = torch.empty((B, d), dtype=AT.dtype)
+    work = torch.empty((r + d) * B + d, dtype=AT.dtype)
     rb = _reset_bytes(reset)
     fn(L, B, d, r, _ptr(AT), _ptr(C), _ptr(u), _ptr(ix), _ptr(cq), _ptr(out), _ptr(norms), _ptr(rb), float(eps),
-       _ptr(grad_out), _ptr(grad_z), _ptr(grad_u), _ptr(w), _ptr(g_q0), _ptr(g_init))
+       _ptr(grad_out), _ptr(grad_z), _ptr(grad_u), _ptr(w), _ptr(g_q0), _ptr(g_init), _ptr(work))
     return grad_z, grad_u, w, g_q0, g_init
