@@ -78,3 +78,36 @@ def test_import_pipeline_does_not_import_mlflow_or_torch():
             "print('mlflow' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_statistics_rotated_from_the_range_bases_equal_direct_ones(discrete):
+    """The randomised 2SR accumulates stage-1 statistics in the range bases Q and rotates them to U = QR; that must
+    equal accumulating them directly in U (also checks the Kronecker column order of HᵀE and the shifted-future
+    reuse across chunk and trajectory ends: chunks of 37 rows, three trajectories)."""
+    from pipeline.features import fit_feature_maps, make_windows
+    from pipeline.two_stage import accumulate_statistics, top_projections
+
+    rng = np.random.default_rng(3)
+    if discrete:
+        trajs = [rng.integers(0, 5, size=n) for n in (90, 61, 75)]
+    else:
+        trajs = [rng.standard_normal((n, 2)).cumsum(0) * 0.1 for n in (90, 61, 75)]
+    cfg = _cfg(chunk_size=37, feature_dtype="float64", state_dim=3, obs_dim=2, past_dim=4)
+    windows = make_windows(trajs, cfg.past_window, cfg.future_window, discrete=discrete,
+                           vocab_size=5 if discrete else None)
+    maps = fit_feature_maps(windows, n_features=cfg.n_features, obs_dim=5 if discrete else 2,
+                            vocab_size=5 if discrete else 0, seed=cfg.seed)
+    proj, _, rotated = top_projections(windows, maps, {"obs": 2, "past": 4, "future": 3}, cfg)
+    direct = accumulate_statistics(windows, maps, proj, cfg)
+    for name in ("HH", "HF", "HE", "OO", "h_sum"):
+        a, b = getattr(rotated, name), getattr(direct, name)
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.abs(b).max(), err_msg=name)
+    # and the shifted-future reuse equals computing every shifted window itself
+    U_f = proj["future"]
+    phi = maps.apply("shifted", windows.shifted, np.float64)
+    f_shift = phi @ U_f
+    o = maps.apply("obs", windows.obs, np.float64) @ proj["obs"]
+    h = maps.apply("past", windows.past, np.float64) @ proj["past"]
+    HE = h.T @ (f_shift[:, :, None] * o[:, None, :]).reshape(len(h), -1)
+    np.testing.assert_allclose(direct.HE, HE, rtol=1e-9, atol=1e-9 * np.abs(HE).max())
