@@ -84,14 +84,20 @@ def test_zero_norm_update_falls_back_to_initial_state():
     assert torch.allclose(out, layer.initial().expand(5, 4, 3))
 
 
+def _random_double_layer(factorized: bool, d: int, d_o: int, rank: int):
+    """A float64 PSRNN (or factorized, of ``rank``) layer with standard-normal parameters from torch's global RNG."""
+    layer = (FactorizedPSRNNLayer(d, d_o, rank=rank) if factorized else PSRNNLayer(d, d_o)).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p))
+    return layer
+
+
 @pytest.mark.parametrize("factorized", [False, True])
 def test_gradcheck_psrnn_cells(factorized):
     torch.manual_seed(0)
     d, d_o, L, B = 4, 3, 5, 2
-    layer = (FactorizedPSRNNLayer(d, d_o, rank=3) if factorized else PSRNNLayer(d, d_o)).double()
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn_like(p))
+    layer = _random_double_layer(factorized, d, d_o, rank=3)
     o = torch.randn(L, B, d_o, dtype=torch.float64, requires_grad=True)
     q = torch.nn.functional.normalize(torch.randn(B, d, dtype=torch.float64), dim=-1).requires_grad_()
     names = [n for n, _ in layer.named_parameters()]
@@ -129,10 +135,7 @@ def test_gradcheck_with_resets_and_initial_state(factorized):
     """The hand-written backward of the recurrence, through trajectory resets, against finite differences."""
     torch.manual_seed(1)
     d, d_o, L, B = 3, 2, 6, 3
-    layer = (FactorizedPSRNNLayer(d, d_o, rank=2) if factorized else PSRNNLayer(d, d_o)).double()
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn_like(p))
+    layer = _random_double_layer(factorized, d, d_o, rank=2)
     reset = torch.zeros(L, B, dtype=torch.bool)
     reset[2, 0] = reset[4, 2] = True
     names = [n for n, _ in layer.named_parameters()]

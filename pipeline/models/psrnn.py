@@ -95,7 +95,14 @@ def factorized_recurrence(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor, b: 
         return _NativeFactorizedRecurrence.apply(A, u, C, b, q, q_init, reset, eps, symbols)
     if symbols is not None:
         u = u[symbols]
-    return normalized_recurrence(torch.einsum("ri,lbr,rk->lbik", A, u, C), b, q, q_init, reset, eps)
+    return normalized_recurrence(factorized_step_matrices(A, u, C), b, q, q_init, reset, eps)
+
+
+def factorized_step_matrices(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """G_t = Aᵀ diag(u_t) C, i.e. W ×₂ o_t with W = Σ_r a_r ⊗ b_r ⊗ c_r and u_t = B o_t.
+
+    (L, B, r) -> (L, B, d, d)."""
+    return torch.einsum("ri,lbr,rk->lbik", A, u, C)
 
 
 def symbol_recurrence(G_table: torch.Tensor, symbols: torch.Tensor, b: torch.Tensor, q: torch.Tensor,
@@ -108,8 +115,7 @@ def symbol_recurrence(G_table: torch.Tensor, symbols: torch.Tensor, b: torch.Ten
     """
     if native.usable(G_table, b, q, q_init):
         if not torch.is_grad_enabled():
-            return native.full_forward(G_table.transpose(1, 2).contiguous(), b, q, q_init, reset, eps,
-                                       idx=symbols, transposed=True)[0]
+            return native.full_forward(G_table, b, q, q_init, reset, eps, idx=symbols)[0]
         return _NativeRecurrence.apply(G_table, b, q, q_init, reset, eps, symbols)
     return normalized_recurrence(G_table[symbols], b, q, q_init, reset, eps)
 
@@ -120,11 +126,7 @@ class _NativeRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, G, b, q, q_init, reset, eps, symbols=None):
-        if symbols is None:
-            out, inputs, norms = native.full_forward(G, b, q, q_init, reset, eps)
-        else:  # a (V, d, d) table: the transposed copy for the forward loop costs nothing
-            out, inputs, norms = native.full_forward(G.transpose(1, 2).contiguous(), b, q, q_init, reset, eps,
-                                                     idx=symbols, transposed=True)
+        out, inputs, norms = native.full_forward(G, b, q, q_init, reset, eps, idx=symbols)
         ctx.save_for_backward(G, inputs, out, norms, reset, symbols)
         ctx.eps = eps
         return out
@@ -333,7 +335,7 @@ class FactorizedPSRNNLayer(PSRNNLayer):
 
     def step_matrices(self, o: torch.Tensor) -> torch.Tensor:
         """G_t = Aᵀ diag(B o_t) C, i.e. W ×₂ o_t with W = Σ_r a_r ⊗ b_r ⊗ c_r."""
-        return torch.einsum("ri,lbr,rk->lbik", self.A, o @ self.B.T, self.C)
+        return factorized_step_matrices(self.A, o @ self.B.T, self.C)
 
     def forward(self, o: torch.Tensor, q: torch.Tensor, reset: torch.Tensor | None = None) -> torch.Tensor:
         return factorized_recurrence(self.A, o @ self.B.T, self.C, self.b, q, self.initial(), reset)

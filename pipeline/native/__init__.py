@@ -179,13 +179,16 @@ def _reset_bytes(reset: torch.Tensor | None) -> torch.Tensor | None:
 # ----------------------------------------------------------------------------------------------- kernels
 
 
-def full_forward(G, b, q0, q_init, reset, eps, idx=None, transposed=False):
+def full_forward(G, b, q0, q_init, reset, eps, idx=None):
     """q_{t+1} = n(G_t q_t + b): returns (out, inputs, norms) with shapes (L,B,d), (L,B,d), (L,B).
 
     G is (L,B,d,d), or with ``idx`` (L,B) int64 a table (V,d,d) from which step t of chain b takes G[idx[t,b]];
-    ``transposed``: G holds G_tᵀ (the faster layout for this loop).
+    a table is passed to the loop transposed (its faster layout: axpys instead of dot products), which costs
+    nothing at V·d² elements.
     """
     fn = getattr(library(), "psrnn_full_forward_" + _ctypes_of[G.dtype])
+    transposed = idx is not None
+    G = G.detach().transpose(1, 2) if transposed else G.detach()
     G, b, q0, q_init = (x.detach().contiguous() for x in (G, b, q0, q_init))
     L, B = (idx.shape if idx is not None else G.shape[:2])
     d = G.shape[-1]
@@ -205,7 +208,7 @@ def full_backward(G, inputs, out, norms, reset, eps, grad_out, idx=None, grad_G=
     fn = getattr(library(), "psrnn_full_backward_" + _ctypes_of[G.dtype])
     G, inputs, out, norms, grad_out = (x.detach().contiguous() for x in (G, inputs, out, norms, grad_out))
     L, B, d = out.shape
-    ix = _index(idx, G.shape[0])
+    ix = _index(idx, G.shape[0], check=False)
     grad_z = torch.empty((L, B, d), dtype=G.dtype)
     gG = None
     if grad_G:  # a symbol table's gradient is summed into by the loop; per-step gradients are written
@@ -218,12 +221,13 @@ def full_backward(G, inputs, out, norms, reset, eps, grad_out, idx=None, grad_G=
     return grad_z, gG, g_q0, g_init
 
 
-def _index(idx: torch.Tensor | None, n_table: int) -> torch.Tensor | None:
-    """Symbol indices as contiguous int64, checked against the table (C does no bounds checks)."""
+def _index(idx: torch.Tensor | None, n_table: int, check: bool = True) -> torch.Tensor | None:
+    """Symbol indices as contiguous int64, checked against the table (C does no bounds checks). The backward
+    passes ``check=False``: it gets the indices its forward already checked."""
     if idx is None:
         return None
     ix = idx.detach().to(torch.int64).contiguous()
-    if ix.numel() and (int(ix.min()) < 0 or int(ix.max()) >= n_table):
+    if check and ix.numel() and (int(ix.min()) < 0 or int(ix.max()) >= n_table):
         raise IndexError(f"symbol index out of range [0, {n_table}): min {int(ix.min())}, max {int(ix.max())}")
     return ix
 
@@ -257,7 +261,7 @@ def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out, idx=None)
     AT = A.detach().T.contiguous()
     L, B, d = out.shape
     r = AT.shape[1]
-    ix = _index(idx, u.shape[0])
+    ix = _index(idx, u.shape[0], check=False)
     grad_z = torch.empty((L, B, d), dtype=AT.dtype)
     grad_u = torch.zeros_like(u) if ix is not None else torch.empty_like(u)
     w = torch.empty((L, B, r), dtype=AT.dtype)
