@@ -32,11 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
         d = sub.add_parser(name, help=text)
         d.add_argument("dataset", help="dataset section of params.yaml")
         d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
-    for name, text in (("refine", "BPTT training of one variant"), ("evaluate", "final metrics of one variant")):
-        d = sub.add_parser(name, help=text)
-        d.add_argument("dataset", help="dataset section of params.yaml")
-        d.add_argument("variant", help="a name from <dataset>.variants, e.g. factorized_psrnn_r60")
-        d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
+    d = sub.add_parser("refine", help="BPTT training of one variant")
+    d.add_argument("dataset", help="dataset section of params.yaml")
+    d.add_argument("variant", help="a name from <dataset>.variants, e.g. factorized_psrnn_r60")
+    d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
+    d = sub.add_parser("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
+                                        "or of one run when variant and seed are given")
+    d.add_argument("dataset", help="dataset section of params.yaml")
+    d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
+    d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
     sub.add_parser("report", help="figures and results.md from every run's outputs")
     return p
 
@@ -78,11 +82,16 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         "decompose": lambda: wf.decompose(params, root, args.dataset, args.seed),
         "initialise": lambda: wf.initialise(params, root, args.dataset, args.seed),
         "refine": lambda: wf.refine(params, root, args.dataset, args.variant, args.seed),
-        "evaluate": lambda: wf.evaluate_run(params, root, args.dataset, args.variant, args.seed),
+        "evaluate": lambda: (wf.evaluate_dataset(params, root, args.dataset) if args.variant is None
+                             else wf.evaluate_run(params, root, args.dataset, args.variant, args.seed)),
         "report": lambda: wf.report(params, root),
     }
-    if stage in ("refine", "evaluate"):
+    if stage == "evaluate" and (args.variant is None) != (args.seed is None):
+        raise ValueError("evaluate: give both variant and seed, or neither (every run of the dataset)")
+    if stage in ("refine", "evaluate") and args.variant is not None:
         params.dataset(args.dataset).variant(args.variant)
+    elif stage == "evaluate":
+        params.dataset(args.dataset)
     calls[stage]()
     return 0
 

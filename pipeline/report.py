@@ -5,7 +5,7 @@ Reads, under a project root,
 
 * ``models/<dataset>/<variant>_s<seed>/history.json``: per-epoch train/test(/valid) metrics, epoch 0 = initialisation;
 * ``metrics/<dataset>/<variant>_s<seed>.json``: final and epoch-0 test metrics, parameter count, Bayes-optimal value;
-* ``metrics/<dataset>/<variant>_s<seed>_predictions.parquet``: one-step test predictions (continuous datasets),
+* ``predictions/<dataset>/<variant>_s<seed>.parquet``: one-step test predictions (continuous datasets),
 
 and writes ``<out_dir>/figures/*.png`` and ``<out_dir>/results.md``. Missing inputs never raise: a figure whose data
 are absent is skipped (logged, and listed under "Not available" in results.md); a figure with some of its curves
@@ -130,7 +130,7 @@ def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if kind not in METRICS:
             sample = test or (history[-1].get("test") if history else None) or {}
             kind = "discrete" if "bpc" in sample else "continuous" if "mse" in sample else None
-        pred = root / "metrics" / dataset / f"{run}_predictions.parquet"
+        pred = root / "predictions" / dataset / f"{run}.parquet"
         runs.append({
             "dataset": str(src.get("dataset", dataset)),
             "run": run,
@@ -434,7 +434,7 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
             tables[v] = (r["seed"], _read_predictions(r["predictions_path"]))
         except Exception as exc:  # noqa: BLE001 - an unreadable file must not stop the report
             log.warning("report: cannot read %s: %s", r["predictions_path"], exc)
-            notes.append(f"`{fname}`: `metrics/{ds}/{r['run']}_predictions.parquet` unreadable "
+            notes.append(f"`{fname}`: `predictions/{ds}/{r['run']}.parquet` unreadable "
                          f"({type(exc).__name__})")
     seed_txt = f" (seed {cfg['seed']})" if cfg["seed"] is not None else ""
     if not tables:

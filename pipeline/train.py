@@ -95,10 +95,13 @@ def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: 
     return sums, outputs
 
 
-def _make_optimizer(model: SequenceModel, cfg: TrainConfig) -> torch.optim.Optimizer:
+def _make_optimizer(model: SequenceModel, cfg: TrainConfig):
+    """torch.optim's SGD / Adam updates from :mod:`pipeline.optim` (same numbers, without importing torch._dynamo)."""
+    from pipeline.optim import SGD, Adam
+
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
 @dataclass

@@ -11,8 +11,8 @@
     artifacts/<dataset>/s<seed>/init/<v>.npz   initialise      initial weights of every variant v
     models/<dataset>/<v>_s<seed>/              refine          checkpoint.pt, history.json, run_id
     plots/<dataset>/<v>_s<seed>.json           refine          per-epoch curves (dvc plots)
-    metrics/<dataset>/<v>_s<seed>.json         evaluate        final metrics (dvc metrics)
-    metrics/<dataset>/<v>_s<seed>_predictions.parquet           one-step predictions before/after training
+    metrics/<dataset>/<v>_s<seed>.json         evaluate        final metrics (a dvc metrics directory per dataset)
+    predictions/<dataset>/<v>_s<seed>.parquet  evaluate        one-step predictions before/after training (continuous)
     reports/figures/*.png, reports/results.md  report
 """
 
@@ -382,15 +382,24 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: in
 
 # -------------------------------------------------------------------------------------------- evaluate
 
-def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, Any]:
-    """Final test metrics of the trained model (the last epoch), the epoch-0 metrics, and, for continuous data,
-    the one-step predictions before and after training. MLflow already has these numbers from refine (the
-    last epoch's test metrics are logged there as ``final_test_*``), so this stage does not import it."""
+def metrics_dir(root: Path, dataset: str) -> Path:
+    return root / "metrics" / dataset
+
+
+def predictions_dir(root: Path, dataset: str) -> Path:
+    return root / "predictions" / dataset
+
+
+def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
+                 ds: SequenceDataset | None = None) -> dict[str, Any]:
+    """Final test metrics of one trained model (the last epoch), its epoch-0 metrics, and, for continuous data, the
+    one-step predictions before and after training. MLflow already has these numbers from refine (the last epoch's
+    test metrics are logged there as ``final_test_*``), so evaluation does not import it."""
     from pipeline.train import evaluate, load_checkpoint, predict
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
-    ds = load_prepared(root, dataset)
+    ds = ds if ds is not None else load_prepared(root, dataset)
     mdir = model_dir(root, dataset, variant_name, seed)
     ck = load_checkpoint(mdir / "checkpoint.pt")
     initial = load_initial(root, dataset, variant_name, seed)
@@ -402,12 +411,32 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
               "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
               "test": final_metrics, "initial_test": initial_metrics,
               "bayes_optimal": ds.meta.get("bayes_optimal")}
-    mpath = root / "metrics" / dataset / f"{run_name(variant_name, seed)}.json"
+    name = run_name(variant_name, seed)
     if not ds.discrete:
-        _write_predictions(mpath.with_name(f"{run_name(variant_name, seed)}_predictions.parquet"), ds,
+        _write_predictions(predictions_dir(root, dataset) / f"{name}.parquet", ds,
                            predict(initial, ds.test), predict(final, ds.test))
-    write_json(mpath, result)
+    write_json(metrics_dir(root, dataset) / f"{name}.json", result)
     return result
+
+
+def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict[str, Any]]:
+    """Stage ``evaluate_<dataset>``: :func:`evaluate_run` for every variant x seed of the dataset, in one process
+    (a process per run would spend most of its time importing torch). Every checkpoint is checked to exist before
+    any evaluation, so a missing model fails in a second, naming it."""
+    from pipeline.progress import progress
+
+    dp = params.dataset(dataset)
+    runs = [(v.name, seed) for v in dp.variants for seed in params.seeds]
+    missing = [str(model_dir(root, dataset, v, s) / "checkpoint.pt") for v, s in runs
+               if not (model_dir(root, dataset, v, s) / "checkpoint.pt").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]}: checkpoint not found (run refine first; "
+                                f"{len(missing)} of {len(runs)} missing)")
+    ds = load_prepared(root, dataset)
+    results = {}
+    for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
+        results[run_name(v, s)] = evaluate_run(params, root, dataset, v, s, ds=ds)
+    return results
 
 
 def _write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray], final: list[np.ndarray]) -> None:

@@ -54,3 +54,50 @@ def test_kalman_filter_with_true_parameters_matches_numpy_filter():
         torch.set_default_dtype(torch.float32)
     # the Cholesky jitter (1e-6 relative) is the only difference
     assert abs(mse - _true_kalman_mse(sys_, ds.test)) < 1e-5
+
+
+def _random_kf(seed, n=3, m=2):
+    from pipeline.models import build_model
+
+    g = torch.Generator().manual_seed(seed)
+    model = build_model(ModelConfig(model="kf", discrete=False, input_dim=m, output_dim=m, state_dim=n)).double()
+    with torch.no_grad():
+        model.A.copy_(0.5 * torch.randn(n, n, generator=g, dtype=torch.float64))
+        model.C.copy_(torch.randn(m, n, generator=g, dtype=torch.float64))
+        model.noise_chol.add_(0.2 * torch.randn(n + m, n + m, generator=g, dtype=torch.float64))
+        model.P0_chol.add_(0.2 * torch.randn(n, n, generator=g, dtype=torch.float64))
+    return model
+
+
+def test_shared_covariance_recursion_equals_per_chain_filters():
+    """Chains with equal P and aligned resets share one Riccati recursion; outputs, final states and gradients
+    must equal those of each chain filtered alone, and misaligned resets (the batched path) too."""
+    model = _random_kf(0)
+    L, B = 12, 4
+    x = torch.randn(L, B, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    aligned = torch.zeros(L, B, dtype=torch.bool)
+    aligned[5] = True
+    misaligned = aligned.clone()
+    misaligned[7, 1] = True
+    for reset in (None, aligned, misaligned):
+        model.zero_grad()
+        out, (xs, P) = model(x, model.init_state(B), reset)
+        out.pow(2).sum().backward()
+        batched_grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        for b in range(B):
+            o, (xb, Pb) = model(x[:, b:b + 1], model.init_state(1), None if reset is None else reset[:, b:b + 1])
+            torch.testing.assert_close(o[:, 0], out[:, b], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(xb[0], xs[b], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(Pb[0], P[b], rtol=1e-10, atol=1e-12)
+            o.pow(2).sum().backward()
+        for p, g in zip(model.parameters(), batched_grads):
+            assert (p.grad is None) == (g is None)
+            if g is not None:
+                torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-11)
+    # a state whose chains have different covariances (not shared) continues correctly too
+    _, state = model(x[:4], model.init_state(B), misaligned[:4] | torch.eye(4, B, dtype=torch.bool))
+    out, _ = model(x[4:], state)
+    for b in range(B):
+        o, _ = model(x[4:, b:b + 1], (state[0][b:b + 1], state[1][b:b + 1]))
+        torch.testing.assert_close(o[:, 0], out[:, b], rtol=1e-10, atol=1e-12)

@@ -120,5 +120,5 @@ def test_changing_a_training_param_reruns_only_downstream_stages(project):
     out = _run(["dvc", "repro"], root, env)
     ran = _ran(out)
     assert ran, "nothing reran after a training param changed"
-    assert all(re.match(r"^(refine_hmm@|evaluate_hmm@|report$)", s) for s in ran), ran
+    assert all(re.match(r"^(refine_hmm@.*|evaluate_hmm|report)$", s) for s in ran), ran
     assert any(s.startswith("refine_hmm@") for s in ran)

@@ -60,7 +60,7 @@ def _write_predictions(root: Path, dataset: str, run: str, rng: np.random.Genera
                       "target": pa.array(rows["target"], pa.float64()),
                       "initial": pa.array(rows["initial"], pa.float64()),
                       "final": pa.array(rows["final"], pa.float64())})
-    path = root / "metrics" / dataset / f"{run}_predictions.parquet"
+    path = root / "predictions" / dataset / f"{run}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
 

@@ -79,12 +79,20 @@ class KalmanFilter(SequenceModel):
         Q, M, R, P0 = self.covariances()
         A, C = self.A, self.C
         xs, P = state
+        B = xs.shape[0]
         reset_steps = set() if reset is None else set(torch.nonzero(reset.any(1)).flatten().tolist())
+        # P_t, S_t and K_t do not depend on the observations: chains that start from the same P and reset at the
+        # same steps (equal-length trajectories, as in Swimmer and Mocap) share one covariance recursion, which
+        # is most of the work (an m×m solve per step), instead of running it B times.
+        shared = (B == 1 or bool((P == P[:1]).all())) and (
+            reset is None or bool((reset.any(1) == reset.all(1)).all()))
+        if shared:
+            P = P[:1]
         preds = []
         for t in range(x.shape[0]):
             if t in reset_steps:
                 xs = apply_reset(xs, self.x0, reset[t])  # type: ignore[index]
-                P = apply_reset(P, P0, reset[t])  # type: ignore[index]
+                P = P0.unsqueeze(0) if shared else apply_reset(P, P0, reset[t])  # type: ignore[index]
             e = x[t] - self.mean - xs @ C.T                           # (B, m)
             PCt = P @ C.T                                             # (B, n, m)
             S = C @ PCt + R                                           # (B, m, m)
@@ -94,4 +102,4 @@ class KalmanFilter(SequenceModel):
             P = A @ P @ A.T + Q - K @ S @ K.transpose(1, 2)
             P = 0.5 * (P + P.transpose(1, 2))
             preds.append(xs @ C.T + self.mean)
-        return torch.stack(preds), (xs, P)
+        return torch.stack(preds), (xs, P.expand(B, -1, -1) if shared else P)

@@ -31,7 +31,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("recurrence.c")
 SOURCES = (SOURCE, SOURCE.with_name("recurrence_impl.h"))   # the library is keyed by both
-ABI = 7
+ABI = 8
 # Reassociation lets the compiler vectorise the short dot products and sums, and fused multiply-adds are allowed
 # (ISO C mode turns contraction off); results stay deterministic for a given binary, and NaN and Inf still
 # propagate (unlike -ffast-math). -march=native: the cache key holds the CPU's identity.
@@ -128,6 +128,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "psrnn_full_backward": [i, i, i, p, p, p, p, p, p, f, p, p, p, p, p],
         "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
         "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p, p],
+        "psrnn_rnn_layer_forward": [i, i, i, i, p, p, p, p, p, p, p],
     }
     for stem, args in sigs.items():
         for suffix in ("f32", "f64"):
@@ -272,3 +273,28 @@ def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out, idx=None)
     fn(L, B, d, r, _ptr(AT), _ptr(C), _ptr(u), _ptr(ix), _ptr(cq), _ptr(out), _ptr(norms), _ptr(rb), float(eps),
        _ptr(grad_out), _ptr(grad_z), _ptr(grad_u), _ptr(w), _ptr(g_q0), _ptr(g_init), _ptr(work))
     return grad_z, grad_u, w, g_q0, g_init
+
+
+RNN_KINDS = {"rnn": 0, "gru": 1}   # torch's CPU LSTM is already a fused oneDNN loop
+
+
+def rnn_layer_forward(kind: str, gi, W_hh, b_hh, h0, reset):
+    """One layer of torch.nn.RNN (tanh) / GRU without gradients (see ``psrnn_rnn_layer_forward``).
+
+    gi (L,B,G·H) = x W_ihᵀ + b_ih, W_hh (G·H,H), b_hh (G·H), h0 (B,H), reset (L,B) bool or None (zero state
+    before step t). Returns (out (L,B,H), h_L (B,H))."""
+    k = RNN_KINDS[kind]
+    fn = getattr(library(), "psrnn_rnn_layer_forward_" + _ctypes_of[gi.dtype])
+    gi = gi.detach().contiguous()
+    L, B, GH = gi.shape
+    H = W_hh.shape[1]
+    if GH != (1 if k == 0 else 3) * H or W_hh.shape[0] != GH:
+        raise ValueError(f"{kind}: gate inputs of width {GH} for hidden size {H}")
+    WhhT = W_hh.detach().T.contiguous()
+    bhh = b_hh.detach().contiguous()
+    h = h0.detach().clone(memory_format=torch.contiguous_format)
+    out = torch.empty((L, B, H), dtype=gi.dtype)
+    work = torch.empty(B * GH, dtype=gi.dtype)
+    rb = _reset_bytes(reset)
+    fn(k, L, B, H, _ptr(gi), _ptr(WhhT), _ptr(bhh), _ptr(rb), _ptr(h), _ptr(out), _ptr(work))
+    return out, h

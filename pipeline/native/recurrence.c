@@ -25,7 +25,11 @@
    factorized forward can keep cq (L,B,r) = C q_t and m (L,B,r) = u_t * C q_t, from which its backward writes
    grad_u = v_t * C q_t and w (L,B,r) = v_t * u_t with v_t = A dz_t (the caller forms dA and dC from m, w in two
    matrix products). With idx, u is a table (V,r) of per-symbol u_t = B o_t and grad_u (V,r, zeroed by the caller)
-   is summed per symbol. */
+   is summed per symbol.
+
+   The file also holds the no-gradient loop of the RNN and GRU baselines (psrnn_rnn_layer_forward): torch's
+   CPU GRU and Elman RNN step in ATen ops (30-140k steps/s at hidden 20), and PTB is filtered as one sequence of
+   124k characters at every epoch's evaluation. */
 
 #include <math.h>
 #include <stdint.h>
@@ -34,15 +38,23 @@
 /* Each kernel exists for float (suffix _f32) and double (_f64): recurrence_impl.h is included once per type. */
 #define T float
 #define FN(name) name##_f32
+#define EXP expf
+#define TANH tanhf
 #include "recurrence_impl.h"
 #undef T
 #undef FN
+#undef EXP
+#undef TANH
 
 #define T double
 #define FN(name) name##_f64
+#define EXP exp
+#define TANH tanh
 #include "recurrence_impl.h"
 #undef T
 #undef FN
+#undef EXP
+#undef TANH
 
 /* version of the calling convention above; the loader refuses a library that reports another */
-int psrnn_native_abi(void) { return 7; }
+int psrnn_native_abi(void) { return 8; }

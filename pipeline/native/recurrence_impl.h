@@ -236,3 +236,38 @@ void FN(psrnn_factorized_backward)(int L, int B, int d, int r, const T *AT, cons
     }
     memcpy(g_q0, GQ, sizeof(T) * (size_t)B * d);
 }
+
+/* Inference (no gradient) of one layer of torch.nn.RNN (tanh) or GRU, with torch's equations and gate order:
+   kind 0 = RNN, h' = tanh(gi + gh); kind 1 = GRU, rows [r, z, n]: r = s(gi_r + gh_r), z = s(gi_z + gh_z),
+   n = tanh(gi_n + r * gh_n), h' = (1 - z) n + z h; s the logistic function, gh = Whh h + bhh.
+   gi (L,B,G·H) = x W_ih^T + b_ih for every step (one product in torch before the loop), WhhT (H, G·H) = Whh^T,
+   h (B,H) the state, updated in place; out (L,B,H) the h of every step; reset (L,B) bytes or NULL: chain b
+   restarts from the zero state before step t; work: B·G·H elements. The chains step together: gh for all of
+   them is one small product. (torch's CPU LSTM already runs a fused oneDNN loop, as fast as this one.) */
+void FN(psrnn_rnn_layer_forward)(int kind, int L, int B, int H, const T *gi, const T *WhhT, const T *bhh,
+                                 const uint8_t *reset, T *h, T *out, T *work) {
+    const int GH = (kind == 0 ? 1 : 3) * H;
+    for (int t = 0; t < L; ++t) {
+        if (reset) {
+            for (int b = 0; b < B; ++b)
+                if (reset[(size_t)t * B + b]) memset(h + (size_t)b * H, 0, sizeof(T) * (size_t)H);
+        }
+        FN(gemm)(B, GH, H, h, H, WhhT, GH, work, GH);                                 /* gh - bhh, all chains */
+        for (int b = 0; b < B; ++b) {
+            const T *x = gi + ((size_t)t * B + b) * GH;
+            const T *g = work + (size_t)b * GH;
+            T *hb = h + (size_t)b * H;
+            if (kind == 0) {
+                for (int j = 0; j < H; ++j) hb[j] = TANH(x[j] + g[j] + bhh[j]);
+            } else {
+                for (int j = 0; j < H; ++j) {
+                    T r = (T)1 / ((T)1 + EXP(-(x[j] + g[j] + bhh[j])));
+                    T z = (T)1 / ((T)1 + EXP(-(x[H + j] + g[H + j] + bhh[H + j])));
+                    T n = TANH(x[2 * H + j] + r * (g[2 * H + j] + bhh[2 * H + j]));
+                    hb[j] = ((T)1 - z) * n + z * hb[j];
+                }
+            }
+            memcpy(out + ((size_t)t * B + b) * H, hb, sizeof(T) * (size_t)H);
+        }
+    }
+}
