@@ -32,10 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
         d = sub.add_parser(name, help=text)
         d.add_argument("dataset", help="dataset section of params.yaml")
         d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
-    d = sub.add_parser("refine", help="BPTT training of one variant")
+    d = sub.add_parser("refine", help="BPTT training of one variant, for every seed (one MLflow run each)")
     d.add_argument("dataset", help="dataset section of params.yaml")
     d.add_argument("variant", help="a name from <dataset>.variants, e.g. factorized_psrnn_r60")
-    d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
+    d.add_argument("seed", nargs="?", type=int, default=None,
+                   help="only this run seed (default: every seed in params.yaml)")
     d = sub.add_parser("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
                                         "or of one run when variant and seed are given")
     d.add_argument("dataset", help="dataset section of params.yaml")

@@ -3,7 +3,7 @@ Markdown table of final results.
 
 Reads, under a project root,
 
-* ``models/<dataset>/<variant>_s<seed>/history.json``: per-epoch train/test(/valid) metrics, epoch 0 = initialisation;
+* ``models/<dataset>/<variant>/s<seed>/history.json``: per-epoch train/test(/valid) metrics, epoch 0 = initialisation;
 * ``metrics/<dataset>/<variant>_s<seed>.json``: final and epoch-0 test metrics, parameter count, Bayes-optimal value;
 * ``predictions/<dataset>/<variant>_s<seed>.parquet``: one-step test predictions (continuous datasets),
 
@@ -102,9 +102,10 @@ def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
     notes: list[str] = []
     histories: dict[tuple[str, str], Path] = {}
     metrics: dict[tuple[str, str], Path] = {}
-    for p in sorted((root / "models").glob("*/*/history.json")):
-        if _parse_run(p.parent.name):
-            histories[(p.parent.parent.name, p.parent.name)] = p
+    for p in sorted((root / "models").glob("*/*/s*/history.json")):
+        run = f"{p.parent.parent.name}_{p.parent.name}"
+        if _parse_run(run):
+            histories[(p.parent.parent.parent.name, run)] = p
     for p in sorted((root / "metrics").glob("*/*.json")):
         if _parse_run(p.stem):
             metrics[(p.parent.name, p.stem)] = p
@@ -118,7 +119,9 @@ def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if met_obj is None:
             notes.append(f"`metrics/{dataset}/{run}.json` missing: `{run}` is drawn but not in the table")
         if hist_obj is None and (dataset, run) not in histories:
-            notes.append(f"`models/{dataset}/{run}/history.json` missing: `{run}` is in the table but not drawn")
+            variant, seed = _parse_run(run)  # type: ignore[misc]
+            notes.append(f"`models/{dataset}/{variant}/s{seed}/history.json` missing: `{run}` is in the table but "
+                         "not drawn")
         name_variant, name_seed = _parse_run(run)  # type: ignore[misc]
         src = {**(hist_obj or {}), **(met_obj or {})}
         history = (hist_obj or {}).get("history")

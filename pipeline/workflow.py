@@ -9,8 +9,8 @@
     artifacts/<dataset>/s<seed>/2sr/kf.npz                     the linear 2SR Kalman filter (continuous data)
     artifacts/<dataset>/s<seed>/cp/r<r>.npz    decompose       CP factors of the layer-1 tensor, rank r
     artifacts/<dataset>/s<seed>/init/<v>.npz   initialise      initial weights of every variant v
-    models/<dataset>/<v>_s<seed>/              refine          checkpoint.pt, history.json, run_id
-    plots/<dataset>/<v>_s<seed>.json           refine          per-epoch curves (dvc plots)
+    models/<dataset>/<v>/s<seed>/              refine          checkpoint.pt, history.json, run_id, done
+    plots/<dataset>/<v>/s<seed>.json           refine          per-epoch curves (dvc plots)
     metrics/<dataset>/<v>_s<seed>.json         evaluate        final metrics (a dvc metrics directory per dataset)
     predictions/<dataset>/<v>_s<seed>.parquet  evaluate        one-step predictions before/after training (continuous)
     reports/figures/*.png, reports/results.md  report
@@ -54,7 +54,11 @@ def run_name(variant: str, seed: int) -> str:
 
 
 def model_dir(root: Path, dataset: str, variant: str, seed: int) -> Path:
-    return root / "models" / dataset / run_name(variant, seed)
+    return root / "models" / dataset / variant / f"s{seed}"
+
+
+def plot_path(root: Path, dataset: str, variant: str, seed: int) -> Path:
+    return root / "plots" / dataset / variant / f"s{seed}.json"
 
 
 # -------------------------------------------------------------------------------------------- download
@@ -295,36 +299,83 @@ def _fingerprint(*parts: Any) -> str:
     return h.hexdigest()
 
 
-def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, Any]:
-    """BPTT from the initial weights; resumes from a checkpoint of the same configuration after a crash."""
+def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: int | None = None
+           ) -> dict[int, dict[str, Any]]:
+    """Stage ``refine_<dataset>@<variant>``: :func:`refine_run` for every seed of params.yaml (or one ``seed``).
+
+    The seeds of a variant share one process, so torch and MLflow are imported once rather than once per run
+    (about 10 s each time). A seed already trained with the same configuration (its ``done`` marker holds the
+    fingerprint of train config, initial weights and data) is not trained or logged again: adding a seed, or a
+    2SR change that leaves this variant's initial weights as they were, costs only the check. Model folders of
+    seeds no longer in params.yaml are removed, so the stage's output matches its params."""
+    import shutil
+
+    seeds = list(params.seeds) if seed is None else [seed]
+    vdir = root / "models" / dataset / variant_name
+    if seed is None and vdir.is_dir():
+        keep = {f"s{s}" for s in seeds}
+        for stale in sorted(vdir.iterdir()):
+            if stale.is_dir() and stale.name not in keep:
+                log.info("refine %s/%s: removing %s (seed not in params.yaml)", dataset, variant_name, stale)
+                shutil.rmtree(stale)
+    return {s: refine_run(params, root, dataset, variant_name, s) for s in seeds}
+
+
+def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list[dict[str, Any]]) -> None:
+    rows = []
+    for entry in history:
+        row = {"epoch": entry["epoch"]}
+        for split in ("train", "valid", "test"):
+            for k, v in (entry.get(split) or {}).items():
+                row[f"{split}_{k}"] = v
+        rows.append(row)
+    write_json(plot_path(root, dataset, variant, seed), rows)
+
+
+def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, Any]:
+    """BPTT of one (variant, seed) from its initial weights, tracked as one MLflow run; resumes from a checkpoint
+    of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done."""
     from dataclasses import replace
+
+    from pipeline.train_config import TrainConfig
+
+    dp = params.dataset(dataset)
+    variant = dp.variant(variant_name)
+    init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
+    if not init_path.is_file():
+        raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
+    tcfg: TrainConfig = replace(dp.train, seed=seed)
+    mdir = model_dir(root, dataset, variant_name, seed)
+    fingerprint = _fingerprint(asdict(tcfg), init_path, prepared_path(root, dataset))
+    done_file, history_file = mdir / "done", mdir / "history.json"
+    if done_file.is_file() and done_file.read_text().strip() == fingerprint and history_file.is_file():
+        history = read_json(history_file)
+        _write_plot(root, dataset, variant_name, seed, history["history"])
+        log.info("refine %s/%s seed %d: already trained with this configuration", dataset, variant_name, seed)
+        return history
 
     import torch
 
     from pipeline.tracking import RunTracker, git_commit
-    from pipeline.train import TrainConfig, fit, load_checkpoint
+    from pipeline.train import fit, load_checkpoint
 
-    dp = params.dataset(dataset)
-    variant = dp.variant(variant_name)
     ds = load_prepared(root, dataset)
-    init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
     model = load_initial(root, dataset, variant_name, seed)
-    tcfg: TrainConfig = replace(dp.train, seed=seed)
-    mdir = model_dir(root, dataset, variant_name, seed)
     mdir.mkdir(parents=True, exist_ok=True)
     ckpt = mdir / "checkpoint.pt"
-    fingerprint = _fingerprint(asdict(tcfg), init_path, prepared_path(root, dataset))
     fp_file = mdir / "fingerprint.txt"
     run_id_file = mdir / "run_id"
+    if done_file.exists():
+        done_file.unlink()
     resume = ckpt.exists() and fp_file.exists() and fp_file.read_text().strip() == fingerprint
     if not resume:
-        for stale in (ckpt, run_id_file):
+        for stale in (ckpt, run_id_file, history_file):
             if stale.exists():
                 stale.unlink()
     write_text(fp_file, fingerprint + "\n")
     prefix = params.tracking.get("experiment_prefix", "psrnn")
     tags = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": str(seed),
-            "dvc_stage": os.environ.get("DVC_STAGE", f"refine_{dataset}@{variant_name}-{seed}")}
+            "dvc_stage": os.environ.get("DVC_STAGE", f"refine_{dataset}@{variant_name}")}
     commit = git_commit(root)
     if commit:
         tags["mlflow.source.git.commit"] = commit
@@ -359,15 +410,8 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: in
     history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
                "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
                "best_metric": result.best_metric, "history": result.history}
-    write_json(mdir / "history.json", history)
-    plot_rows = []
-    for entry in result.history:
-        row = {"epoch": entry["epoch"]}
-        for split in ("train", "valid", "test"):
-            for k, v in (entry.get(split) or {}).items():
-                row[f"{split}_{k}"] = v
-        plot_rows.append(row)
-    write_json(root / "plots" / dataset / f"{run_name(variant_name, seed)}.json", plot_rows)
+    write_json(history_file, history)
+    _write_plot(root, dataset, variant_name, seed, result.history)
     last = result.history[-1]
     tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
     if params.tracking.get("log_checkpoints", True):
@@ -377,6 +421,7 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: in
         model.load_state_dict(load_checkpoint(ckpt)["model"])
         tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
     tracker.finish()
+    write_text(done_file, fingerprint + "\n")
     return history
 
 

@@ -1,5 +1,6 @@
 """Killing `dvc repro` (SIGKILL) in the middle of refine and running it again resumes from the checkpoint and
-ends with the same metrics as an uninterrupted run."""
+ends with the same metrics as an uninterrupted run. The kill falls in the second seed of the variant's refine
+stage: the first seed, already done, must be neither retrained nor logged twice."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvci
 pytestmark = pytest.mark.slow
 
 PARAMS = {
-    "seeds": [0],
+    "seeds": [0, 1],
     "data": {"mirror": None},
     "tracking": {"experiment_prefix": "kill", "log_model": False, "log_checkpoints": False},
     "report": {"figures": {}},
@@ -53,7 +54,7 @@ def _project(base: Path, name: str, env: dict[str, str]) -> Path:
             continue
         if "matrix" in v and "dataset" in v["matrix"]:
             v["matrix"]["dataset"] = ["hmm"]
-        if "foreach" in v:
+        if isinstance(v.get("foreach"), list):  # the dataset lists, not refine's variants
             v["foreach"] = ["hmm"]
         stages[k] = v
     dvc["stages"] = stages
@@ -77,13 +78,14 @@ def test_sigkill_during_refine_resumes_to_the_same_metrics(tmp_path):
                GIT_COMMITTER_EMAIL="t@example.com")
     reference = _project(tmp_path, "reference", env)
     _repro(reference, env)
-    expected = json.loads((reference / "metrics" / "hmm" / "psrnn_s0.json").read_text())
+    expected = {s: json.loads((reference / "metrics" / "hmm" / f"psrnn_s{s}.json").read_text()) for s in (0, 1)}
 
     killed = _project(tmp_path, "killed", env)
     proc = subprocess.Popen(["dvc", "repro"], cwd=killed, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    ckpt = killed / "models" / "hmm" / "psrnn_s0" / "checkpoint.pt"
-    history_probe = killed / "models" / "hmm" / "psrnn_s0"
+    ckpt = killed / "models" / "hmm" / "psrnn" / "s1" / "checkpoint.pt"
+    history_probe = killed / "models" / "hmm" / "psrnn" / "s1"
+    first_seed = killed / "models" / "hmm" / "psrnn" / "s0"
     deadline = time.time() + 600
     import torch
 
@@ -101,18 +103,26 @@ def test_sigkill_during_refine_resumes_to_the_same_metrics(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert epoch >= 1 and not (history_probe / "history.json").exists()
+    assert (first_seed / "done").is_file(), "seed 0 must have finished before seed 1 started"
+    first_ckpt_mtime = (first_seed / "checkpoint.pt").stat().st_mtime_ns
 
     _repro(killed, env)
-    got = json.loads((killed / "metrics" / "hmm" / "psrnn_s0.json").read_text())
-    assert got["test"] == pytest.approx(expected["test"], abs=1e-6)
+    for s in (0, 1):
+        got = json.loads((killed / "metrics" / "hmm" / f"psrnn_s{s}.json").read_text())
+        assert got["test"] == pytest.approx(expected[s]["test"], abs=1e-6)
     history = json.loads((history_probe / "history.json").read_text())["history"]
     assert [h["epoch"] for h in history] == list(range(7))
+    assert (first_seed / "checkpoint.pt").stat().st_mtime_ns == first_ckpt_mtime, "seed 0 was retrained"
+    assert json.loads((killed / "plots" / "hmm" / "psrnn" / "s0.json").read_text())[-1]["epoch"] == 6
 
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{killed / 'mlflow.db'}")
     exp = client.get_experiment_by_name("kill-hmm")
     runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 1, "the resumed refine must continue the same MLflow run"
-    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "test_bpc"))
-    assert steps == list(range(7))
+    assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"], \
+        "one MLflow run per seed: the resumed refine must continue seed 1's run and leave seed 0's alone"
+    for run in runs:
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_bpc"))
+        assert steps == list(range(7))
+        assert run.info.status == "FINISHED"

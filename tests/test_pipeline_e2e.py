@@ -66,7 +66,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
         assert m["variant"] == v and m["epochs"] == params[ds]["train"]["epochs"]
         key = "bpc" if ds in ("ptb", "hmm") else "mse"
         assert m["test"][key] > 0 and m["initial_test"][key] > 0
-        history = json.loads((root / "models" / ds / f"{v}_s{s}" / "history.json").read_text())
+        history = json.loads((root / "models" / ds / v / f"s{s}" / "history.json").read_text())
         assert [h["epoch"] for h in history["history"]] == list(range(params[ds]["train"]["epochs"] + 1))
         # the final metrics of evaluate agree with the last epoch of refine
         assert m["test"][key] == pytest.approx(history["history"][-1]["test"][key], rel=1e-6)
@@ -97,7 +97,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
             assert {"checkpoints", "history.json"} <= artifacts
             models = client.search_logged_models(experiment_ids=[exp.experiment_id])
             assert any(m.source_run_id == run.info.run_id for m in models), "no logged model for the run"
-            run_id = (root / "models" / ds / f"{tags['variant']}_s{tags['seed']}" / "run_id").read_text().strip()
+            run_id = (root / "models" / ds / tags["variant"] / f"s{tags['seed']}" / "run_id").read_text().strip()
             assert run_id == run.info.run_id
     assert seen == expected_runs
 

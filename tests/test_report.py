@@ -32,7 +32,7 @@ def _write_run(root: Path, dataset: str, variant: str, seed: int, kind: str, cur
               "kind": kind, "n_params": n_params}
     if history:
         entries = [{"epoch": i, "seconds": float(i), "train": m(i), "test": m(i)} for i in range(len(curve))]
-        p = root / "models" / dataset / run / "history.json"
+        p = root / "models" / dataset / variant / f"s{seed}" / "history.json"
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({**common, "best_epoch": len(curve) - 1, "history": entries}))
     if metrics:
@@ -156,7 +156,7 @@ def test_write_report(project: Path, tmp_path: Path):
     assert "[fig3a.png](figures/fig3a.png)" in md
     na = md.split("## Not available")[1]
     assert "mocap" in na and "handwriting" in na
-    assert "models/hmm/gru_s0/history.json" in na
+    assert "models/hmm/gru/s0/history.json" in na
     # deterministic
     first_md = (out / "results.md").read_bytes()
     first_png = (out / "figures" / "fig4b.png").read_bytes()
