@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import scipy.linalg
@@ -400,19 +400,25 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
         V = vocab_size
         lam = ridge
 
+        rows = np.arange(n)
+
         def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            # one (n, V) buffer, reused in place: the shifted logits, then their exponentials, then p - onehot
+            # (L-BFGS calls this ~100 times on 120k PTB states; the temporaries were most of its time)
             Wt = theta[: V * d].reshape(V, d)
             bt = theta[V * d:]
-            logits = X @ Wt.T + bt
-            logits -= logits.max(1, keepdims=True)
-            logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-            loss = -logp[np.arange(n), y].mean() + 0.5 * lam * (Wt ** 2).sum()
-            p = np.exp(logp)
-            p[np.arange(n), y] -= 1.0
-            p /= n
-            gW = p.T @ X + lam * Wt
-            gb = p.sum(0)
-            return float(loss), np.concatenate([gW.ravel(), gb])
+            z = X @ Wt.T
+            z += bt
+            z -= z.max(1, keepdims=True)
+            z_y = z[rows, y]
+            np.exp(z, out=z)
+            total = z.sum(1)
+            loss = float(np.log(total).mean() - z_y.mean()) + 0.5 * lam * float((Wt ** 2).sum())
+            z /= (total * n)[:, None]
+            z[rows, y] -= 1.0 / n
+            gW = z.T @ X + lam * Wt
+            gb = z.sum(0)
+            return loss, np.concatenate([gW.ravel(), gb])
 
         counts = np.bincount(y, minlength=V).astype(np.float64)
         b0 = np.log((counts + 1.0) / (counts.sum() + V))  # start from the unigram model
@@ -474,6 +480,26 @@ def multilayer_two_stage(
     ``maps`` optionally fixes layer 1's RFF maps (from the features stage); ``upper_cfg`` configures layers ≥ 2
     (default: ``cfg`` with median widths recomputed on the states).
     """
+    *_, last = two_stage_depths(trajectories, cfg, n_layers=n_layers, discrete=discrete, vocab_size=vocab_size,
+                                maps=maps, upper_cfg=upper_cfg)
+    return last
+
+
+def two_stage_depths(
+    trajectories: Sequence[np.ndarray],
+    cfg: TwoStageConfig,
+    *,
+    n_layers: int,
+    discrete: bool,
+    vocab_size: int = 0,
+    maps: FeatureMaps | None = None,
+    upper_cfg: TwoStageConfig | None = None,
+) -> Iterator[TwoStageModel]:
+    """The 2SR models of depth 1, 2, …, ``n_layers``, in order (arguments as :func:`multilayer_two_stage`).
+
+    Layer l of every depth is the same regression on the same inputs, so each layer is learned once and the
+    models differ only in their depth and in the decoder, which reads the top layer's states; the depth-d model
+    equals ``multilayer_two_stage(..., n_layers=d)`` exactly."""
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
     layers: list[TwoStageLayer] = []
@@ -490,9 +516,10 @@ def multilayer_two_stage(
         log.info("2SR layer %d: %d windows, λ=%.3g", level + 1, layer.diagnostics["n_windows"],
                  layer.diagnostics["lambda"])
         inputs = states
-    decoder = fit_decoder(inputs, trajectories, discrete=discrete, vocab_size=vocab_size, ridge=cfg.decoder_ridge)
-    return TwoStageModel(layers=layers, decoder=decoder, discrete=discrete, vocab_size=vocab_size,
-                         config=asdict(cfg))
+        decoder = fit_decoder(inputs, trajectories, discrete=discrete, vocab_size=vocab_size,
+                              ridge=cfg.decoder_ridge)
+        yield TwoStageModel(layers=list(layers), decoder=decoder, discrete=discrete, vocab_size=vocab_size,
+                            config=asdict(cfg))
 
 
 # ------------------------------------------------------------------------------------- linear 2SR (Kalman)

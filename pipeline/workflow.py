@@ -181,7 +181,7 @@ def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
 
 def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     from pipeline.features import FeatureMaps
-    from pipeline.two_stage import linear_two_stage, multilayer_two_stage
+    from pipeline.two_stage import linear_two_stage, two_stage_depths
 
     dp = params.dataset(dataset)
     ds = load_prepared(root, dataset)
@@ -190,9 +190,9 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     maps = FeatureMaps.from_arrays(arrays)
     out = artifact_dir(root, dataset, seed) / "2sr"
     out.mkdir(parents=True, exist_ok=True)
-    for depth in range(1, dp.max_layers + 1):
-        tsm = multilayer_two_stage(ds.train, cfg, n_layers=depth, discrete=ds.discrete,
-                                   vocab_size=ds.obs_dim if ds.discrete else 0, maps=maps)
+    depths = two_stage_depths(ds.train, cfg, n_layers=dp.max_layers, discrete=ds.discrete,
+                              vocab_size=ds.obs_dim if ds.discrete else 0, maps=maps)
+    for depth, tsm in enumerate(depths, start=1):  # layer l is learned once for all depths >= l
         save_npz(out / f"L{depth}.npz", tsm.to_arrays(), meta={**tsm.meta(), "dataset": dataset, "seed": seed})
     if any(v.family == "kf" for v in dp.variants):
         lss = linear_two_stage(ds.train, state_dim=dp.kf.state_dim, past_window=dp.kf.past_window,

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.two_stage import TwoStageConfig, multilayer_two_stage, two_stage_regression
+from pipeline.two_stage import TwoStageConfig, multilayer_two_stage, two_stage_depths, two_stage_regression
 
 
 def _cfg(**kw):
@@ -36,6 +36,21 @@ def test_two_stage_is_bitwise_deterministic_and_seed_dependent():
     for k, v in a.to_arrays().items():
         assert np.array_equal(v, b.to_arrays()[k]), k
     assert not np.array_equal(a.layers[0].W, c.layers[0].W)
+
+
+def test_every_depth_from_one_pass_equals_its_own_multilayer_2sr():
+    rng = np.random.default_rng(3)
+    trajs = [rng.integers(0, 5, size=120) for _ in range(4)]
+    depths = list(two_stage_depths(trajs, _cfg(seed=2), discrete=True, vocab_size=5, n_layers=3))
+    assert [len(m.layers) for m in depths] == [1, 2, 3]
+    for d, got in enumerate(depths, start=1):
+        want = multilayer_two_stage(trajs, _cfg(seed=2), discrete=True, vocab_size=5, n_layers=d).to_arrays()
+        arrays = got.to_arrays()
+        assert arrays.keys() == want.keys()
+        for k, v in want.items():
+            assert np.array_equal(arrays[k], v), (d, k)
+    # the decoders read different states, so the depths really differ
+    assert not np.array_equal(depths[0].decoder.weight, depths[1].decoder.weight)
 
 
 def test_randomized_and_exact_projections_agree():
