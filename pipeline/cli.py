@@ -91,8 +91,6 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         raise ValueError("evaluate: give both variant and seed, or neither (every run of the dataset)")
     if stage in ("refine", "evaluate") and args.variant is not None:
         params.dataset(args.dataset).variant(args.variant)
-    elif stage == "evaluate":
-        params.dataset(args.dataset)
     calls[stage]()
     return 0
 

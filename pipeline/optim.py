@@ -32,6 +32,17 @@ class _Optimizer:
             for p in group["params"]:
                 yield group, p
 
+    def _gradients(self):
+        """(group, parameter, gradient) for every parameter with a gradient, the gradient with the group's L2
+        weight decay added (g = ∇ + weight_decay·p, as both torch optimisers do first)."""
+        for group, p in self._params():
+            if p.grad is None:
+                continue
+            grad = p.grad
+            if group["weight_decay"] != 0:
+                grad = grad.add(p, alpha=group["weight_decay"])
+            yield group, p, grad
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for _, p in self._params():
             if p.grad is None:
@@ -84,12 +95,7 @@ class SGD(_Optimizer):
 
     @torch.no_grad()
     def step(self) -> None:
-        for group, p in self._params():
-            if p.grad is None:
-                continue
-            grad = p.grad
-            if group["weight_decay"] != 0:
-                grad = grad.add(p, alpha=group["weight_decay"])
+        for group, p, grad in self._gradients():
             if group["momentum"] != 0:
                 state = self.state.setdefault(p, {})
                 buf = state.get("momentum_buffer")
@@ -113,10 +119,7 @@ class Adam(_Optimizer):
 
     @torch.no_grad()
     def step(self) -> None:
-        for group, p in self._params():
-            if p.grad is None:
-                continue
-            grad = p.grad
+        for group, p, grad in self._gradients():
             beta1, beta2 = group["betas"]
             state = self.state.setdefault(p, {})
             if not state:
@@ -124,8 +127,6 @@ class Adam(_Optimizer):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
-            if group["weight_decay"] != 0:
-                grad = grad.add(p, alpha=group["weight_decay"])
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -53,8 +54,13 @@ def run_name(variant: str, seed: int) -> str:
     return f"{variant}_s{seed}"
 
 
+def variant_dir(root: Path, dataset: str, variant: str) -> Path:
+    """The output of stage ``refine_<dataset>@<variant>``: one :func:`model_dir` per seed."""
+    return root / "models" / dataset / variant
+
+
 def model_dir(root: Path, dataset: str, variant: str, seed: int) -> Path:
-    return root / "models" / dataset / variant / f"s{seed}"
+    return variant_dir(root, dataset, variant) / f"s{seed}"
 
 
 def plot_path(root: Path, dataset: str, variant: str, seed: int) -> Path:
@@ -311,7 +317,7 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str, seed: in
     import shutil
 
     seeds = list(params.seeds) if seed is None else [seed]
-    vdir = root / "models" / dataset / variant_name
+    vdir = variant_dir(root, dataset, variant_name)
     if seed is None and vdir.is_dir():
         keep = {f"s{s}" for s in seeds}
         for stale in sorted(vdir.iterdir()):
@@ -448,7 +454,7 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     mdir = model_dir(root, dataset, variant_name, seed)
     ck = load_checkpoint(mdir / "checkpoint.pt")
     initial = load_initial(root, dataset, variant_name, seed)
-    final = load_initial(root, dataset, variant_name, seed)
+    final = copy.deepcopy(initial)
     final.load_state_dict(ck["model"])
     final_metrics = evaluate(final, ds.test)
     initial_metrics = evaluate(initial, ds.test)
@@ -472,8 +478,8 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
 
     dp = params.dataset(dataset)
     runs = [(v.name, seed) for v in dp.variants for seed in params.seeds]
-    missing = [str(model_dir(root, dataset, v, s) / "checkpoint.pt") for v, s in runs
-               if not (model_dir(root, dataset, v, s) / "checkpoint.pt").is_file()]
+    checkpoints = [model_dir(root, dataset, v, s) / "checkpoint.pt" for v, s in runs]
+    missing = [str(c) for c in checkpoints if not c.is_file()]
     if missing:
         raise FileNotFoundError(f"{missing[0]}: checkpoint not found (run refine first; "
                                 f"{len(missing)} of {len(runs)} missing)")
