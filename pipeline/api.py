@@ -10,7 +10,7 @@ Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -82,6 +82,18 @@ def _as_input(t: np.ndarray, discrete: bool) -> np.ndarray:
     return t.astype(np.int64) if discrete else t.reshape(len(t), -1).astype(np.float64)
 
 
+def _check_options(name: str, options: dict[str, Any], config_class: type, shaped: tuple[str, ...] = ()) -> None:
+    from dataclasses import fields
+
+    known = {f.name for f in fields(config_class)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    fixed = sorted(set(options) & set(shaped))
+    if fixed:
+        raise ValueError(f"{name}: {fixed} shape the model too; pass them as fit_model arguments")
+
+
 def fit_model(
     train: Sequence[np.ndarray],
     test: Sequence[np.ndarray] | None = None,
@@ -93,19 +105,41 @@ def fit_model(
     rank: int | None = None,
     n_features: int = 2000,
     horizon: int = 1,
+    past_window: int | None = None,
     ridge: float = 1e-2,
     init: str = "2sr",
     bias_scale: float | None = None,
     epochs: int = 5,
     lr: float = 1.0,
-    bptt: int = 35,
+    bptt: int | None = None,
     batch_size: int = 20,
     clip: float = 0.25,
     device: str = "auto",
     seed: int = 0,
     two_stage_options: dict[str, Any] | None = None,
+    train_options: dict[str, Any] | None = None,
 ) -> FittedModel:
-    """Initialise ``model`` (2SR for PSRNNs and the KF) and refine it by BPTT; returns the model and history."""
+    """Initialise ``model`` (2SR for PSRNNs and the KF) and refine it by BPTT; returns the model and history.
+
+    * ``horizon``: the future window k of 2SR (observations predicted from a state, the paper's "horizon");
+      ``past_window``: the history window p (default: ``horizon``). Both apply to the PSRNNs' 2SR and to the
+      KF's linear 2SR.
+    * ``two_stage_options``: any other :class:`pipeline.two_stage.TwoStageConfig` field (``width_scale``,
+      ``obs_inverse``, ``decoder_ridge``, ``past_dim``, ...; for the KF only the windows apply); a
+      ``past_window`` or ``future_window`` given there overrides the arguments above, and ``ridge`` / ``seed``
+      there override the arguments of that name for 2SR. ``state_dim``, ``obs_dim``, ``n_features`` shape the
+      network too and are refused there.
+    * ``bptt``: the truncated-BPTT horizon; ``None`` (default) picks it by the kind of data, as the paper does:
+      35 for discrete data, 0 (whole sequences) for continuous data.
+    * ``epochs``, ``lr``, ``batch_size``, ``clip``, ``device``, ``seed`` go to :class:`pipeline.train.TrainConfig`;
+      ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
+      ``max_loss``, ``eval_train``) or overrides these.
+    * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean state; default 0 for ``psrnn``, 0.1 for
+      ``factorized_psrnn``.
+
+    ``extras`` of the result holds the configs used: ``train_config``, ``windows`` (past/future) and
+    ``two_stage_config`` (PSRNNs initialised by 2SR).
+    """
     from pipeline.train import TrainConfig, fit
 
     discrete, input_dim = infer_kind(train)
@@ -115,24 +149,34 @@ def fit_model(
         raise ValueError("factorized_psrnn needs a rank")
     if bias_scale is None:
         bias_scale = 0.1 if model == "factorized_psrnn" else 0.0
+    if bptt is None:
+        bptt = 35 if discrete else 0
+    options = dict(two_stage_options or {})
+    _check_options("two_stage_options", options, TwoStageConfig, shaped=("state_dim", "obs_dim", "n_features"))
+    _check_options("train_options", train_options or {}, TrainConfig)
+    windows = {"past_window": horizon if past_window is None else past_window, "future_window": horizon}
+    windows.update({k: options.pop(k) for k in list(options) if k in windows})
     cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
                       state_dim=state_dim, obs_dim=obs_dim, n_layers=n_layers,
                       rank=rank if model == "factorized_psrnn" else None, n_rff=n_features,
                       init=init if model in ("psrnn", "factorized_psrnn") else
                       ("2sr" if model == "kf" else "xavier"), bias_scale=bias_scale)
-    tsm = lss = None
+    tsm = lss = ts_cfg = None
     cps = None
     if model in ("psrnn", "factorized_psrnn") and init == "2sr":
-        ts_cfg = TwoStageConfig(state_dim=state_dim, obs_dim=obs_dim, past_dim=state_dim, n_features=n_features,
-                                past_window=horizon, future_window=horizon, ridge=ridge, seed=seed,
-                                **(two_stage_options or {}))
+        ts_cfg = TwoStageConfig(**{"state_dim": state_dim, "obs_dim": obs_dim, "past_dim": state_dim,
+                                   "n_features": n_features, "ridge": ridge, "seed": seed, **windows,
+                                   **options})
         tsm = multilayer_two_stage(train, ts_cfg, n_layers=n_layers, discrete=discrete,
                                    vocab_size=input_dim if discrete else 0)
         if model == "factorized_psrnn":
             cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
     elif model == "kf":
-        lss = linear_two_stage(train, state_dim=state_dim, past_window=horizon, future_window=horizon)
+        lss = linear_two_stage(train, state_dim=state_dim, **windows)
     net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
-    result = fit(net, train, test, TrainConfig(epochs=epochs, lr=lr, bptt=bptt, batch_size=batch_size, clip=clip,
-                                               device=device, seed=seed))
-    return FittedModel(model=net, history=result.history, two_stage=tsm or lss)
+    tcfg = TrainConfig(**{"epochs": epochs, "lr": lr, "bptt": bptt, "batch_size": batch_size, "clip": clip,
+                          "device": device, "seed": seed, **(train_options or {})})
+    result = fit(net, train, test, tcfg)
+    return FittedModel(model=net, history=result.history, two_stage=tsm or lss,
+                       extras={"train_config": asdict(tcfg), "windows": windows,
+                               "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None})

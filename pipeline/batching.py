@@ -44,9 +44,16 @@ class Streams:
         return Streams(x=x, y=y, mask=self.mask.to(device), reset=self.reset.to(device), positions=self.positions)
 
 
+_NUMPY_FLOATS = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
+
+
 def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete: bool,
-                 order: np.ndarray | None = None) -> Streams:
-    """Arrange ``trajectories`` (in ``order``) into at most ``n_streams`` padded streams."""
+                 order: np.ndarray | None = None, dtype: torch.dtype | None = None) -> Streams:
+    """Arrange ``trajectories`` (in ``order``) into at most ``n_streams`` padded streams.
+
+    Continuous inputs are stored in ``dtype`` (default float32; pass the model's dtype, so that a float64 model
+    sees its float64 data unrounded, and ``Streams.to(device, dtype)`` copies nothing). Discrete inputs are
+    always int64."""
     if not trajectories:
         raise ValueError("no trajectories to batch")
     trajs = [np.asarray(trajectories[i]) for i in (order if order is not None else range(len(trajectories)))]
@@ -68,7 +75,9 @@ def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete
         lengths[b] += len(t)
     L = int(lengths.max())
     feat_shape = () if discrete else (trajs[0].reshape(len(trajs[0]), -1).shape[1],)
-    x = np.zeros((L, n_streams, *feat_shape), dtype=np.int64 if discrete else np.float32)
+    # dtypes numpy lacks (bfloat16) are stored as float32 and converted by Streams.to(device, dtype)
+    float_dtype = _NUMPY_FLOATS.get(dtype, np.float32)
+    x = np.zeros((L, n_streams, *feat_shape), dtype=np.int64 if discrete else float_dtype)
     y = np.zeros_like(x)
     mask = np.zeros((L, n_streams), dtype=bool)
     reset = np.zeros((L, n_streams), dtype=bool)

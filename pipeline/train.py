@@ -7,27 +7,31 @@
 * After every epoch one checkpoint dict is written atomically (model, optimiser, configs, epoch, best metric,
   history, RNG states); :func:`fit` resumes from it and ends bitwise where an uninterrupted run ends, because
   the only randomness (the order of trajectories) is drawn from ``seed`` and the epoch number.
-* A loss or gradient that is not finite stops training with :class:`TrainingDiverged`, naming the epoch and
-  step; the last good checkpoint is kept untouched.
+* A loss or gradient that is not finite (or a loss above ``train.max_loss``) stops training with
+  :class:`TrainingDiverged`, naming the epoch and step; the last good checkpoint is kept untouched.
+* A checkpoint is resumed only if its model and train configs match (:data:`RESUMABLE_CHANGES` may differ).
+* Subnormal floats are flushed to zero while :func:`fit`, :func:`evaluate` and :func:`predict` run (products of
+  small gradients through long recurrences reach them, ~20x slower on CPU); the previous mode is restored after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from pipeline.batching import Streams, make_streams
+from pipeline.batching import make_streams
 from pipeline.metrics import MetricSums, masked_loss, primary_metric
-from pipeline.models.common import ModelConfig, SequenceModel, detach_state
+from pipeline.models.common import SequenceModel, detach_state
 from pipeline.progress import progress
 from pipeline.train_config import TrainConfig
 
@@ -47,6 +51,25 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def flush_denormal_enabled() -> bool:
+    """Whether subnormal floats are flushed to zero on this thread now.
+
+    torch has a setter (``torch.set_flush_denormal``) but no getter, so this probes the mode: with
+    flush-to-zero / denormals-are-zero set, multiplying the subnormal 2⁻¹⁰⁶⁰ by 1 gives 0."""
+    return bool((torch.tensor(2.0 ** -1060, dtype=torch.float64) * 1.0) == 0)
+
+
+@contextlib.contextmanager
+def flush_denormal():
+    """Flush subnormals to zero inside the block, and put back the mode found on entry."""
+    previous = flush_denormal_enabled()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(previous)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -56,7 +79,8 @@ def seed_everything(seed: int) -> None:
 @torch.no_grad()
 def evaluate(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int = 2048,
              device: torch.device | None = None) -> dict[str, float]:
-    """Filter every trajectory from the initial state to its end (one stream each, never reset mid-way)."""
+    """Filter every trajectory from the initial state to its end (one stream each, never reset mid-way; the
+    state is carried from one ``chunk`` of steps to the next)."""
     sums, _ = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=False)
     return sums.result()
 
@@ -71,13 +95,18 @@ def predict(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: 
 
 
 def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int, device, keep_outputs: bool):
-    torch.set_flush_denormal(True)
+    with flush_denormal():
+        return _filter_streams(model, trajectories, chunk=chunk, device=device, keep_outputs=keep_outputs)
+
+
+def _filter_streams(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int, device,
+                    keep_outputs: bool):
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     discrete = model.config.discrete
-    streams = make_streams(trajectories, len(trajectories), discrete=discrete).to(device, dtype)
+    streams = make_streams(trajectories, len(trajectories), discrete=discrete, dtype=dtype).to(device, dtype)
     sums = MetricSums(discrete=discrete)
     state = model.init_state(streams.batch_size)
     outs = []
@@ -120,14 +149,48 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by :func:`fit` (plain tensors and dicts only: ``weights_only=True``)."""
+    """Load a checkpoint written by :func:`fit` (plain tensors and dicts only: ``weights_only=True``).
+
+    A file that is not one (truncated, overwritten, or holding pickled objects) raises a one-line ValueError.
+    torch's own message is left out on purpose: it advises retrying with ``weights_only=False``, which would
+    execute whatever the file's pickle contains."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: checkpoint not found")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+        ck = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception:
+        ck = None
+    if not isinstance(ck, dict):
+        raise ValueError(f"{path}: not a readable checkpoint; delete it and rerun refine to write it again")
+    return ck
+
+
+# Train-config keys a resumed run may change: more epochs extend training; the device moves it (the numbers then
+# follow that device's arithmetic); eval_train only adds or drops the train evaluation; max_loss only moves the
+# divergence threshold (raising it is how to resume a run stopped by it).
+RESUMABLE_CHANGES = frozenset({"epochs", "device", "eval_train", "max_loss"})
+
+
+def check_resumable(checkpoint_path: str | os.PathLike, ck: dict[str, Any], model_config: dict[str, Any],
+                    train_config: dict[str, Any]) -> None:
+    """Raise a one-line ValueError naming the keys in which checkpoint and run differ (except
+    :data:`RESUMABLE_CHANGES`): resuming them would silently continue another run."""
+    differing = []
+    for section, theirs, ours, free in (("model", ck.get("model_config"), model_config, frozenset()),
+                                        ("train", ck.get("train_config"), train_config, RESUMABLE_CHANGES)):
+        if not isinstance(theirs, dict):
+            differing.append(f"{section} config missing")
+            continue
+        for key in sorted(set(theirs) | set(ours)):
+            if key in free:
+                continue
+            if key not in theirs or key not in ours or theirs[key] != ours[key]:
+                differing.append(f"{section}.{key} ({theirs.get(key, '<absent>')!r} in the checkpoint, "
+                                 f"{ours.get(key, '<absent>')!r} now)")
+    if differing:
+        raise ValueError(f"{checkpoint_path}: checkpoint of another configuration, not resumed: "
+                         f"{'; '.join(differing)}. Delete it, or fit with resume=False to start over")
 
 
 def _rng_state() -> dict[str, Any]:
@@ -163,7 +226,14 @@ def fit(
     """
     cfg.validate()
     # Products of small gradients through long recurrences reach subnormal floats, which run ~20x slower on CPU.
-    torch.set_flush_denormal(True)
+    with flush_denormal():
+        return _fit(model, train, test, cfg, valid=valid, checkpoint_path=checkpoint_path, resume=resume,
+                    on_epoch=on_epoch)
+
+
+def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.ndarray], cfg: TrainConfig, *,
+         valid: Sequence[np.ndarray] | None, checkpoint_path: str | os.PathLike | None, resume: bool,
+         on_epoch: Callable[[dict[str, Any]], None] | None) -> FitResult:
     device = resolve_device(cfg.device)
     model.to(device)
     discrete = model.config.discrete
@@ -177,6 +247,7 @@ def fit(
 
     if checkpoint_path is not None and resume and Path(checkpoint_path).exists():
         ck = load_checkpoint(checkpoint_path, map_location=device)
+        check_resumable(checkpoint_path, ck, model.config.to_dict(), asdict(cfg))
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         history = list(ck["history"])
@@ -228,7 +299,7 @@ def fit(
         order = None
         if cfg.shuffle and not single:
             order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train))
-        streams = make_streams(train, cfg.batch_size, discrete=discrete, order=order).to(device, dtype)
+        streams = make_streams(train, cfg.batch_size, discrete=discrete, order=order, dtype=dtype).to(device, dtype)
         model.train()
         state = model.init_state(streams.batch_size)
         n_windows = math.ceil(streams.length / (streams.length if cfg.bptt <= 0 else cfg.bptt))
@@ -239,8 +310,14 @@ def fit(
             state = detach_state(state)
             out, state = model(x, state, reset)
             loss = masked_loss(out, y, mask, discrete)
-            if not torch.isfinite(loss) or float(loss.detach()) > cfg.max_loss:
+            if not torch.isfinite(loss):
                 raise TrainingDiverged(_diverged(epoch, step, "loss", float(loss.detach()), checkpoint_path))
+            if float(loss.detach()) > cfg.max_loss:
+                raise TrainingDiverged(_diverged(
+                    epoch, step, "loss", float(loss.detach()), checkpoint_path,
+                    advice=f"above train.max_loss={cfg.max_loss:g}; if the data are not normalised the loss may "
+                           "just be large: standardise them or raise train.max_loss, else lower train.lr or "
+                           "train.clip"))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:
@@ -263,7 +340,10 @@ def fit(
     return FitResult(history=history, best_metric=best_metric, best_epoch=best_epoch)
 
 
-def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path) -> str:
+def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *,
+              advice: str | None = None) -> str:
     kept = f"; the last good checkpoint {checkpoint_path} is kept" if checkpoint_path else ""
+    if advice is not None:
+        return f"training stopped at epoch {epoch}, step {step}: {what} is {value:g}, {advice}{kept}."
     return (f"training diverged at epoch {epoch}, step {step}: {what} is {value}{kept}. "
             "Lower train.lr or train.clip.")

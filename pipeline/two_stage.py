@@ -82,7 +82,8 @@ class TwoStageLayer:
 
     W: np.ndarray              # (d, d_o, d): W[i, j, k], output state i, observation j, input state k
     q1: np.ndarray             # (d,): initial state (unit norm)
-    mean_state: np.ndarray     # (d,): mean of the unnormalised update W ×₂ o ×₃ q over training (bias scale)
+    mean_state: np.ndarray     # (d,): mean of the unnormalised update W ×₂ o_t ×₃ q_t over the training states
+                               # filtered with b = 0 (the PSRNN's bias is bias_scale · mean_state, Sec. 4.3)
     U_obs: np.ndarray          # (D, d_o): observation projection (encoder)
     U_past: np.ndarray         # (D, d_h)
     U_future: np.ndarray       # (D, d)
@@ -312,7 +313,25 @@ def two_stage_regression(
     vocab_size: int = 0,
     maps: FeatureMaps | None = None,
 ) -> TwoStageLayer:
-    """Learn one PSRNN layer by 2SR from raw ``trajectories`` (int symbols or (T, m) floats); see module doc."""
+    """Learn one PSRNN layer by 2SR from raw ``trajectories`` (int symbols or (T, m) floats); see module doc.
+
+    The layer is complete: its ``mean_state`` is the mean unnormalised update over the states filtered through
+    ``trajectories`` (one filtering pass, :func:`filter_states`), as in :func:`multilayer_two_stage`."""
+    layer = _regress_layer(trajectories, cfg, discrete=discrete, vocab_size=vocab_size, maps=maps)
+    _, layer.mean_state = filter_states(layer, trajectories, return_unnormalised_mean=True)
+    return layer
+
+
+def _regress_layer(
+    trajectories: Sequence[np.ndarray],
+    cfg: TwoStageConfig,
+    *,
+    discrete: bool,
+    vocab_size: int = 0,
+    maps: FeatureMaps | None = None,
+) -> TwoStageLayer:
+    """The regressions of :func:`two_stage_regression`, with ``mean_state`` left at zero: the caller filters the
+    training data with the layer anyway (and needs the states), so it sets the mean from that pass."""
     cfg.validate()
     windows = make_windows(trajectories, cfg.past_window, cfg.future_window, discrete=discrete,
                            vocab_size=vocab_size if discrete else None)
@@ -508,8 +527,8 @@ def two_stage_depths(
         is_first = level == 0
         lcfg = cfg if is_first else (upper_cfg or TwoStageConfig(**{**asdict(cfg), "widths": None,
                                                                      "seed": cfg.seed + 101 * level}))
-        layer = two_stage_regression(inputs, lcfg, discrete=discrete and is_first,
-                                     vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
+        layer = _regress_layer(inputs, lcfg, discrete=discrete and is_first,
+                               vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
         states, mean_z = filter_states(layer, inputs, return_unnormalised_mean=True)
         layer.mean_state = mean_z
         layers.append(layer)

@@ -109,24 +109,45 @@ def test_gradcheck_psrnn_cells(factorized):
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
 
 
-def test_gradcheck_kalman_filter():
+@pytest.mark.parametrize("resets", ["none", "aligned", "per_chain"])
+def test_gradcheck_kalman_filter(resets):
+    """In float64 against finite differences. With resets, chains restart from (x0, P0) mid-sequence, so the
+    gradients of x0 and of P0's Cholesky factor are checked too; "aligned" resets (every chain at the same steps)
+    take the shared covariance recursion, "per_chain" ones the batched path."""
     torch.manual_seed(0)
-    n, m = 3, 2
+    n, m, L, B = 3, 2, 6, 2
     kf = KalmanFilter(ModelConfig(model="kf", discrete=False, input_dim=m, output_dim=m, state_dim=n)).double()
     with torch.no_grad():
         kf.A.copy_(0.5 * torch.randn(n, n, dtype=torch.float64))
         kf.C.copy_(torch.randn(m, n, dtype=torch.float64))
         kf.noise_chol.copy_(torch.eye(n + m, dtype=torch.float64) + 0.1 * torch.randn(n + m, n + m,
                                                                                        dtype=torch.float64))
-    x = torch.randn(6, 2, m, dtype=torch.float64, requires_grad=True)
+        kf.x0.copy_(torch.randn(n, dtype=torch.float64))
+        kf.P0_chol.copy_(torch.eye(n, dtype=torch.float64) + 0.2 * torch.randn(n, n, dtype=torch.float64))
+    reset = None
+    if resets != "none":
+        reset = torch.zeros(L, B, dtype=torch.bool)
+        reset[0] = True
+        if resets == "aligned":
+            reset[3] = True
+        else:
+            reset[2, 0] = reset[4, 1] = True
+    x = torch.randn(L, B, m, dtype=torch.float64, requires_grad=True)
     names = [n_ for n_, _ in kf.named_parameters()]
     params = [p.detach().clone().requires_grad_() for p in kf.parameters()]
 
     def f(x, *ps):
-        state = (kf.x0.detach().expand(2, -1), torch.eye(n, dtype=torch.float64).expand(2, n, n))
-        out, _ = torch.func.functional_call(kf, dict(zip(names, ps)), (x, state))
+        state = (kf.x0.detach().expand(B, -1), torch.eye(n, dtype=torch.float64).expand(B, n, n))
+        out, _ = torch.func.functional_call(kf, dict(zip(names, ps)), (x, state, reset))
         return out
 
+    if reset is not None:  # the reset path is exercised: x0 and P0 receive a gradient
+        f(x, *params).pow(2).sum().backward()
+        grads = dict(zip(names, (p.grad for p in params)))
+        for name in ("x0", "P0_chol"):
+            assert grads[name] is not None and grads[name].abs().sum() > 0, f"{name} gets no gradient at a reset"
+        for p in params:
+            p.grad = None
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5)
 
 

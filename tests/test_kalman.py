@@ -1,6 +1,7 @@
 """The Kalman-filter baseline, initialised by linear 2SR, on data from a known linear-Gaussian system."""
 
 import numpy as np
+import pytest
 import torch
 
 from pipeline.api import initialise_model
@@ -27,7 +28,9 @@ def _true_kalman_mse(sys_, trajectories):
     return err / count
 
 
-def test_2sr_kalman_filter_is_within_15_percent_of_the_true_filter():
+@pytest.fixture(scope="module")
+def lgssm_2sr():
+    """(MSE of the 2SR Kalman filter, the true filter's MSE, the mean predictor's MSE) on a known system."""
     ds, sys_ = make_lgssm_dataset(state_dim=4, obs_dim=2, n_train=60, n_test=20, length=200, seed=3)
     optimal = _true_kalman_mse(sys_, ds.test)
     lss = linear_two_stage(ds.train, state_dim=4, past_window=8, future_window=8)
@@ -35,8 +38,21 @@ def test_2sr_kalman_filter_is_within_15_percent_of_the_true_filter():
                              linear=lss)
     mse = evaluate(model, ds.test)["mse"]
     naive = float(np.mean(np.concatenate([(t[1:] - np.concatenate(ds.train).mean(0)) ** 2 for t in ds.test])))
+    return mse, optimal, naive
+
+
+def test_2sr_kalman_filter_is_within_15_percent_of_the_true_filter(lgssm_2sr):
+    mse, optimal, naive = lgssm_2sr
     assert optimal < 0.8 * naive, "the system must be predictable for the test to mean anything"
     assert mse <= 1.15 * optimal, f"2SR Kalman filter MSE {mse:.4f} vs true filter {optimal:.4f}"
+
+
+def test_2sr_kalman_filter_is_within_3_percent_of_the_true_filter(lgssm_2sr):
+    """The tight version: the implementation reaches ~1.001x the true filter's MSE here (1.000-1.002x on four
+    systems), while plausible slips stay within 15%: the noise cross-covariance M left at zero gives 1.15x, a
+    state of 2 instead of 4 dimensions 1.095x."""
+    mse, optimal, _ = lgssm_2sr
+    assert mse <= 1.03 * optimal, f"2SR Kalman filter MSE {mse:.4f} is {mse / optimal:.3f}x the true filter's"
 
 
 def test_kalman_filter_with_true_parameters_matches_numpy_filter():

@@ -1,4 +1,5 @@
-"""Training: exact resume from a checkpoint, divergence handling, and the short Python API."""
+"""Training: exact resume from a checkpoint, determinism, refusal of foreign checkpoints, divergence handling, and
+the short Python API."""
 
 import numpy as np
 import pytest
@@ -6,8 +7,10 @@ import torch
 
 from pipeline.api import fit_model, initialise_model
 from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
+from pipeline.decompose import cp_decompose
 from pipeline.models.common import ModelConfig
-from pipeline.train import TrainConfig, TrainingDiverged, fit, load_checkpoint
+from pipeline.train import TrainConfig, TrainingDiverged, fit, flush_denormal_enabled, load_checkpoint
+from pipeline.two_stage import TwoStageConfig, multilayer_two_stage
 
 
 @pytest.fixture(scope="module")
@@ -16,30 +19,128 @@ def continuous():
     return ds
 
 
+@pytest.fixture(scope="module")
+def discrete():
+    ds, _ = make_hmm_dataset(n_states=4, n_symbols=6, n_train=12, n_test=3, length=60, seed=0)
+    return ds
+
+
 def _gru(seed=0):
     return initialise_model(ModelConfig(model="gru", discrete=False, input_dim=2, output_dim=2, state_dim=6,
                                         obs_dim=4, init="xavier"), seed=seed)
 
 
-def test_resume_equals_uninterrupted_training(tmp_path, continuous):
-    ds = continuous
-    cfg = TrainConfig(epochs=2, lr=0.5, bptt=10, batch_size=4, seed=3)
-    straight = _gru()
+@pytest.fixture(scope="module")
+def factorized_factory(discrete):
+    """A 2SR-initialised factorized PSRNN (rank 8, bias 0.1 × mean state) on the discrete data."""
+    cfg = TwoStageConfig(state_dim=6, obs_dim=6, past_dim=6, n_features=200, past_window=2, future_window=2,
+                         seed=0)
+    tsm = multilayer_two_stage(discrete.train, cfg, discrete=True, vocab_size=6)
+    cps = [cp_decompose(layer.W, 8, seed=0) for layer in tsm.layers]
+    mc = ModelConfig(model="factorized_psrnn", rank=8, discrete=True, input_dim=6, output_dim=6, state_dim=6,
+                     obs_dim=6, n_rff=200, bias_scale=0.1)
+    return lambda: initialise_model(mc, two_stage=tsm, cp=cps)
+
+
+def _scrambled(model):
+    """The same architecture with other weights: a resumed run must take everything from the checkpoint."""
+    g = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+OPTIMISERS = {
+    "sgd": dict(optimizer="sgd", lr=0.5),
+    "sgd_momentum": dict(optimizer="sgd", momentum=0.9, lr=0.2),
+    "adam": dict(optimizer="adam", lr=0.01),
+}
+
+
+def _setup(kind, continuous, discrete, factorized_factory):
+    if kind == "gru":
+        return continuous, _gru, "mse"
+    return discrete, factorized_factory, "bpc"
+
+
+@pytest.mark.parametrize("optimiser", list(OPTIMISERS))
+@pytest.mark.parametrize("kind", ["gru", "factorized_psrnn"])
+def test_resume_equals_uninterrupted_training(tmp_path, continuous, discrete, factorized_factory, kind, optimiser):
+    """Two epochs in one go == one epoch, checkpoint, resume, one more epoch: bitwise on the CPU. With momentum
+    or Adam this needs the optimiser state (momentum buffers, Adam's moments and step count) restored too."""
+    ds, make, metric = _setup(kind, continuous, discrete, factorized_factory)
+    cfg = TrainConfig(epochs=2, bptt=10, batch_size=4, seed=3, device="cpu", **OPTIMISERS[optimiser])
+    straight = make()
     r1 = fit(straight, ds.train, ds.test, cfg)
 
     ck = tmp_path / "checkpoint.pt"
-    first = _gru()
-    fit(first, ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "epochs": 1}), checkpoint_path=ck)
+    fit(make(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "epochs": 1}), checkpoint_path=ck)
     assert load_checkpoint(ck)["epoch"] == 1
-    resumed = _gru(seed=99)  # different initial weights: everything must come from the checkpoint
+    resumed = _scrambled(make())
     r2 = fit(resumed, ds.train, ds.test, cfg, checkpoint_path=ck)
-    for a, b in zip(straight.parameters(), resumed.parameters()):
-        assert torch.allclose(a, b, atol=1e-6)
-    assert [h["test"]["mse"] for h in r1.history] == pytest.approx([h["test"]["mse"] for h in r2.history],
-                                                                   abs=1e-6)
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), f"{name} differs by {float((a - b).abs().max())}"
+    assert [h["test"][metric] for h in r1.history] == [h["test"][metric] for h in r2.history]
+    assert r1.history[-1]["test"][metric] != r1.history[0]["test"][metric], "training must have moved"
     ckpt = load_checkpoint(ck)
     assert ckpt["epoch"] == 2 and set(ckpt) >= {"model", "optimizer", "model_config", "train_config",
                                                 "best_metric", "rng", "history"}
+
+
+@pytest.mark.parametrize("kind", ["gru", "factorized_psrnn"])
+def test_two_fits_with_the_same_seed_are_bitwise_identical(continuous, discrete, factorized_factory, kind):
+    ds, make, metric = _setup(kind, continuous, discrete, factorized_factory)
+    cfg = TrainConfig(epochs=2, bptt=10, batch_size=4, seed=5, device="cpu", optimizer="sgd", momentum=0.9,
+                      lr=0.2)
+    a, b = make(), make()
+    ra, rb = fit(a, ds.train, ds.test, cfg), fit(b, ds.train, ds.test, cfg)
+    strip = [{k: v for k, v in h.items() if k != "seconds"} for h in ra.history]
+    assert strip == [{k: v for k, v in h.items() if k != "seconds"} for h in rb.history]
+    assert len({h["test"][metric] for h in ra.history}) == 3, "the curve must move for the test to mean anything"
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, continuous):
+    ds = continuous
+    ck = tmp_path / "checkpoint.pt"
+    cfg = TrainConfig(epochs=1, lr=0.5, bptt=10, batch_size=4, device="cpu")
+    fit(_gru(), ds.train, ds.test, cfg, checkpoint_path=ck)
+    before = ck.read_bytes()
+    with pytest.raises(ValueError) as err:
+        fit(_gru(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "epochs": 2, "lr": 0.3, "bptt": 5}),
+            checkpoint_path=ck)
+    msg = str(err.value)
+    assert "\n" not in msg and str(ck) in msg and "train.lr" in msg and "train.bptt" in msg
+    assert "train.epochs" not in msg
+    other = initialise_model(ModelConfig(model="gru", discrete=False, input_dim=2, output_dim=2, state_dim=7,
+                                         obs_dim=4, init="xavier"))
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: .*model\.state_dim \(6 in the checkpoint, 7 now\)"):
+        fit(other, ds.train, ds.test, cfg, checkpoint_path=ck)
+    assert ck.read_bytes() == before
+    # more epochs, another max_loss or device, no train evaluation: the same run, extended
+    r = fit(_gru(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "epochs": 2, "max_loss": 1e9,
+                                                     "eval_train": False}), checkpoint_path=ck)
+    assert [h["epoch"] for h in r.history] == [0, 1, 2]
+    # resume=False starts over whatever the checkpoint holds
+    fit(_gru(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "lr": 0.3}), checkpoint_path=ck, resume=False)
+    assert load_checkpoint(ck)["train_config"]["lr"] == 0.3
+
+
+def test_unreadable_checkpoint_is_one_line_without_unsafe_advice(tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x00not a checkpoint at all")
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"model": np.random.default_rng(0)}, pickled)  # a pickled object weights_only refuses
+    for path in (garbage, pickled):
+        with pytest.raises(ValueError) as err:
+            load_checkpoint(path)
+        msg = str(err.value)
+        assert msg.startswith(f"{path}: not a readable checkpoint") and "rerun refine" in msg
+        assert "\n" not in msg and "weights_only" not in msg.lower(), msg
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "missing.pt")
 
 
 def test_divergence_names_epoch_and_step_and_keeps_checkpoint(tmp_path, continuous):
@@ -56,6 +157,33 @@ def test_divergence_names_epoch_and_step_and_keeps_checkpoint(tmp_path, continuo
     assert ck.read_bytes() == before
 
 
+def test_a_loss_above_max_loss_names_the_setting(continuous):
+    """Unnormalised data can have a large but finite loss: the message must say which limit it crossed."""
+    big = [t * 1e3 for t in continuous.train]
+    with pytest.raises(TrainingDiverged) as err:
+        fit(_gru(), big, continuous.test, TrainConfig(epochs=1, lr=0.1, bptt=10, batch_size=4, max_loss=100.0))
+    msg = str(err.value)
+    assert "epoch 1, step 0: loss is" in msg and "train.max_loss=100" in msg and "\n" not in msg
+
+
+def test_flush_denormal_mode_is_restored_after_fit_and_evaluate(continuous):
+    from pipeline.train import evaluate
+
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        assert flush_denormal_enabled()
+        for initial in (False, True):
+            torch.set_flush_denormal(initial)
+            model = _gru()
+            fit(model, continuous.train, continuous.test, TrainConfig(epochs=1, lr=0.1, bptt=10, batch_size=4))
+            assert flush_denormal_enabled() is initial
+            evaluate(model, continuous.test)
+            assert flush_denormal_enabled() is initial
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_fit_model_api_discrete_and_continuous(continuous):
     ds, _ = make_hmm_dataset(n_train=20, n_test=5, length=60, seed=1)
     fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=6, obs_dim=6, n_features=200, horizon=2,
@@ -69,3 +197,26 @@ def test_fit_model_api_discrete_and_continuous(continuous):
     assert preds[0].shape == (40, 2)
     mse = np.mean(np.concatenate([(p[:-1] - t[1:]) ** 2 for p, t in zip(preds, continuous.test)]))
     assert mse == pytest.approx(kf.history[-1]["test"]["mse"], rel=1e-4)
+
+
+def test_fit_model_windows_and_bptt_defaults(continuous):
+    ds, _ = make_hmm_dataset(n_train=10, n_test=2, length=60, seed=1)
+    kw = dict(model="psrnn", state_dim=4, obs_dim=4, n_features=100, epochs=0)
+    fitted = fit_model(ds.train, ds.test, horizon=2, **kw)
+    assert fitted.extras["train_config"]["bptt"] == 35          # discrete data: the paper's PTB horizon
+    assert (fitted.two_stage.config["past_window"], fitted.two_stage.config["future_window"]) == (2, 2)
+    fitted = fit_model(ds.train, ds.test, horizon=2, past_window=4, **kw)
+    assert (fitted.two_stage.config["past_window"], fitted.two_stage.config["future_window"]) == (4, 2)
+    fitted = fit_model(ds.train, ds.test, horizon=2, two_stage_options={"past_window": 5, "width_scale": 0.5},
+                       **kw)
+    assert (fitted.two_stage.config["past_window"], fitted.two_stage.config["future_window"]) == (5, 2)
+    assert fitted.two_stage.config["width_scale"] == 0.5
+    fitted = fit_model(ds.train, ds.test, horizon=2, bptt=7, train_options={"optimizer": "adam"}, **kw)
+    assert fitted.extras["train_config"]["bptt"] == 7 and fitted.extras["train_config"]["optimizer"] == "adam"
+    kf = fit_model(continuous.train, continuous.test, model="kf", state_dim=2, horizon=3, past_window=5, epochs=0)
+    assert kf.extras["train_config"]["bptt"] == 0               # continuous data: whole sequences
+    assert kf.extras["windows"] == {"past_window": 5, "future_window": 3}
+    with pytest.raises(ValueError, match="two_stage_options: .*obs_dim"):
+        fit_model(ds.train, ds.test, two_stage_options={"obs_dim": 3}, **kw)
+    with pytest.raises(ValueError, match="train_options: unknown key.*'momentun'"):
+        fit_model(ds.train, ds.test, train_options={"momentun": 0.9}, **kw)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from pipeline import native
-from pipeline.models.common import ModelConfig, SequenceModel, apply_reset
+from pipeline.models.common import ModelConfig, SequenceModel
 
 
 class EmbeddingEncoder(nn.Module):
