@@ -1,7 +1,13 @@
 """Typed, validated parameters: ``params.yaml`` is checked in full before any stage does work.
 
-Every error names the key (``ptb.train.lr``) and what was expected. Unknown keys are errors: a typo must never
-silently run the default.
+Every error is one line that names the full key once (``ptb.train.lr``) and what was expected. Unknown keys
+(also inside ``two_stage.widths`` and ``report.figures``), keys given twice in the YAML file, keys the chosen mode
+does not read (``swimmer.source``) and malformed sections are errors: a typo must never silently run the default.
+Values are checked against what the code that reads them accepts (ranges, choices, finiteness).
+
+Windows are checked twice: here, against the length of generated trajectories where the params fix it
+(``length``/``track_length``), and by :func:`check_windows` against the shortest prepared training trajectory
+once the data exist (the preprocess stage).
 
 Layout of ``params.yaml``::
 
@@ -21,11 +27,12 @@ Layout of ``params.yaml``::
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -132,6 +139,95 @@ class Params:
         return self.datasets[name]
 
 
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _describe(value: Any) -> str:
+    """A value as an error message shows it: its YAML kind and (shortened) text."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"an integer {value}"
+    if isinstance(value, float):
+        return f"a number {value!r}"
+    if isinstance(value, str):
+        return f"a string {value!r}"
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    kind = "a list" if isinstance(value, (list, tuple)) else "a mapping" if isinstance(value, dict) else \
+        f"a {type(value).__name__}"
+    return f"{kind} {text}"
+
+
+def _mapping(value: Any, key: str, what: str = "a mapping") -> dict[Any, Any]:
+    """``value`` as a dict (null is an empty mapping); anything else is an error naming ``key``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ParamsError(f"{key}: expected {what}, got {_describe(value)}")
+    return value
+
+
+def _unknown(key: str, k: Any, allowed: typing.Iterable[str]) -> ParamsError:
+    return ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(allowed)})")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_number(key: str, v: Any, *, low: float | None = None, low_open: bool = False,
+                  high: float | None = None, high_open: bool = False, allow_inf: bool = False) -> None:
+    """A finite number (or +inf when ``allow_inf``) within [low, high] (open ends where asked); NaN never passes."""
+    if not _is_number(v):
+        raise ParamsError(f"{key}: expected a number, got {_describe(v)}")
+    want = "a finite number" if not allow_inf else "a number"
+    if low is not None and high is not None:
+        want += f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        want += f" {'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        want += f" {'<' if high_open else '<='} {high:g}"
+    if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
+        raise ParamsError(f"{key}: expected {want}, got {v!r}")
+    if low is not None and (v <= low if low_open else v < low):
+        raise ParamsError(f"{key}: expected {want}, got {v!r}")
+    if high is not None and (v >= high if high_open else v > high):
+        raise ParamsError(f"{key}: expected {want}, got {v!r}")
+
+
+def _check_int(key: str, v: Any, minimum: int = 1) -> None:
+    if not _is_int(v) or v < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ParamsError(f"{key}: expected {what}, got {_describe(v)}")
+
+
+def _check_choice(key: str, v: Any, choices: typing.Sequence[str]) -> None:
+    if v not in choices or not isinstance(v, str):
+        raise ParamsError(f"{key}: expected one of {', '.join(repr(c) for c in choices)}, got {_describe(v)}")
+
+
+def _check_names(key: str, v: Any, *, item: str = "names", allow_empty: bool = False) -> list[str]:
+    """A list of distinct non-empty strings."""
+    if not isinstance(v, list) or (not v and not allow_empty):
+        raise ParamsError(f"{key}: expected a {'' if allow_empty else 'non-empty '}list of {item}, "
+                          f"got {_describe(v)}")
+    for x in v:
+        if not isinstance(x, str) or not x:
+            raise ParamsError(f"{key}: expected a list of {item}, got {_describe(x)} in {_describe(v)}")
+    if len(set(v)) != len(v):
+        dup = sorted({x for x in v if v.count(x) > 1})
+        raise ParamsError(f"{key}: duplicated {dup} in {v}; expected each name once")
+    return v
+
+
 # ------------------------------------------------------------------------------------------ source schemas
 
 _SOURCE_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
@@ -151,32 +247,113 @@ _SOURCE_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
                "test_fraction": (float, int), "seed": (int,), "normalize": (bool,), "min_length": (int,)},
 }
 
+#: keys of ``swimmer.source`` that only one mode reads (the other would silently ignore them)
+_SWIMMER_MODE_KEYS = {
+    "simulate": ("n_trajectories", "length", "seed", "cem_iterations", "cem_population", "cem_episode_length"),
+    "authors": ("train_file", "test_file", "n_test"),
+}
+
+#: sources whose trajectories all have the length of one source key: (key, module, function reading it)
+_KNOWN_LENGTH = {"swimmer": ("length", "pipeline.data.swimmer", "simulate_swimmer"),
+                 "hmm": ("length", "pipeline.data.synthetic", "make_hmm_dataset"),
+                 "lgssm": ("length", "pipeline.data.synthetic", "make_lgssm_dataset"),
+                 "mocap": ("track_length", "pipeline.data.mocap", "prepare_mocap")}
+
+_POSITIVE_INT_KEYS = ("n_", "length", "track_length", "lines", "cem_", "min_length", "state_dim", "obs_dim")
+
 
 def _check_source(name: str, source: Any) -> dict[str, Any]:
     key = f"{name}.source"
-    if not isinstance(source, dict):
-        raise ParamsError(f"{key}: expected a mapping, got {type(source).__name__}")
+    source = _mapping(source, key)
     schema = _SOURCE_SCHEMA[name]
     for k, v in source.items():
         if k not in schema:
-            raise ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(schema)})")
+            raise _unknown(key, k, schema)
         if isinstance(v, bool) and bool not in schema[k]:
-            raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got a boolean")
+            raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
         if not isinstance(v, schema[k]):
-            raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {v!r}")
-        if isinstance(v, int) and not isinstance(v, bool) and k.startswith(("n_", "length", "track_length",
-                                                                             "lines", "cem_", "min_length")):
-            if v < 1:
-                raise ParamsError(f"{key}.{k}: expected a positive integer, got {v}")
+            raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
+        if _is_int(v) and k.startswith(_POSITIVE_INT_KEYS) and v < 1:
+            raise ParamsError(f"{key}.{k}: expected a positive integer, got {v}")
+        if k == "seed" and v < 0:
+            raise ParamsError(f"{key}.seed: expected a non-negative integer, got {v}")
     if name == "custom":
         if "path" not in source:
             raise ParamsError(f"{key}.path: required (the Parquet file with your data)")
-        if source.get("kind") not in ("discrete", "continuous"):
-            raise ParamsError(f"{key}.kind: expected 'discrete' or 'continuous', got {source.get('kind')!r}")
-    if name == "swimmer" and source.get("mode", "simulate") not in ("simulate", "authors"):
-        raise ParamsError(f"{key}.mode: expected 'simulate' or 'authors', got {source.get('mode')!r}")
-    if name == "ptb" and source.get("unknown", "drop") not in ("drop", "map", "error"):
-        raise ParamsError(f"{key}.unknown: expected 'drop', 'map' or 'error', got {source.get('unknown')!r}")
+        if not source["path"]:
+            raise ParamsError(f"{key}.path: expected the path of a Parquet file, got an empty string")
+        _check_choice(f"{key}.kind", source.get("kind"), ("discrete", "continuous"))
+        if "test_fraction" in source:
+            _check_number(f"{key}.test_fraction", source["test_fraction"], low=0.0, low_open=True, high=1.0,
+                          high_open=True)
+        if source.get("features") is not None:
+            if source["kind"] == "discrete":
+                raise ParamsError(f"{key}.features: only used with kind 'continuous' (discrete data reads "
+                                  "symbol_column); remove it")
+            feats = _check_names(f"{key}.features", source["features"], item="column names")
+            reserved = [f for f in feats if f in ("trajectory", "step", "split")]
+            if reserved:
+                raise ParamsError(f"{key}.features: {reserved} are reserved columns, not features")
+        if "symbol_column" in source:
+            if not source["symbol_column"] or source["symbol_column"] in ("trajectory", "step", "split"):
+                raise ParamsError(f"{key}.symbol_column: expected the name of the symbol column, "
+                                  f"got {source['symbol_column']!r}")
+    if name == "swimmer":
+        mode = source.get("mode", "simulate")
+        _check_choice(f"{key}.mode", mode, ("simulate", "authors"))
+        other = "authors" if mode == "simulate" else "simulate"
+        for k in _SWIMMER_MODE_KEYS[other]:
+            if k in source:
+                raise ParamsError(f"{key}.{k}: only used with mode {other!r}, not {mode!r}; remove it")
+        for k in ("train_file", "test_file"):
+            if k in source and not source[k]:
+                raise ParamsError(f"{key}.{k}: expected a file name, got an empty string")
+    if name == "ptb":
+        from pipeline.data.ptb import UNKNOWN_RULES, VOCAB_SOURCES
+
+        if "unknown" in source:
+            _check_choice(f"{key}.unknown", source["unknown"], UNKNOWN_RULES)
+        if "vocab_from" in source:
+            _check_choice(f"{key}.vocab_from", source["vocab_from"], VOCAB_SOURCES)
+    if name == "hmm":
+        if "n_symbols" in source and source["n_symbols"] < 2:
+            raise ParamsError(f"{key}.n_symbols: expected an integer >= 2 (one symbol carries no information), "
+                              f"got {source['n_symbols']}")
+        if "stickiness" in source:
+            _check_number(f"{key}.stickiness", source["stickiness"], low=0.0, high=1.0)
+    if name == "lgssm":
+        for k in ("process_noise", "obs_noise"):
+            if k in source:
+                _check_number(f"{key}.{k}", source[k], low=0.0, low_open=True)
+    if name == "mocap":
+        trials = _check_names(f"{key}.trials", source["trials"], item="trial names") if "trials" in source \
+            else None
+        if trials is not None and len(trials) < 2:
+            raise ParamsError(f"{key}.trials: expected at least 2 trials (train and test are split by trial), "
+                              f"got {trials}")
+        if source.get("test_trials") is not None:
+            test = _check_names(f"{key}.test_trials", source["test_trials"], item="trial names")
+            if trials is not None:
+                missing = [t for t in test if t not in trials]
+                if missing:
+                    raise ParamsError(f"{key}.test_trials: {missing} are not in {key}.trials")
+                if len(test) == len(trials):
+                    raise ParamsError(f"{key}.test_trials: every trial is a test trial; expected at least one "
+                                      "left for training")
+        if trials is not None:  # trial names, duplicates (pipeline.data.mocap reads no file for this)
+            from pipeline.data.mocap import check_split
+
+            try:
+                check_split(trials, source.get("test_trials"))
+            except ValueError as exc:
+                raise ParamsError(f"{key}.trials: {exc}") from None
+        if source.get("bones") is not None:
+            _check_names(f"{key}.bones", source["bones"], item="bone names")
+    if name == "handwriting" and source.get("digits") is not None:
+        digits = source["digits"]
+        if not digits or not all(_is_int(d) and 0 <= d <= 9 for d in digits):
+            raise ParamsError(f"{key}.digits: expected a non-empty list of digit labels 0-9 (or null for all), "
+                              f"got {_describe(digits)}")
     for a, b in (("n_train", "n_trajectories"),):
         if a in source and b in source and source[a] >= source[b]:
             raise ParamsError(f"{key}.{a}={source[a]} leaves no test trajectory out of {b}={source[b]}")
@@ -187,21 +364,126 @@ def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join("null" if t is type(None) else t.__name__ for t in types)
 
 
+def _known_length(name: str, source: dict[str, Any]) -> tuple[int, str] | None:
+    """(length of every trajectory, the key it comes from) for the generated sources whose params fix it."""
+    if name not in _KNOWN_LENGTH or (name == "swimmer" and source.get("mode", "simulate") != "simulate"):
+        return None
+    k, module, function = _KNOWN_LENGTH[name]
+    if k not in source:  # the generator's default
+        import importlib
+        import inspect
+
+        fn = getattr(importlib.import_module(module), function)
+        return int(inspect.signature(fn).parameters[k].default), f"{name}.source.{k}"
+    return int(source[k]), f"{name}.source.{k}"
+
+
+def _known_obs_dim(name: str, source: dict[str, Any]) -> int | None:
+    """The size of one continuous observation, where params fix it (None: known only from the data)."""
+    if name == "lgssm":
+        return int(source.get("obs_dim", 2))
+    if name == "swimmer":
+        return 3  # nose angle and two joint angles, in both modes
+    if name == "handwriting":
+        return 3 if source.get("pen_up", True) else 2
+    if name == "mocap":
+        from pipeline.data.mocap import DEFAULT_BONES
+
+        bones = source.get("bones")
+        return 3 * len(bones if bones is not None else DEFAULT_BONES)
+    if name == "custom" and source.get("kind") == "continuous" and source.get("features"):
+        return len(source["features"])
+    return None
+
+
 # ------------------------------------------------------------------------------------- dataclass loading
+
+_FIELD_RULES: dict[type, dict[str, Callable[[str, Any], None]]] = {}
+
+
+def _positive_int(key: str, v: Any) -> None:
+    _check_int(key, v, 1)
+
+
+def _non_negative_int(key: str, v: Any) -> None:
+    _check_int(key, v, 0)
+
+
+def _non_negative(key: str, v: Any) -> None:
+    _check_number(key, v, low=0.0)
+
+
+def _positive(key: str, v: Any) -> None:
+    _check_number(key, v, low=0.0, low_open=True)
+
+
+def _finite(key: str, v: Any) -> None:
+    _check_number(key, v)
+
+
+def _choice(*choices: str) -> Callable[[str, Any], None]:
+    return lambda key, v: _check_choice(key, v, choices)
+
+
+_WIDTH_FAMILIES = ("obs", "past", "future")  # pipeline.features.fit_feature_maps
+
+
+def _widths(key: str, v: Any) -> None:
+    if v is None:
+        return
+    widths = _mapping(v, key, "a mapping of obs/past/future kernel widths (or null for median widths)")
+    for k, w in widths.items():
+        if k not in _WIDTH_FAMILIES:
+            raise _unknown(key, k, _WIDTH_FAMILIES)
+        if w is not None:
+            _check_number(f"{key}.{k}", w, low=0.0, low_open=True)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _device(key: str, v: Any) -> None:
+    if not isinstance(v, str) or not _DEVICE.match(v):
+        raise ParamsError(f"{key}: expected 'auto', 'cpu', 'cuda' or 'cuda:<index>', got {_describe(v)}")
+
+
+_FIELD_RULES[TwoStageConfig] = {
+    **{k: _positive_int for k in ("state_dim", "obs_dim", "past_dim", "n_features", "past_window", "future_window",
+                                  "chunk_size")},
+    "power_iterations": _non_negative_int, "oversample": _non_negative_int,
+    "ridge": _non_negative, "decoder_ridge": _non_negative, "obs_ridge": _non_negative,
+    "width_scale": _positive, "widths": _widths,
+    "svd": _choice("randomized", "exact"), "feature_dtype": _choice("float32", "float64"),
+}
+_FIELD_RULES[TrainConfig] = {
+    "epochs": _non_negative_int, "bptt": _non_negative_int, "batch_size": _positive_int,
+    "lr": _positive, "optimizer": _choice("sgd", "adam"),
+    "momentum": lambda key, v: _check_number(key, v, low=0.0, high=1.0, high_open=True),
+    "weight_decay": _non_negative, "clip": _non_negative,
+    "max_loss": lambda key, v: _check_number(key, v, low=0.0, low_open=True, allow_inf=True),
+    "device": _device,
+}
+_FIELD_RULES[KalmanParams] = {
+    "state_dim": _positive_int, "past_window": _positive_int, "future_window": _positive_int,
+    "ridge": _non_negative,
+}
 
 
 def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = ()) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ParamsError(f"{key}: expected a mapping, got {type(data).__name__}")
+    data = _mapping(data, key)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}
     hints = typing.get_type_hints(cls)
+    rules = _FIELD_RULES.get(cls, {})
     kwargs = {}
     for k, v in data.items():
         if k not in fields:
-            raise ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(fields)})")
+            raise _unknown(key, k, fields)
         kwargs[k] = _coerce(v, hints[k], f"{key}.{k}")
+        rule = rules.get(k)
+        if rule is None and hints[k] is float:  # every other number must at least be finite
+            rule = _finite
+        if rule is not None:
+            rule(f"{key}.{k}", kwargs[k])
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -211,8 +493,17 @@ def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (
         try:
             validate()
         except ValueError as exc:
-            raise ParamsError(f"{key}: {exc}") from None
+            raise ParamsError(_under(key, str(exc))) from None
     return obj
+
+
+def _under(key: str, message: str) -> str:
+    """A library message that names its key relative to the section (``two_stage.state_dim=...``), named in full
+    (``hmm.two_stage.state_dim=...``) and only once."""
+    section = key.rsplit(".", 1)[-1]
+    if message.startswith(f"{section}."):
+        return f"{key}{message[len(section):]}"
+    return f"{key}: {message}"
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
@@ -224,98 +515,223 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         non_none = [a for a in args if a is not type(None)]
         return _coerce(value, non_none[0], key)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamsError(f"{key}: expected a number, got {value!r}")
+        if not _is_number(value):
+            raise ParamsError(f"{key}: expected a number, got {_describe(value)}")
         return float(value)
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamsError(f"{key}: expected an integer, got {value!r}")
+        if not _is_int(value):
+            raise ParamsError(f"{key}: expected an integer, got {_describe(value)}")
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise ParamsError(f"{key}: expected true or false, got {value!r}")
+            raise ParamsError(f"{key}: expected true or false, got {_describe(value)}")
         return value
     if hint is str:
         if not isinstance(value, str):
-            raise ParamsError(f"{key}: expected a string, got {value!r}")
+            raise ParamsError(f"{key}: expected a string, got {_describe(value)}")
         return value
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
-            raise ParamsError(f"{key}: expected a mapping, got {value!r}")
+            raise ParamsError(f"{key}: expected a mapping, got {_describe(value)}")
         return value
     return value
 
 
-def _int_key(cfg: Any, key: str, name: str) -> None:
-    v = getattr(cfg, name)
-    if not isinstance(v, int) or v < 1:
-        raise ParamsError(f"{key}.{name}: expected a positive integer, got {v!r}")
+# ----------------------------------------------------------------------------------------------- windows
+
+
+def _window_checks(dp: DatasetParams) -> list[tuple[str, int, int]]:
+    """(section key, past_window, future_window) of every 2SR that cuts windows out of the trajectories."""
+    checks = [(f"{dp.name}.two_stage", dp.two_stage.past_window, dp.two_stage.future_window)]
+    if any(v.family == "kf" for v in dp.variants):
+        checks.append((f"{dp.name}.kf", dp.kf.past_window, dp.kf.future_window))
+    return checks
+
+
+def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: str | None = None) -> None:
+    """``origin``: where the lengths come from when it is not the data (e.g. ``swimmer.source.length``)."""
+    # pipeline.features.make_windows: a trajectory of T steps gives the windows t = past .. T-future-1 (the
+    # shifted future needs o_{t+future}), so it contributes one only if T >= past + future + 1.
+    for key, past, future in _window_checks(dp):
+        need = past + future + 1
+        if need > shortest:
+            raise ParamsError(
+                f"{key}.past_window + {key}.future_window + 1 = {past} + {future} + 1 = {need} exceeds "
+                + (f"the trajectory length ({origin} = {shortest})" if origin else
+                   f"the shortest training trajectory ({shortest} steps)")
+                + f"; expected past_window + future_window <= {shortest - 1}")
+    if any(v.family == "kf" for v in dp.variants):
+        # pipeline.two_stage.linear_two_stage estimates the Kalman gain from consecutive windows of a trajectory
+        need = dp.kf.past_window + dp.kf.future_window + 2
+        if need > longest:
+            key = f"{dp.name}.kf"
+            raise ParamsError(
+                f"{key}.past_window + {key}.future_window + 2 = {need} exceeds "
+                + (f"the trajectory length ({origin} = {longest})" if origin else
+                   f"the longest training trajectory ({longest} steps)")
+                + ": the Kalman gain needs two consecutive windows of one trajectory; expected "
+                f"past_window + future_window <= {longest - 2}")
+
+
+def _check_kf_state_dim(dp: DatasetParams, obs_dim: int, origin: str) -> None:
+    # pipeline.two_stage.linear_two_stage: the state is a projection of the stacked future window
+    bound = dp.kf.future_window * obs_dim
+    if any(v.family == "kf" for v in dp.variants) and dp.kf.state_dim > bound:
+        raise ParamsError(f"{dp.name}.kf.state_dim: {dp.kf.state_dim} exceeds {dp.name}.kf.future_window x "
+                          f"observation size = {dp.kf.future_window} x {obs_dim} = {bound} ({origin}); "
+                          f"expected at most {bound}")
+
+
+def check_windows(dataset_name: str, dp: DatasetParams, train_lengths: typing.Sequence[int],
+                  obs_dim: int | None = None) -> None:
+    """Check the windows of ``dp`` against the prepared data: every training trajectory (the shortest included,
+    as :func:`pipeline.features.make_windows` needs) must hold ``past_window + future_window + 1`` steps for the
+    2SR of ``<ds>.two_stage`` and, with a ``kf`` variant, of ``<ds>.kf``; with ``obs_dim`` (the size of one
+    continuous observation) also ``<ds>.kf.state_dim <= kf.future_window * obs_dim``. Raises :class:`ParamsError`
+    naming the key."""
+    if dp.name != dataset_name:
+        dp = dataclasses.replace(dp, name=dataset_name)
+    lengths = [int(n) for n in train_lengths]
+    if not lengths:
+        raise ParamsError(f"{dataset_name}.source: the train split is empty; expected at least one trajectory")
+    _check_window_fit(dp, min(lengths), max(lengths))
+    if obs_dim is not None and not dp.discrete:
+        _check_kf_state_dim(dp, int(obs_dim), "from the prepared data")
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+_FIGURE_SPLITS = ("train", "valid", "test")
+
+
+def _check_figure_option(key: str, option: str, v: Any) -> None:
+    k = f"{key}.{option}"
+    if option in ("variants", "datasets"):
+        if not isinstance(v, str):
+            _check_names(k, v, item="names")
+    elif option in ("dataset", "title"):
+        if not isinstance(v, str) or not v:
+            raise ParamsError(f"{k}: expected a non-empty string, got {_describe(v)}")
+    elif option == "split":
+        _check_choice(k, v, _FIGURE_SPLITS)
+    elif option in ("show_train", "factorized_ranks", "enabled"):
+        if not isinstance(v, bool):
+            raise ParamsError(f"{k}: expected true or false, got {_describe(v)}")
+    elif option == "logy":
+        if not (isinstance(v, bool) or v == "auto"):
+            raise ParamsError(f"{k}: expected true, false or 'auto', got {_describe(v)}")
+    elif option == "feature":
+        if v is not None and (not isinstance(v, str) or not v):
+            raise ParamsError(f"{k}: expected a feature name or null, got {_describe(v)}")
+    elif option in ("trajectory", "seed"):
+        if v is not None and (not _is_int(v) or v < 0):
+            raise ParamsError(f"{k}: expected a non-negative integer or null, got {_describe(v)}")
+
+
+def _check_report(report: Any) -> dict[str, Any]:
+    """``report: {figures: {<figure>: <options> | [variants] | false | true}}``, with the figure names and options
+    of :data:`pipeline.report.DEFAULT_FIGURES` (what ``write_report`` accepts), checked before any stage runs."""
+    report = _mapping(report, "report", "a mapping with key figures")
+    for k in report:
+        if k != "figures":
+            raise _unknown("report", k, ["figures"])
+    figures = _mapping(report.get("figures"), "report.figures",
+                       "a mapping of figure names to options (e.g. {fig4b: {feature: joint1_angle}})")
+    if figures:
+        from pipeline.report import DEFAULT_FIGURES
+
+        for name, value in figures.items():
+            key = f"report.figures.{name}"
+            if name not in DEFAULT_FIGURES:
+                raise ParamsError(f"{key}: unknown figure (expected one of {sorted(DEFAULT_FIGURES)})")
+            if value is None or isinstance(value, bool):
+                continue
+            if isinstance(value, list):
+                _check_names(f"{key}", value, item="variant names")
+                if "variants" not in DEFAULT_FIGURES[name]:
+                    raise ParamsError(f"{key}: a list of variants, but this figure has no variants option")
+                continue
+            if not isinstance(value, dict):
+                raise ParamsError(f"{key}: expected a mapping of options, a list of variants, true or false, "
+                                  f"got {_describe(value)}")
+            for option, v in value.items():
+                if option not in DEFAULT_FIGURES[name]:
+                    raise _unknown(key, option, DEFAULT_FIGURES[name])
+                _check_figure_option(key, option, v)
+    return report
+
+
+# -------------------------------------------------------------------------------------------- parameters
 
 
 def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     if not isinstance(raw, dict):
-        raise ParamsError(f"{source}: expected a mapping at the top level")
+        raise ParamsError(f"{source}: expected a mapping at the top level, got {_describe(raw)}")
     allowed = {"seeds", "data", "tracking", "report", *DATASETS}
     for k in raw:
         if k not in allowed:
             raise ParamsError(f"{k}: unknown key in {source} (expected one of {sorted(allowed)})")
     seeds = raw.get("seeds", [0])
-    if (not isinstance(seeds, list) or not seeds
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
-        raise ParamsError(f"seeds: expected a non-empty list of non-negative integers, got {seeds!r}")
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+        raise ParamsError(f"seeds: expected a non-empty list of non-negative integers, got {_describe(seeds)}")
     if len(set(seeds)) != len(seeds):
         raise ParamsError(f"seeds: duplicated seed in {seeds}")
-    data = raw.get("data") or {}
-    if not isinstance(data, dict) or set(data) - {"mirror"}:
-        raise ParamsError(f"data: unknown keys {sorted(set(data) - {'mirror'})} (expected: mirror)")
+    data = _mapping(raw.get("data"), "data", "a mapping with key mirror")
+    for k in data:
+        if k != "mirror":
+            raise _unknown("data", k, ["mirror"])
     mirror = data.get("mirror")
-    if mirror is not None and not isinstance(mirror, str):
-        raise ParamsError(f"data.mirror: expected a path or null, got {mirror!r}")
-    tracking = raw.get("tracking") or {}
+    if mirror is not None and (not isinstance(mirror, str) or not mirror):
+        raise ParamsError(f"data.mirror: expected a path or null, got {_describe(mirror)}")
     t_allowed = {"experiment_prefix": str, "log_model": bool, "log_checkpoints": bool}
+    tracking = _mapping(raw.get("tracking"), "tracking", f"a mapping with keys {', '.join(t_allowed)}")
     for k, v in tracking.items():
         if k not in t_allowed:
-            raise ParamsError(f"tracking.{k}: unknown key (expected one of {sorted(t_allowed)})")
+            raise _unknown("tracking", k, t_allowed)
         if not isinstance(v, t_allowed[k]):
-            raise ParamsError(f"tracking.{k}: expected {t_allowed[k].__name__}, got {v!r}")
-    report = raw.get("report") or {}
-    if not isinstance(report, dict):
-        raise ParamsError("report: expected a mapping")
+            raise ParamsError(f"tracking.{k}: expected {t_allowed[k].__name__}, got {_describe(v)}")
+    if tracking.get("experiment_prefix") == "":
+        raise ParamsError("tracking.experiment_prefix: expected a non-empty string, got ''")
+    report = _check_report(raw.get("report"))
 
     datasets: dict[str, DatasetParams] = {}
     for name in DATASETS:
         if name not in raw:
             continue
-        section = raw[name]
         key = name
+        section = raw[name]
         if not isinstance(section, dict):
-            raise ParamsError(f"{key}: expected a mapping, got {type(section).__name__}")
+            raise ParamsError(f"{key}: expected a mapping (source, two_stage, variants, ...), "
+                              f"got {_describe(section)}")
         ds_allowed = {"source", "two_stage", "train", "variants", "kf", "model"}
         for k in section:
             if k not in ds_allowed:
-                raise ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(ds_allowed)})")
-        src = _check_source(name, section.get("source") or {})
+                raise _unknown(key, k, ds_allowed)
+        src = _check_source(name, section.get("source"))
         ts = _load_dataclass(TwoStageConfig, section.get("two_stage"), f"{key}.two_stage", exclude=("seed",))
         tr = _load_dataclass(TrainConfig, section.get("train"), f"{key}.train", exclude=("seed",))
+        if tr.optimizer == "adam" and tr.momentum != 0:
+            raise ParamsError(f"{key}.train.momentum: only used by optimizer 'sgd' (adam has no momentum "
+                              f"parameter), got {tr.momentum!r}; expected 0 or optimizer 'sgd'")
         kf = _load_dataclass(KalmanParams, section.get("kf"), f"{key}.kf")
-        for f_ in ("state_dim", "past_window", "future_window"):
-            _int_key(kf, f"{key}.kf", f_)
         model = _load_dataclass(ModelParams, section.get("model"), f"{key}.model")
         names = section.get("variants")
-        if not isinstance(names, list) or not names:
-            raise ParamsError(f"{key}.variants: expected a non-empty list of model variants")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ParamsError(f"{key}.variants: expected a non-empty list of model variant names, "
+                              f"got {_describe(names)}")
         if len(set(names)) != len(names):
             raise ParamsError(f"{key}.variants: duplicated variant in {names}")
         variants = [Variant.parse(n, f"{key}.variants") for n in names]
         dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model)
         if dp.discrete and any(v.family == "kf" for v in variants):
             raise ParamsError(f"{key}.variants: kf models continuous data only; remove it for {name}")
-        windows = max(ts.past_window + ts.future_window + 1,
-                      (kf.past_window + kf.future_window + 1) if any(v.family == "kf" for v in variants) else 0)
-        length = src.get("length") or src.get("track_length")
-        if length is not None and windows > length:
-            raise ParamsError(f"{key}.two_stage: past_window + future_window + 1 = {windows} is longer than the "
-                              f"trajectories ({key}.source length {length})")
+        known = _known_length(name, src)
+        if known is not None:
+            length, length_key = known
+            _check_window_fit(dp, length, length, length_key)
+        obs_dim = _known_obs_dim(name, src)
+        if obs_dim is not None:
+            _check_kf_state_dim(dp, obs_dim, f"observation size from {key}.source")
         for v in variants:
             if v.rank is not None and v.rank > 10 * ts.state_dim * ts.obs_dim:
                 raise ParamsError(f"{key}.variants: rank {v.rank} of {v.name} is absurdly large for "
@@ -326,15 +742,54 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     return Params(seeds=seeds, data_mirror=mirror, datasets=datasets, tracking=tracking, report=report, raw=raw)
 
 
+def _duplicate_keys(node: Any, path: str, source: str, seen_nodes: set[int]) -> None:
+    """Refuse a mapping that gives a key twice (YAML loaders keep the last one silently)."""
+    if id(node) in seen_nodes:
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], str] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            if isinstance(key_node, yaml.ScalarNode):
+                ident = (key_node.tag, key_node.value)
+                mark = key_node.start_mark
+                line = f"line {mark.line + 1}, column {mark.column + 1}"
+                full = f"{path}.{key_node.value}" if path else str(key_node.value)
+                if ident in first:
+                    raise ParamsError(f"{source}: duplicate key {full} at {line} (first at {first[ident]}); "
+                                      "expected each key once")
+                first[ident] = line
+                _duplicate_keys(value_node, full, source, seen_nodes)
+            else:
+                _duplicate_keys(value_node, path, source, seen_nodes)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _duplicate_keys(item, f"{path}[{i}]", source, seen_nodes)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: params file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), "", str(path), set())
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ParamsError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_params(raw or {}, source=str(path))
+        raise ParamsError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParamsError(f"{path}: cannot read the params file ({exc})") from None
+    return parse_params({} if raw is None else raw, source=str(path))
 
 
 def project_root() -> Path:

@@ -1,7 +1,10 @@
 """Atomic artifact I/O: every file is written to a temporary sibling and renamed into place.
 
-A reader (or DVC's cache) therefore never sees half a file, and a crash leaves the previous version intact.
-Tensors are stored as ``.npz`` without pickle; JSON is written sorted and indented so that DVC hashes are stable.
+A reader (or DVC's cache) therefore never sees half a file, and a crash leaves the previous version intact (and
+no temporary file behind). The file gets the mode a plain ``open(path, "w")`` would give it (``0o666 & ~umask``),
+not the private ``0o600`` of the temporary file. Tensors are stored as ``.npz`` without pickle; JSON is written
+sorted and indented so that DVC hashes are stable. A truncated or corrupt ``.npz`` is one ``ValueError`` naming the
+file and the stage to rerun.
 """
 
 from __future__ import annotations
@@ -10,16 +13,40 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (``/proc/self/status``), else by setting
+    and restoring it under a lock."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds."""
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
+
+    The temporary file is created private (``mkstemp``: mode 0600); before the rename it gets the ordinary mode of
+    a new file, ``0o666 & ~umask``, so that artifacts are as readable as any other output."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
@@ -27,6 +54,8 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        with contextlib.suppress(OSError):  # a file system without modes keeps mkstemp's; a missing file fails below
+            os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -73,16 +102,29 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Ma
 
 
 def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Load arrays and the ``meta`` dict saved by :func:`save_npz`."""
+    """Load arrays and the ``meta`` dict saved by :func:`save_npz`.
+
+    A truncated or corrupt file (not a zip archive, a bad CRC, a short member, an undecodable meta) raises one
+    ``ValueError`` naming the file and saying to rerun the stage that wrote it."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("a single .npy array, not an .npz archive")
+        with z:
             arrays = {k: z[k] for k in z.files if k != "__meta__"}
             meta = json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{path}: not a readable .npz archive ({exc})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, OSError) as exc:
+        if isinstance(exc, (PermissionError, IsADirectoryError)):
+            raise
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"{path}: not a readable .npz archive, truncated or corrupt ({detail}); expected a "
+                         "complete file: rerun the stage that wrote it (e.g. `dvc repro --force <stage>`)") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: the __meta__ entry is not a JSON object; expected a file written by save_npz: "
+                         "rerun the stage that wrote it")
     return arrays, meta
 
 

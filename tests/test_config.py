@@ -1,12 +1,13 @@
 """params.yaml validation: every mistake is one clear error naming the key."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline.config import ParamsError, Variant, load_params, parse_params
+from pipeline.config import ParamsError, Variant, check_windows, load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,8 @@ def test_default_and_tiny_params_are_valid(defaults):
     (lambda p: p["ptb"]["two_stage"].update(state_dim=3000), r"ptb\.two_stage.*state_dim=3000 exceeds n_features"),
     (lambda p: p["ptb"]["two_stage"].update(state_dim=0), r"ptb\.two_stage.*state_dim"),
     (lambda p: p["swimmer"]["two_stage"].update(past_window=60, future_window=60),
-     r"swimmer\.two_stage: past_window \+ future_window \+ 1 = 121 is longer than the trajectories"),
+     r"^swimmer\.two_stage\.past_window \+ swimmer\.two_stage\.future_window \+ 1 = 60 \+ 60 \+ 1 = 121 exceeds "
+     r"the trajectory length \(swimmer\.source\.length = 100\)"),
     (lambda p: p["swimmer"]["source"].update(n_train=25), r"swimmer\.source\.n_train=25 leaves no test"),
     (lambda p: p["ptb"]["source"].update(unknown="ignore"), r"ptb\.source\.unknown"),
     (lambda p: p.update(seeds=[]), r"seeds: expected a non-empty list"),
@@ -87,3 +89,292 @@ def test_cli_reports_one_line(tmp_path, capsys, defaults):
     assert main(["--root", str(tmp_path), "check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ptb.train.lrr: unknown key" in err[0]
+
+
+# ------------------------------------------------------------------------------- values, sections, typos
+
+
+def _message(raw) -> str:
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def _custom(**source):
+    return {"source": {"path": "x.parquet", "kind": "continuous", **source}, "variants": ["psrnn"]}
+
+
+@pytest.mark.parametrize("mutate, key", [
+    # values the code that reads them cannot use
+    (lambda p: p["ptb"]["train"].update(device="gpu"), r"^ptb\.train\.device: expected 'auto', 'cpu', 'cuda'"),
+    (lambda p: p["ptb"]["train"].update(device="cuda:x"), r"^ptb\.train\.device: "),
+    (lambda p: p["ptb"]["two_stage"].update(feature_dtype="float16"), r"^ptb\.two_stage\.feature_dtype: expected one"),
+    (lambda p: p["ptb"]["two_stage"].update(power_iterations=-1), r"^ptb\.two_stage\.power_iterations: expected an "
+                                                                  r"integer >= 0"),
+    (lambda p: p["ptb"]["two_stage"].update(oversample=-1), r"^ptb\.two_stage\.oversample: expected an integer >= 0"),
+    (lambda p: p["ptb"]["two_stage"].update(widths={"obs": "wide"}), r"^ptb\.two_stage\.widths\.obs: expected a "
+                                                                     r"number"),
+    (lambda p: p["ptb"]["two_stage"].update(widths={"obs": -1.0}), r"^ptb\.two_stage\.widths\.obs: expected a finite "
+                                                                   r"number > 0"),
+    (lambda p: p["ptb"]["two_stage"].update(widths=[2.0]), r"^ptb\.two_stage\.widths: expected a mapping"),
+    (lambda p: p["ptb"]["two_stage"].update(width_scale=0), r"^ptb\.two_stage\.width_scale: expected a finite "
+                                                            r"number > 0"),
+    (lambda p: p.update(seeds=[-1]), r"^seeds: expected a non-empty list of non-negative integers"),
+    (lambda p: p["hmm"]["source"].update(seed=-3), r"^hmm\.source\.seed: expected a non-negative integer, got -3"),
+    (lambda p: p["lgssm"]["source"].update(process_noise=0), r"^lgssm\.source\.process_noise: expected a finite "
+                                                             r"number > 0, got 0"),
+    (lambda p: p["lgssm"]["source"].update(obs_noise=-0.1), r"^lgssm\.source\.obs_noise: "),
+    (lambda p: p["lgssm"]["source"].update(obs_noise=float("nan")), r"^lgssm\.source\.obs_noise: "),
+    (lambda p: p["ptb"]["source"].update(vocab_from="test"), r"^ptb\.source\.vocab_from: expected one of 'train', "
+                                                             r"'all'"),
+    (lambda p: p.update(custom=_custom(test_fraction=1.0)), r"^custom\.source\.test_fraction: expected a finite "
+                                                            r"number in \(0, 1\), got 1\.0"),
+    (lambda p: p.update(custom=_custom(test_fraction=0)), r"^custom\.source\.test_fraction: "),
+    (lambda p: p["swimmer"]["kf"].update(state_dim=31), r"^swimmer\.kf\.state_dim: 31 exceeds swimmer\.kf\."
+                                                        r"future_window x observation size = 10 x 3 = 30"),
+    (lambda p: p["lgssm"]["kf"].update(state_dim=17), r"^lgssm\.kf\.state_dim: 17 exceeds .* = 8 x 2 = 16"),
+    (lambda p: p["hmm"]["source"].update(stickiness=1.5), r"^hmm\.source\.stickiness: expected a finite number in "
+                                                          r"\[0, 1\], got 1\.5"),
+    (lambda p: p["hmm"]["source"].update(stickiness=-0.1), r"^hmm\.source\.stickiness: "),
+    (lambda p: p["hmm"]["source"].update(n_symbols=1), r"^hmm\.source\.n_symbols: expected an integer >= 2"),
+    (lambda p: p["ptb"]["train"].update(momentum=-0.5), r"^ptb\.train\.momentum: expected a finite number in "
+                                                        r"\[0, 1\)"),
+    (lambda p: p["ptb"]["train"].update(optimizer="adam", momentum=0.9), r"^ptb\.train\.momentum: only used by "
+                                                                         r"optimizer 'sgd'"),
+    (lambda p: p["ptb"]["train"].update(weight_decay=-1e-4), r"^ptb\.train\.weight_decay: expected a finite "
+                                                             r"number >= 0"),
+    (lambda p: p["swimmer"]["kf"].update(ridge=-1), r"^swimmer\.kf\.ridge: expected a finite number >= 0"),
+    (lambda p: p["ptb"]["two_stage"].update(obs_ridge=-1), r"^ptb\.two_stage\.obs_ridge: expected a finite "
+                                                           r"number >= 0"),
+    (lambda p: p["ptb"]["train"].update(max_loss=0), r"^ptb\.train\.max_loss: expected a number > 0"),
+    (lambda p: p["ptb"]["train"].update(max_loss=float("nan")), r"^ptb\.train\.max_loss: "),
+    (lambda p: p["ptb"]["train"].update(lr=float("inf")), r"^ptb\.train\.lr: expected a finite number > 0, got inf"),
+    (lambda p: p["ptb"]["train"].update(lr=float("nan")), r"^ptb\.train\.lr: expected a finite number > 0, got nan"),
+    (lambda p: p["ptb"]["train"].update(lr=-1), r"^ptb\.train\.lr: "),
+    (lambda p: p["ptb"]["train"].update(clip=float("nan")), r"^ptb\.train\.clip: expected a finite number >= 0"),
+    (lambda p: p["ptb"]["train"].update(clip=float("inf")), r"^ptb\.train\.clip: "),
+    (lambda p: p["ptb"]["model"].update(psrnn_bias_scale=float("nan")), r"^ptb\.model\.psrnn_bias_scale: "),
+    # the full key, once, and the right one
+    (lambda p: p["hmm"]["two_stage"].update(decoder_ridge=-1), r"^hmm\.two_stage\.decoder_ridge: expected a finite "
+                                                               r"number >= 0, got -1\.0$"),
+    (lambda p: p["hmm"]["two_stage"].update(state_dim=1001), r"^hmm\.two_stage\.state_dim=1001 exceeds n_features"),
+    # typos and unknown names run nothing
+    (lambda p: p["hmm"]["two_stage"].update(widths={"ob": 1.0}), r"^hmm\.two_stage\.widths\.ob: unknown key "
+                                                                 r"\(expected one of \['future', 'obs', 'past'\]\)"),
+    (lambda p: p["report"].update(figure={"fig4b": {}}), r"^report\.figure: unknown key"),
+    (lambda p: p["report"].update(figures=[]), r"^report\.figures: expected a mapping of figure names"),
+    (lambda p: p["report"].update(figures={"fig9z": {}}), r"^report\.figures\.fig9z: unknown figure"),
+    (lambda p: p["report"].update(figures={"fig4b": {"feture": "x"}}), r"^report\.figures\.fig4b\.feture: "
+                                                                       r"unknown key"),
+    (lambda p: p["report"].update(figures={"fig4a": {"split": "tset"}}), r"^report\.figures\.fig4a\.split: "),
+    (lambda p: p["report"].update(figures={"fig3a": "lstm"}), r"^report\.figures\.fig3a: expected a mapping of "
+                                                              r"options"),
+    (lambda p: p["swimmer"]["source"].update(mode="authors"), r"^swimmer\.source\.n_trajectories: only used with "
+                                                              r"mode 'simulate'"),
+    # malformed sections
+    (lambda p: p.update(tracking=[1]), r"^tracking: expected a mapping .*, got a list \[1\]$"),
+    (lambda p: p.update(tracking=True), r"^tracking: expected a mapping .*, got a boolean true$"),
+    (lambda p: p.update(data=5), r"^data: expected a mapping with key mirror, got an integer 5$"),
+    (lambda p: p.update(data="abc"), r"^data: expected a mapping with key mirror, got a string 'abc'$"),
+    (lambda p: p.update(data=["mirror"]), r"^data: expected a mapping with key mirror, got a list \['mirror'\]$"),
+    (lambda p: p["hmm"].update(variants=[["psrnn"]]), r"^hmm\.variants: expected a non-empty list of model variant "
+                                                      r"names, got a list \[\['psrnn'\]\]$"),
+    (lambda p: p["hmm"].update(variants="psrnn"), r"^hmm\.variants: expected a non-empty list"),
+    (lambda p: p.update(report=[1]), r"^report: expected a mapping"),
+    (lambda p: p["hmm"].update(source=[1]), r"^hmm\.source: expected a mapping, got a list"),
+    (lambda p: p["hmm"].update(train=7), r"^hmm\.train: expected a mapping, got an integer 7"),
+    (lambda p: p.update(hmm=None), r"^hmm: expected a mapping"),
+])
+def test_bad_values_and_sections_name_the_key(defaults, mutate, key):
+    raw = copy.deepcopy(defaults)
+    mutate(raw)
+    msg = _message(raw)
+    assert re.search(key, msg), msg
+    first = msg.split(":")[0].split(" ")[0].split("=")[0]
+    assert msg.count(first) == 1 or first in ("seeds",), f"key named more than once: {msg}"
+
+
+def test_good_values_pass(defaults):
+    raw = copy.deepcopy(defaults)
+    raw["ptb"]["train"].update(device="cuda:1", momentum=0.9, weight_decay=1e-5, clip=0, max_loss=float("inf"))
+    raw["ptb"]["two_stage"].update(widths={"obs": 2.0, "past": None}, feature_dtype="float64", power_iterations=0,
+                                   oversample=0)
+    raw["hmm"]["source"].update(stickiness=1, n_symbols=2)
+    raw["report"]["figures"] = {"fig4b": {"feature": "joint1_angle", "seed": 0}, "fig3a": ["lstm", "gru"],
+                                "fig3c": False, "per_dataset": {"enabled": False}, "fig4a": {"logy": True}}
+    raw["custom"] = _custom(test_fraction=0.5, features=["a", "b"], seed=1)
+    raw["tracking"] = None
+    raw["data"] = None
+    p = parse_params(raw)
+    assert p.dataset("ptb").train.device == "cuda:1" and p.dataset("ptb").two_stage.widths["past"] is None
+
+
+def test_duplicate_yaml_keys(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text().replace(
+        "  train: {epochs: 10, lr: 1.0, optimizer: sgd, clip: 0.25, bptt: 35,",
+        "  train: {epochs: 10, lr: 1.0, optimizer: sgd, clip: 0.25, lr: 0.1, bptt: 35,", 1))
+    with pytest.raises(ParamsError, match=r"params\.yaml: duplicate key ptb\.train\.lr at line \d+, column \d+ "
+                                          r"\(first at line \d+, column \d+\); expected each key once"):
+        load_params(path)
+    path.write_text("seeds: [0]\nseeds: [1]\nhmm: {variants: [psrnn]}\n")
+    with pytest.raises(ParamsError, match=r"duplicate key seeds at line 2, column 1 \(first at line 1, column 1\)"):
+        load_params(path)
+    # a merge key (<<) overrides on purpose: not a duplicate
+    path.write_text("seeds: [0]\nhmm:\n  source: &src {n_states: 3, length: 40}\n  variants: [psrnn]\n"
+                    "  two_stage: {n_features: 64, state_dim: 5, obs_dim: 4, past_dim: 5}\n"
+                    "lgssm:\n  source: {<<: *src, length: 50}\n  variants: [kf]\n  kf: {state_dim: 2}\n"
+                    "  two_stage: {n_features: 64, state_dim: 5, obs_dim: 4, past_dim: 5}\n")
+    with pytest.raises(ParamsError, match=r"^lgssm\.source\.n_states: unknown key"):  # parsed, then validated
+        load_params(path)
+
+
+# ----------------------------------------------------------------------------------------------- windows
+
+
+def test_pre_data_window_check_uses_the_known_length(defaults):
+    raw = copy.deepcopy(defaults)
+    raw["hmm"]["two_stage"].update(past_window=100, future_window=99)  # 200 steps: exactly enough
+    parse_params(raw)
+    raw["hmm"]["two_stage"].update(future_window=100)
+    assert "hmm.two_stage.past_window + hmm.two_stage.future_window + 1 = 100 + 100 + 1 = 201" in _message(raw)
+    raw = copy.deepcopy(defaults)
+    del raw["hmm"]["source"]["length"]  # the generator's default length (200) still bounds the windows
+    raw["hmm"]["two_stage"].update(past_window=150, future_window=60)
+    assert "(hmm.source.length = 200)" in _message(raw)
+    raw = copy.deepcopy(defaults)
+    raw["mocap"]["kf"].update(past_window=200, future_window=150)
+    assert _message(raw).startswith("mocap.kf.past_window + mocap.kf.future_window + 1 = 200 + 150 + 1 = 351 "
+                                    "exceeds the trajectory length (mocap.source.track_length = 300)")
+
+
+def test_check_windows_uses_the_shortest_training_trajectory(defaults):
+    dp = parse_params(copy.deepcopy(defaults)).dataset("swimmer")  # two_stage and kf: 10 + 10 + 1 = 21 steps
+    check_windows("swimmer", dp, [21, 500, 300])
+    with pytest.raises(ParamsError) as err:
+        check_windows("swimmer", dp, [300, 20, 500])  # the longest would pass; the shortest does not
+    msg = str(err.value)
+    assert msg.startswith("swimmer.two_stage.past_window + swimmer.two_stage.future_window + 1 = 10 + 10 + 1 = 21 "
+                          "exceeds the shortest training trajectory (20 steps)"), msg
+    dp.two_stage.past_window = 2
+    with pytest.raises(ParamsError, match=r"^swimmer\.kf\.past_window \+ swimmer\.kf\.future_window \+ 1 = 10 \+ 10 "
+                                          r"\+ 1 = 21 exceeds the shortest training trajectory \(20 steps\)"):
+        check_windows("swimmer", dp, [300, 20, 500])
+    dp.kf.past_window = 9
+    check_windows("swimmer", dp, [300, 20, 500])
+    # the Kalman gain needs two consecutive windows of one trajectory
+    with pytest.raises(ParamsError, match=r"^swimmer\.kf\.past_window \+ swimmer\.kf\.future_window \+ 2 = 21 "
+                                          r"exceeds the longest training trajectory \(20 steps\)"):
+        check_windows("swimmer", dp, [20, 20])
+    with pytest.raises(ParamsError, match=r"^swimmer\.source: the train split is empty"):
+        check_windows("swimmer", dp, [])
+    with pytest.raises(ParamsError, match=r"^swimmer\.kf\.state_dim: 20 exceeds swimmer\.kf\.future_window x "
+                                          r"observation size = 10 x 1 = 10"):
+        check_windows("swimmer", dp, [300], obs_dim=1)
+    check_windows("swimmer", dp, [300], obs_dim=2)
+
+
+def test_check_windows_matches_make_windows():
+    """The bound is what pipeline.features.make_windows needs: past + future + 1 steps give one window."""
+    import numpy as np
+
+    from pipeline.features import make_windows
+
+    assert len(make_windows([np.zeros((7, 1))], 3, 3, discrete=False)) == 1
+    with pytest.raises(ValueError):
+        make_windows([np.zeros((6, 1))], 3, 3, discrete=False)
+
+
+def test_generators_refuse_what_check_refuses():
+    from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
+
+    with pytest.raises(ValueError, match=r"stickiness=1\.5; expected a number in \[0, 1\]"):
+        make_hmm_dataset(stickiness=1.5)
+    with pytest.raises(ValueError, match=r"n_symbols=1; expected an integer >= 2"):
+        make_hmm_dataset(n_symbols=1)
+    with pytest.raises(ValueError, match=r"process_noise=0; expected a finite number > 0"):
+        make_lgssm_dataset(process_noise=0)
+    with pytest.raises(ValueError, match=r"seed=-1"):
+        make_lgssm_dataset(seed=-1)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def _cli_with_failure(tmp_path, monkeypatch, exc, *extra):
+    from pipeline import cli
+
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+
+    def boom(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(cli, "_dispatch", boom)
+    return cli.main(["--root", str(tmp_path), *extra, "check"])
+
+
+def test_cli_library_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import zipfile
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    # MLflow's exception class, recognised by its module (the CLI must not import mlflow to know it)
+    MlflowException = type("MlflowException", (Exception,), {"__module__": "mlflow.exceptions"})
+    html = "API request to http://127.0.0.1:9/api/2.0/mlflow/experiments failed\n<html>\n<body>nope</body>\n</html>"
+    assert _cli_with_failure(tmp_path, monkeypatch, MlflowException(html)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["psrnn check: error: MlflowException: API request to http://127.0.0.1:9/api/2.0/mlflow/experiments "
+                   "failed <html> <body>nope</body> </html>"]
+    assert _cli_with_failure(tmp_path, monkeypatch, zipfile.BadZipFile("Bad CRC-32 for file 'W.npy'")) == 1
+    assert capsys.readouterr().err.strip().splitlines() == ["psrnn check: error: BadZipFile: Bad CRC-32 for file "
+                                                            "'W.npy'"]
+    assert _cli_with_failure(tmp_path, monkeypatch, EOFError()) == 1
+    assert capsys.readouterr().err.strip() == "psrnn check: error: EOFError"
+    assert _cli_with_failure(tmp_path, monkeypatch, ValueError("x" * 5000)) == 1
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and len(line) < 700 and line.endswith("...")
+
+
+def test_cli_bugs_and_debug_keep_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    with pytest.raises(TypeError):  # a programming error is not dressed up as a one-line input error
+        _cli_with_failure(tmp_path, monkeypatch, TypeError("unsupported operand"))
+    with pytest.raises(ValueError, match="bad input"):
+        _cli_with_failure(tmp_path, monkeypatch, ValueError("bad input"), "--debug")
+    monkeypatch.setenv("PSRNN_DEBUG", "1")
+    with pytest.raises(ValueError, match="bad input"):
+        _cli_with_failure(tmp_path, monkeypatch, ValueError("bad input"))
+
+
+def test_cli_debug_flag_after_the_stage_name(tmp_path, monkeypatch):
+    """The stage scripts call main([stage, *argv]): --debug after the stage name counts too."""
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    monkeypatch.setattr(cli, "_dispatch", lambda *a, **k: (_ for _ in ()).throw(ValueError("late flag")))
+    with pytest.raises(ValueError, match="late flag"):
+        cli.main(["--root", str(tmp_path), "check", "--debug"])
+
+
+def test_cli_does_not_import_mlflow():
+    import subprocess
+    import sys
+
+    code = "import sys, pipeline.cli; print('mlflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_check_malformed_sections_one_line(tmp_path, capsys, defaults):
+    from pipeline.cli import main
+
+    for mutate in (lambda p: p.update(tracking=[1]), lambda p: p.update(data="abc"),
+                   lambda p: p["hmm"].update(variants=[["psrnn"]]), lambda p: p.update(tracking=True)):
+        raw = copy.deepcopy(defaults)
+        mutate(raw)
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        assert main(["--root", str(tmp_path), "check"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("psrnn check: error: ") and "expected" in err[0], err

@@ -229,3 +229,60 @@ def test_null_symbol_and_bad_options(tmp_path: Path) -> None:
         load_custom(path, kind="discrete", min_length=0)
     with pytest.raises(ValueError, match="features"):
         load_custom(path, kind="discrete", features=["x"])
+
+
+# ----------------------------------------------------------------------------- huge values, dropped columns
+
+
+def test_huge_finite_values_are_standardised_not_zeroed(tmp_path: Path) -> None:
+    cols = _continuous()
+    n = len(cols["a"])
+    cols["a"] = np.resize([1e308, -1e308, 1.7e308, -1.7e308, 0.0], n)  # the plain std overflows
+    cols["b"] = np.resize([1e200, 2e200, 3e200, 4e200, 5e200], n)      # so does the square of these
+    ds = load_custom(_write(tmp_path, cols), kind="continuous", features=["a", "b"])
+    train = np.concatenate(ds.train)
+    assert np.isfinite(train).all()
+    np.testing.assert_allclose(train.std(axis=0), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(train[:5, 1], np.array([-2, -1, 0, 1, 2]) / np.sqrt(2), rtol=1e-12)
+    norm = ds.meta["normalization"]
+    assert np.isfinite(norm["mean"]).all() and np.isfinite(norm["std"]).all()
+    np.testing.assert_allclose(norm["std"][1], np.sqrt(2) * 1e200, rtol=1e-12)
+
+
+def test_standardised_overflow_is_refused(tmp_path: Path) -> None:
+    cols = _continuous(n_traj=3)
+    cols["split"] = np.repeat(["train", "train", "test"], 5)
+    a = np.linspace(0.0, 0.01, 15)  # train std ~0.003
+    a[12] = 1.5e308  # a test value the train spread cannot express: 1.5e308 / 0.003 overflows
+    cols["a"] = a
+    msg = _error(_write(tmp_path, cols), kind="continuous", features=["a", "b"])
+    assert "feature column 'a'" in msg and "test" in msg and "overflow" in msg
+
+
+def test_auto_features_warn_about_dropped_columns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cols = _continuous()
+    n = len(cols["a"])
+    cols["flag"] = np.arange(n) % 2 == 0
+    cols["when"] = pa.array(np.arange(n).astype("datetime64[s]"))
+    cols["tags"] = pa.array([[1, 2]] * n)
+    with caplog.at_level("WARNING", logger="pipeline.data.custom"):
+        ds = load_custom(_write(tmp_path, cols), kind="continuous")
+    assert ds.features == ["a", "b", "c"]
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "dropped" in r.getMessage()]
+    assert len(warnings) == 1
+    text = warnings[0].getMessage()
+    for name in ("'name'", "'flag'", "'when'", "'tags'"):
+        assert name in text, text
+    assert "'trajectory'" not in text and "'step'" not in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline.data.custom"):
+        load_custom(_write(tmp_path, cols, "named.parquet"), kind="continuous", features=["a"])
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]  # named features: nothing to warn about
+
+
+def test_auto_features_none_left(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "flag": [True, False, True, True],
+                             "when": pa.array(np.arange(4).astype("datetime64[s]"))})
+    msg = _error(path, kind="continuous")
+    assert "no numeric feature columns" in msg and "'flag'" in msg

@@ -20,6 +20,12 @@ feature columns    integer or float                ``kind="continuous"``: the ob
                                                    ``trajectory``, ``step``, ``split`` (and pandas index columns).
 =================  ==============================  ====================================================================
 
+Auto-detected features (``features=None``): a column is a feature if its Parquet type is integer or floating point
+(dictionary-encoded too). Every other column besides ``trajectory``/``step``/``split`` and pandas index columns
+(strings, booleans, lists, structs, timestamps, dates, decimals, ...) is dropped with a logged WARNING naming the
+dropped columns; name the columns in ``features`` to silence it (a named non-numeric column is an error). If no
+column is left, that is an error.
+
 Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: unreadable,
 truncated or corrupt file; missing columns; wrong types (e.g. a non-numeric feature column); missing values in
 ``trajectory``/``step``/``split``/symbol; NaN or Inf in a feature (with the number of rows and the first
@@ -27,8 +33,11 @@ trajectory); duplicate steps; trajectories shorter than ``min_length`` rows; an 
 discrete dataset with a single symbol, or with valid/test symbols not seen in train.
 
 With ``normalize=True`` continuous features are standardised with the TRAIN mean and standard deviation (a
-constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std``, ``columns``). Trajectories are
-stored in increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids.
+constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std``, ``columns``). Huge finite values
+(up to ±1.8e308) do not overflow: where the plain statistics are not finite they are computed on each column
+divided by its largest magnitude and scaled back; a standardised value that is still not finite (a valid/test value
+astronomically far from the train spread) is an error naming the column and split. Trajectories are stored in
+increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids.
 """
 
 from __future__ import annotations
@@ -126,9 +135,11 @@ def load_custom(
         if features is None:
             features = [n for n in names if n not in RESERVED and not _PANDAS_INDEX.fullmatch(n)
                         and _is_numeric(types[n])]
-            skipped = [n for n in names if n not in RESERVED and n not in features]
+            skipped = [n for n in names if n not in RESERVED and n not in features and not _PANDAS_INDEX.fullmatch(n)]
             if skipped:
-                log.info("%s: non-feature columns ignored: %s", path, skipped)
+                log.warning("%s: non-numeric columns dropped from the features (features=None takes integer and "
+                            "float columns only): %s; name the feature columns in features to silence this",
+                            path, ", ".join(f"{n!r} ({types[n]})" for n in skipped))
             if not features:
                 raise fail(f"no numeric feature columns found (columns present: {names}); expected integer or float "
                            "columns besides trajectory/step/split")
@@ -283,15 +294,40 @@ def load_custom(
 
     trajs = {s: [values[groups[k]] for k in members[s]] for s in SPLITS}
     if normalize:
-        train = np.concatenate(trajs["train"], axis=0)
-        mean, std = train.mean(axis=0), train.std(axis=0)
-        constant = [f for f, sd in zip(value_columns, std) if sd == 0]
-        if constant:
-            log.warning("%s: constant feature columns %s in train: std set to 1", path, constant)
-        std[std == 0] = 1.0
-        trajs = {s: [(t - mean) / std for t in ts] for s, ts in trajs.items()}
-        meta["normalization"] = {"mean": mean.tolist(), "std": std.tolist(), "columns": list(value_columns)}
+        trajs, meta["normalization"] = _standardise(trajs, value_columns, path)
     return SequenceDataset(kind="continuous", features=list(value_columns), meta=meta, **trajs)
+
+
+def _standardise(trajs: dict[str, list[np.ndarray]], columns: list[str], path: Path
+                 ) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+    """Standardise every split with the train mean and std of each column, without overflow for huge values."""
+    train = np.concatenate(trajs["train"], axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = train.mean(axis=0), train.std(axis=0)
+    scale = np.ones(train.shape[1])
+    huge = ~(np.isfinite(mean) & np.isfinite(std))
+    if huge.any():
+        # x ** 2 (or the sum of x) overflowed: the statistics of x / max|x| are finite, and so are they scaled back
+        scale[huge] = np.abs(train[:, huge]).max(axis=0)
+        scaled = train[:, huge] / scale[huge]
+        mean[huge], std[huge] = scaled.mean(axis=0), scaled.std(axis=0)  # in units of scale
+    constant = [f for f, sd in zip(columns, std) if sd == 0]
+    if constant:
+        log.warning("%s: constant feature columns %s in train: std set to 1", path, constant)
+    std[std == 0] = 1.0
+    out: dict[str, list[np.ndarray]] = {}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s, ts in trajs.items():
+            out[s] = [(t / scale - mean) / std for t in ts] if huge.any() else [(t - mean) / std for t in ts]
+            for t in out[s]:
+                bad = ~np.isfinite(t).all(axis=0)
+                if bad.any():
+                    col = columns[int(np.flatnonzero(bad)[0])]
+                    raise ValueError(f"{path}: feature column {col!r} overflows when standardised ({s} values too "
+                                     f"far from the train mean/std); expected values of a representable spread "
+                                     f"(rescale the column)")
+    # |mean| <= scale and std <= scale in the scaled columns: the statistics in data units are finite
+    return out, {"mean": (mean * scale).tolist(), "std": (std * scale).tolist(), "columns": list(columns)}
 
 
 def _is_numeric(t: Any) -> bool:

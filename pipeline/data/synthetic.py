@@ -146,8 +146,27 @@ def _stationary_covariance(A: np.ndarray, Q: np.ndarray) -> np.ndarray:
     return scipy.linalg.solve_discrete_lyapunov(A, Q)
 
 
+def _check_counts(where: str, **counts: int) -> None:
+    """Every count an integer >= its minimum (``length`` >= 2: the metrics score o_1 ... o_{T-1})."""
+    for name, v in counts.items():
+        low = 2 if name in ("length", "n_symbols") else 0 if name == "seed" else 1
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"{where}: {name}={v!r}; expected an integer >= {low}")
+
+
+def _check_positive(where: str, **values: float) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v) or v <= 0:
+            raise ValueError(f"{where}: {name}={v!r}; expected a finite number > 0")
+
+
 def make_hmm_dataset(*, n_states: int = 4, n_symbols: int = 6, n_train: int = 100, n_test: int = 20,
                      length: int = 200, stickiness: float = 0.7, seed: int = 0) -> tuple[SequenceDataset, HMM]:
+    _check_counts("make_hmm_dataset", n_states=n_states, n_symbols=n_symbols, n_train=n_train, n_test=n_test,
+                  length=length, seed=seed)
+    if isinstance(stickiness, bool) or not isinstance(stickiness, (int, float, np.number)) \
+            or not 0.0 <= stickiness <= 1.0:
+        raise ValueError(f"make_hmm_dataset: stickiness={stickiness!r}; expected a number in [0, 1]")
     hmm = HMM.random(n_states, n_symbols, seed=seed, stickiness=stickiness)
     rng = np.random.default_rng(seed + 1)
     train = [hmm.sample(length, rng) for _ in range(n_train)]
@@ -167,6 +186,9 @@ def make_hmm_dataset(*, n_states: int = 4, n_symbols: int = 6, n_train: int = 10
 def make_lgssm_dataset(*, state_dim: int = 4, obs_dim: int = 2, n_train: int = 40, n_test: int = 10,
                        length: int = 200, process_noise: float = 0.1, obs_noise: float = 0.1,
                        seed: int = 0) -> tuple[SequenceDataset, LGSSM]:
+    _check_counts("make_lgssm_dataset", state_dim=state_dim, obs_dim=obs_dim, n_train=n_train, n_test=n_test,
+                  length=length, seed=seed)
+    _check_positive("make_lgssm_dataset", process_noise=process_noise, obs_noise=obs_noise)
     sys_ = LGSSM.random(state_dim, obs_dim, seed=seed, process_noise=process_noise, obs_noise=obs_noise)
     rng = np.random.default_rng(seed + 1)
     train = [sys_.sample(length, rng) for _ in range(n_train)]

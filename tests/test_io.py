@@ -1,0 +1,192 @@
+"""pipeline.io: atomic writes (a failure leaves the previous file and no temporary file), ordinary file modes, and
+one clear error for a truncated or corrupt .npz."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import io
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for a test and restore it afterwards."""
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_(mask: int) -> None:
+        os.umask(mask)
+
+    yield set_
+    os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+# ------------------------------------------------------------------------------------------------ modes
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_get_the_umask_mode(tmp_path: Path, umask, mask: int, mode: int) -> None:
+    umask(mask)
+    io.save_npz(tmp_path / "a.npz", {"x": np.arange(3)}, meta={"k": 1})
+    io.write_json(tmp_path / "a.json", {"k": 1})
+    io.write_text(tmp_path / "a.txt", "hello\n")
+    with io.atomic_path(tmp_path / "a.bin") as tmp:
+        tmp.write_bytes(b"\0")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("as open() makes it")
+    for name in ("a.npz", "a.json", "a.txt", "a.bin"):
+        assert _mode(tmp_path / name) == mode == _mode(plain), name
+
+
+def test_overwrite_gets_the_umask_mode_too(tmp_path: Path, umask) -> None:
+    umask(0o022)
+    path = tmp_path / "a.json"
+    io.write_json(path, [1])
+    os.chmod(path, 0o600)
+    io.write_json(path, [2])
+    assert _mode(path) == 0o644 and json.loads(path.read_text()) == [2]
+
+
+# ----------------------------------------------------------------------------------------------- atomic
+
+
+def test_failure_inside_atomic_path_keeps_the_previous_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"previous")
+    for exc in (RuntimeError("disk full"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with io.atomic_path(path) as tmp:
+                tmp.write_bytes(b"half a fi")
+                assert path.read_bytes() == b"previous"  # nothing is visible before the rename
+                raise exc
+        assert path.read_bytes() == b"previous"
+        assert _leftovers(tmp_path) == []
+
+
+def test_npz_write_interrupted_midway(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "W.npz"
+    io.save_npz(path, {"W": np.ones((4, 4))}, meta={"v": 1})
+    before = path.read_bytes()
+    real = np.lib.format.write_array
+    calls = []
+
+    def write_then_fail(fh, array, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first member is written, the second is cut short
+            fh.write(b"\x93NUMPY partial")
+            raise OSError("No space left on device")
+        return real(fh, array, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", write_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_npz(path, {"W": np.zeros((4, 4)), "b": np.zeros(4)}, meta={"v": 2})
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert _leftovers(tmp_path) == []
+    arrays, meta = io.load_npz(path)
+    assert meta == {"v": 1} and np.array_equal(arrays["W"], np.ones((4, 4)))
+
+
+def test_json_and_text_writes_are_atomic(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "metrics.json"
+    io.write_json(path, {"mse": 1.0})
+    with pytest.raises(TypeError, match="not JSON serialisable"):
+        io.write_json(path, {"mse": object()})
+    assert json.loads(path.read_text()) == {"mse": 1.0}
+    assert _leftovers(tmp_path) == []
+
+    text = tmp_path / "run_id"
+    io.write_text(text, "abc\n")
+    real = Path.write_text
+
+    def partial(self, data, *args, **kwargs):
+        real(self, data[:1], *args, **kwargs)
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(Path, "write_text", partial)
+    with pytest.raises(OSError, match="I/O error"):
+        io.write_text(text, "def\n")
+    monkeypatch.undo()
+    assert text.read_text() == "abc\n"
+    assert _leftovers(tmp_path) == []
+
+
+def test_write_creates_parents_and_replaces(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "c.txt"
+    io.write_text(path, "one")
+    io.write_text(path, "two")
+    assert path.read_text() == "two" and _leftovers(path.parent) == []
+
+
+# -------------------------------------------------------------------------------------------- load_npz
+
+
+@pytest.fixture
+def good_npz(tmp_path: Path) -> Path:
+    path = tmp_path / "features.npz"
+    io.save_npz(path, {"omega": np.arange(20000.0).reshape(100, 200), "beta": np.ones(200)}, meta={"seed": 0})
+    return path
+
+
+def _damaged(good: Path, name: str, data: bytes) -> Path:
+    path = good.parent / name
+    path.write_bytes(data)
+    return path
+
+
+def test_load_npz_round_trip(good_npz: Path) -> None:
+    arrays, meta = io.load_npz(good_npz)
+    assert meta == {"seed": 0} and arrays["omega"].shape == (100, 200) and set(arrays) == {"omega", "beta"}
+
+
+@pytest.mark.parametrize("damage", ["half", "tail", "empty", "garbage", "bad_crc", "npy", "bad_meta"])
+def test_load_npz_corrupt_is_one_clear_error(good_npz: Path, damage: str) -> None:
+    data = good_npz.read_bytes()
+    if damage == "half":
+        path = _damaged(good_npz, "half.npz", data[: len(data) // 2])
+    elif damage == "tail":
+        path = _damaged(good_npz, "tail.npz", data[:-5])
+    elif damage == "empty":
+        path = _damaged(good_npz, "empty.npz", b"")
+    elif damage == "garbage":
+        path = _damaged(good_npz, "garbage.npz", b"PK\x03\x04 not really a zip file" * 3)
+    elif damage == "bad_crc":
+        flipped = bytearray(data)
+        flipped[len(flipped) // 3] ^= 0xFF  # inside the omega member: the zip's CRC-32 no longer matches
+        path = _damaged(good_npz, "crc.npz", bytes(flipped))
+    elif damage == "npy":
+        path = good_npz.parent / "one.npz"
+        with open(path, "wb") as fh:
+            np.save(fh, np.arange(3))
+    else:
+        path = good_npz.parent / "meta.npz"
+        with zipfile.ZipFile(path, "w") as zf:
+            with zf.open("__meta__.npy", "w") as fh:
+                np.lib.format.write_array(fh, np.array("{not json"))
+    with pytest.raises(ValueError) as err:
+        io.load_npz(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: not a readable .npz archive, truncated or corrupt (")
+    assert "rerun the stage that wrote it" in msg and "\n" not in msg
+    if damage == "bad_crc":
+        assert "Bad CRC-32" in msg
+
+
+def test_load_npz_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="file not found"):
+        io.load_npz(tmp_path / "nope.npz")
