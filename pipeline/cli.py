@@ -1,16 +1,31 @@
 """Command line of the pipeline: ``psrnn <stage> ...`` (the DVC stages call ``stages/<stage>.py``, which call
-:func:`run`). Every failure ends in one line on stderr naming the file, key or value, and exit status 1."""
+:func:`main`). Every expected failure ends in one line on stderr, ``psrnn <stage>: error: <message>``, naming the
+file, key or value, and exit status 1: our own errors (``ValueError``, ``OSError``, ``RuntimeError``, ``KeyError``,
+...), and those of the libraries a stage talks to (MLflow's ``MlflowException`` for a tracking URI that is not an
+MLflow server or a corrupt store, ``zipfile.BadZipFile``/``zlib.error`` for a damaged archive, ...), recognised by
+their module so that mlflow is not imported here. A programming error (``TypeError``, ``AttributeError``, ...)
+still shows its traceback. ``--debug`` (before or after the stage name) or ``PSRNN_DEBUG=1`` shows the full
+traceback of every failure."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initialise", "refine", "evaluate",
           "report", "check")
+
+#: failures that are the input's or the environment's fault, not a bug: one line, no traceback
+_EXPECTED = (ValueError, OSError, RuntimeError, KeyError, EOFError, ImportError)
+#: top-level packages whose exceptions are reported in one line (MLflow and its SQL store, HTTP clients, archives,
+#: Parquet, YAML); matched by module name so that none of them is imported here
+_EXPECTED_MODULES = frozenset({"mlflow", "sqlalchemy", "alembic", "requests", "urllib3", "http", "zipfile", "zlib",
+                               "gzip", "tarfile", "pyarrow", "yaml", "json"})
+_MAX_MESSAGE = 600
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="project root (default: $DVC_ROOT in the workspace, else the nearest folder of params.yaml, "
                         "e.g. the experiment's copy in a queued experiment)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    p.add_argument("--debug", action="store_true",
+                   help="show the full traceback of a failure, wherever the flag is given (also: environment "
+                        "variable PSRNN_DEBUG=1)")
     sub = p.add_subparsers(dest="stage", required=True)
     sub.add_parser("check", help="validate params.yaml and exit")
     d = sub.add_parser("download", help="fetch and sha256-verify the raw files of a source (mirror when offline)")
@@ -32,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         d = sub.add_parser(name, help=text)
         d.add_argument("dataset", help="dataset section of params.yaml")
         d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
-    d = sub.add_parser("refine", help="BPTT training of one variant, for every seed (one MLflow run each)")
+    d = sub.add_parser("refine", help="BPTT training of every variant x seed of a dataset (one MLflow run each); "
+                                      "runs already trained with the same configuration are skipped")
     d.add_argument("dataset", help="dataset section of params.yaml")
-    d.add_argument("variant", help="a name from <dataset>.variants, e.g. factorized_psrnn_r60")
+    d.add_argument("variant", nargs="?", default=None,
+                   help="only this name from <dataset>.variants, e.g. factorized_psrnn_r60 (default: every variant)")
     d.add_argument("seed", nargs="?", type=int, default=None,
                    help="only this run seed (default: every seed in params.yaml)")
     d = sub.add_parser("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
@@ -47,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug counts anywhere, also after the stage name (the stage scripts put the stage name first)
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    args.debug = "--debug" in argv
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from pipeline.config import ParamsError, load_params, project_root
@@ -56,24 +79,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     params_path = Path(args.params) if args.params else root / "params.yaml"
     try:
         params = load_params(params_path)
+        validation = _project_files()  # what validating params.yaml imported, before the stage's own work
         seed = getattr(args, "seed", None)
         if seed is not None and seed not in params.seeds:
             raise ParamsError(f"seed {seed} is not in params.yaml seeds {params.seeds}")
-        return _dispatch(args, params, root)
+        status = _dispatch(args, params, root)
+        _trace_imports(args.stage, validation)
+        return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # one clear line, not a traceback, for every expected failure
-        if args.verbose or not isinstance(exc, (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError)):
+        if _debug(args) or not expected_failure(exc):
             raise
-        print(f"psrnn {args.stage}: error: {exc}", file=sys.stderr)
+        print(f"psrnn {args.stage}: error: {one_line(exc)}", file=sys.stderr)
         return 1
 
 
+def _debug(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("PSRNN_DEBUG", "").strip().lower() not in (
+        "", "0", "false", "no")
+
+
+def _library(exc: BaseException) -> str | None:
+    """The top-level package of the first class in ``exc``'s MRO that comes from a library we report in one line."""
+    for cls in type(exc).__mro__:
+        top = (cls.__module__ or "").split(".")[0]
+        if top in _EXPECTED_MODULES:
+            return top
+    return None
+
+
+def expected_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of the input or environment (one line) rather than a bug (traceback)."""
+    return isinstance(exc, _EXPECTED) or _library(exc) is not None
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line: whitespace collapsed, shortened to a few hundred characters; a library's exception
+    (e.g. ``MlflowException``) is prefixed with its class name, and a message-less one is its class name."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, KeyError) and len(exc.args) == 1:
+        text = " ".join(str(exc.args[0]).split())
+    if len(text) > _MAX_MESSAGE:
+        text = text[:_MAX_MESSAGE - 3].rstrip() + "..."
+    name = type(exc).__name__
+    if not text:
+        return name
+    if _library(exc) is not None and not isinstance(exc, (ValueError, OSError)):
+        return f"{name}: {text}"
+    return text
+
+
 def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
-    from pipeline import workflow as wf
+    import importlib
 
     stage = args.stage
+    # each stage imports only its own workflow module: dvc.yaml lists exactly the code a stage runs
+    module = {"check": None, "download": "data", "preprocess": "data", "features": "spectral",
+              "two_stage": "spectral", "decompose": "spectral", "initialise": "initialise", "refine": "refine",
+              "evaluate": "evaluate", "report": "report"}[stage]
+    wf = importlib.import_module(f"pipeline.workflow.{module}") if module else None
     calls: dict[str, Callable[[], object]] = {
         "check": lambda: None,
         "download": lambda: wf.download(params, root, args.source),
@@ -93,6 +159,34 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         params.dataset(args.dataset).variant(args.variant)
     calls[stage]()
     return 0
+
+
+def _project_files() -> set[str]:
+    """The project's source files imported so far (modules of ``pipeline`` and the ``stages/`` script)."""
+    base = Path(__file__).resolve().parent.parent
+    files = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if f and (mod.__name__.split(".")[0] == "pipeline" or mod.__name__ == "__main__"):
+            path = Path(f).resolve()
+            if path.is_relative_to(base):  # the stages/<stage>.py script is __main__
+                files.add(path.relative_to(base).as_posix())
+    return files
+
+
+def _trace_imports(stage: str, validation: set[str]) -> None:
+    """With ``PSRNN_TRACE_IMPORTS=<file>``, append one JSON line: the project's source files the stage imported,
+    and those that validating params.yaml had imported before it started (the schemas of every section).
+    tests/test_pipeline_e2e.py checks them against the stage's deps in dvc.yaml."""
+    import json
+
+    out = os.environ.get("PSRNN_TRACE_IMPORTS")
+    if not out:
+        return
+    record = {"stage": stage, "argv": sys.argv[1:], "files": sorted(_project_files()),
+              "validation": sorted(validation)}
+    with open(out, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

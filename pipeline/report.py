@@ -3,9 +3,14 @@ Markdown table of final results.
 
 Reads, under a project root,
 
-* ``models/<dataset>/<variant>/s<seed>/history.json``: per-epoch train/test(/valid) metrics, epoch 0 = initialisation;
-* ``metrics/<dataset>/<variant>_s<seed>.json``: final and epoch-0 test metrics, parameter count, Bayes-optimal value;
-* ``predictions/<dataset>/<variant>_s<seed>.parquet``: one-step test predictions (continuous datasets),
+* ``plots/<dataset>/<variant>/s<seed>.json``: per-epoch train/test(/valid) metrics, one row per epoch
+  (``epoch``, ``train_bpc``, ``test_mse``...), epoch 0 = the initialisation (written by refine);
+* ``metrics/<dataset>/<variant>_s<seed>.json``: final and epoch-0 test metrics, parameter count, best epoch,
+  Bayes-optimal value (written by evaluate);
+* ``predictions/<dataset>/<variant>_s<seed>.parquet``: one-step test predictions (figure 4b uses continuous ones),
+
+— exactly the outputs of the stages it depends on, so a variant or seed removed from params.yaml (whose files those
+stages no longer write) leaves the report as well;
 
 and writes ``<out_dir>/figures/*.png`` and ``<out_dir>/results.md``. Missing inputs never raise: a figure whose data
 are absent is skipped (logged, and listed under "Not available" in results.md); a figure with some of its curves
@@ -96,23 +101,47 @@ def _load_json(path: Path, notes: list[str], root: Path) -> dict | None:
     return obj
 
 
+def _load_curve(path: Path, notes: list[str], root: Path) -> dict | None:
+    """A refine plot file (a list of rows ``{"epoch": e, "<split>_<metric>": v}``) as ``{"history": [entries]}``
+    with entries ``{"epoch": e, "train": {...}, "test": {...}}``."""
+    rel = path.relative_to(root).as_posix()
+    try:
+        rows = read_json(path)
+    except (OSError, ValueError) as exc:
+        log.warning("report: cannot read %s: %s", rel, exc)
+        notes.append(f"`{rel}`: unreadable ({type(exc).__name__}); curve left out")
+        return None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "epoch" in r for r in rows):
+        notes.append(f"`{rel}`: not a list of per-epoch rows; curve left out")
+        return None
+    history = []
+    for row in rows:
+        entry: dict[str, Any] = {"epoch": row["epoch"]}
+        for key, value in row.items():
+            split, _, metric = key.partition("_")
+            if metric and split in ("train", "valid", "test"):
+                entry.setdefault(split, {})[metric] = value
+        history.append(entry)
+    return {"history": history}
+
+
 def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """All runs found under ``root`` (sorted by dataset, variant, seed) and notes on what is missing or unreadable."""
     root = Path(root)
     notes: list[str] = []
     histories: dict[tuple[str, str], Path] = {}
     metrics: dict[tuple[str, str], Path] = {}
-    for p in sorted((root / "models").glob("*/*/s*/history.json")):
-        run = f"{p.parent.parent.name}_{p.parent.name}"
+    for p in sorted((root / "plots").glob("*/*/s*.json")):
+        run = f"{p.parent.name}_{p.stem}"
         if _parse_run(run):
-            histories[(p.parent.parent.parent.name, run)] = p
+            histories[(p.parent.parent.name, run)] = p
     for p in sorted((root / "metrics").glob("*/*.json")):
         if _parse_run(p.stem):
             metrics[(p.parent.name, p.stem)] = p
 
     runs = []
     for dataset, run in sorted(set(histories) | set(metrics)):
-        hist_obj = _load_json(histories[(dataset, run)], notes, root) if (dataset, run) in histories else None
+        hist_obj = _load_curve(histories[(dataset, run)], notes, root) if (dataset, run) in histories else None
         met_obj = _load_json(metrics[(dataset, run)], notes, root) if (dataset, run) in metrics else None
         if hist_obj is None and met_obj is None:
             continue
@@ -120,8 +149,7 @@ def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
             notes.append(f"`metrics/{dataset}/{run}.json` missing: `{run}` is drawn but not in the table")
         if hist_obj is None and (dataset, run) not in histories:
             variant, seed = _parse_run(run)  # type: ignore[misc]
-            notes.append(f"`models/{dataset}/{variant}/s{seed}/history.json` missing: `{run}` is in the table but "
-                         "not drawn")
+            notes.append(f"`plots/{dataset}/{variant}/s{seed}.json` missing: `{run}` is in the table but not drawn")
         name_variant, name_seed = _parse_run(run)  # type: ignore[misc]
         src = {**(hist_obj or {}), **(met_obj or {})}
         history = (hist_obj or {}).get("history")
@@ -142,7 +170,7 @@ def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
             "seed": int(src.get("seed", name_seed)),
             "kind": kind,
             "n_params": src.get("n_params"),
-            "best_epoch": (hist_obj or {}).get("best_epoch"),
+            "best_epoch": (met_obj or {}).get("best_epoch"),
             "epochs": (met_obj or {}).get("epochs"),
             "history": history if isinstance(history, list) else None,
             "test": test if isinstance(test, dict) else None,

@@ -117,14 +117,15 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         url = uri.rstrip("/") + "/health"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as resp:
-                if resp.status >= 500:
-                    raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: server answered HTTP {resp.status}")
+                status = resp.status
         except urllib.error.HTTPError as exc:
-            if exc.code >= 500:
-                raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: server answered HTTP {exc.code}") from None
+            status = exc.code
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: tracking server unreachable ({reason})") from None
+        if status != 200:  # an MLflow server answers GET /health with 200 "OK"
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: GET /health answered HTTP {status}; expected 200 "
+                                "from an MLflow tracking server")
     elif uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         if not db.parent.exists():
@@ -166,6 +167,17 @@ class RunTracker:
 
         self.mlflow = mlflow
         self.uri = uri
+        try:
+            self._open(experiment, run_name, run_id, tags)
+        except TrackingError:
+            raise
+        except Exception as exc:  # MlflowException, SQLAlchemy errors...: one line naming the store
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: cannot use the tracking store "
+                                f"({type(exc).__name__}: {first[:300]})") from None
+
+    def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None) -> None:
+        mlflow, uri = self.mlflow, self.uri
         with _store_lock(uri):
             self.client = mlflow.MlflowClient(uri)
             exp = self.client.get_experiment_by_name(experiment)  # creates a new SQLite store's tables
@@ -245,6 +257,14 @@ class RunTracker:
                 code_paths=[str(Path(__file__).resolve().parent)],
                 pip_requirements=pip_requirements or [f"torch=={torch.__version__.split('+')[0]}"],
             )
+
+    def close_stale(self, run_id: str) -> None:
+        """Mark an earlier run of the same (variant, seed) that a kill left RUNNING as KILLED."""
+        try:
+            if self.client.get_run(run_id).info.status == "RUNNING":
+                self.client.set_terminated(run_id, status="KILLED")
+        except Exception:  # deleted, or in another store: nothing to close
+            pass
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)

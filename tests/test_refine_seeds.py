@@ -1,6 +1,7 @@
-"""The refine stage of a variant trains every seed in one process: a seed already done with the same configuration
-is skipped (not retrained, not logged again), a new seed is trained, and a seed dropped from params.yaml has its
-model folder removed."""
+"""The refine stage of a dataset trains every variant x seed in one process: a run already done with the same
+configuration is skipped (not retrained, not logged again), new variants and seeds are trained, the folders of
+variants and seeds dropped from params.yaml are removed, ``PSRNN_RETRAIN=1`` retrains, and evaluate refuses a run
+that did not finish."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import shutil
 import pytest
 import yaml
 
-from pipeline import workflow as wf
 from pipeline.config import load_params
+from pipeline.workflow import data, evaluate, initialise, refine, spectral
+from pipeline.workflow.paths import model_dir, plot_path, prepared_path
 
 PARAMS = {
     "seeds": [0],
@@ -22,6 +24,7 @@ PARAMS = {
         "source": {"n_states": 3, "n_symbols": 4, "n_train": 10, "n_test": 4, "length": 60, "seed": 0},
         "two_stage": {"n_features": 32, "state_dim": 4, "obs_dim": 4, "past_dim": 4, "past_window": 2,
                       "future_window": 2},
+        "kf": None,
         "variants": ["psrnn"],
         "model": {"psrnn_bias_scale": 0.0, "factorized_bias_scale": 0.1},
         "train": {"epochs": 2, "lr": 1.0, "clip": 0.25, "bptt": 10, "batch_size": 2, "device": "cpu"},
@@ -29,15 +32,17 @@ PARAMS = {
 }
 
 
-def _params(root, seeds):
+def _params(root, seeds, variants=("psrnn",), **tracking):
     p = copy.deepcopy(PARAMS)
     p["seeds"] = seeds
+    p["hmm"]["variants"] = list(variants)
+    p["tracking"].update(tracking)
     (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     params = load_params(root / "params.yaml")
-    if not wf.prepared_path(root, "hmm").exists():
-        wf.prepare(params, root, "hmm")
+    if not prepared_path(root, "hmm").exists():
+        data.prepare(params, root, "hmm")
     for s in seeds:
-        for stage in (wf.features, wf.two_stage, wf.decompose, wf.initialise):
+        for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
             stage(params, root, "hmm", s)
     return params
 
@@ -47,40 +52,116 @@ def _runs(root):
 
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("seeds-hmm")
-    return sorted((r.data.tags["seed"], r.info.run_id) for r in client.search_runs([exp.experiment_id]))
+    return sorted((r.data.tags["variant"], r.data.tags["seed"], r.info.run_id, r.info.status)
+                  for r in client.search_runs([exp.experiment_id]))
 
 
-def test_seeds_are_trained_once_added_and_removed(tmp_path, monkeypatch):
-    for k in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME", "DVC_STAGE"):
+TAGS = {"variant": "psrnn", "seed": "0"}
+
+
+def _mtime(root, variant, seed):
+    return (model_dir(root, "hmm", variant, seed) / "checkpoint.pt").stat().st_mtime_ns
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME", "DVC_STAGE", "PSRNN_RETRAIN"):
         monkeypatch.delenv(k, raising=False)
+    return monkeypatch
+
+
+def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
     root = tmp_path
     params = _params(root, [0])
-    wf.refine(params, root, "hmm", "psrnn")
-    s0 = wf.model_dir(root, "hmm", "psrnn", 0)
-    assert (s0 / "done").is_file()
+    refine.refine(params, root, "hmm")
+    assert (model_dir(root, "hmm", "psrnn", 0) / "done").is_file()
     first = _runs(root)
-    assert [s for s, _ in first] == ["0"]
-    mtime = (s0 / "checkpoint.pt").stat().st_mtime_ns
+    assert [(v, s) for v, s, *_ in first] == [("psrnn", "0")]
+    mtime = _mtime(root, "psrnn", 0)
 
-    params = _params(root, [0, 1])
+    # a new seed and a new variant: only the three new runs train
+    params = _params(root, [0, 1], ("psrnn", "gru"))
     shutil.rmtree(root / "plots")  # DVC deletes a stage's (non-persist) plots before it reruns the stage
-    wf.refine(params, root, "hmm", "psrnn")
-    assert (s0 / "checkpoint.pt").stat().st_mtime_ns == mtime, "seed 0 was retrained"
+    refine.refine(params, root, "hmm")
+    assert _mtime(root, "psrnn", 0) == mtime, "psrnn seed 0 was retrained"
     runs = _runs(root)
-    assert [s for s, _ in runs] == ["0", "1"] and runs[0] == first[0], "seed 0 was logged again"
-    assert (wf.model_dir(root, "hmm", "psrnn", 1) / "done").is_file()
-    for s in (0, 1):
-        assert wf.plot_path(root, "hmm", "psrnn", s).is_file()
+    assert [(v, s) for v, s, *_ in runs] == [("gru", "0"), ("gru", "1"), ("psrnn", "0"), ("psrnn", "1")]
+    assert first[0] in runs, "psrnn seed 0 was logged again"
+    for v in ("psrnn", "gru"):
+        for s in (0, 1):
+            assert (model_dir(root, "hmm", v, s) / "done").is_file() and plot_path(root, "hmm", v, s).is_file()
 
-    params = _params(root, [1])
-    wf.refine(params, root, "hmm", "psrnn")
-    assert not s0.exists(), "the model folder of a seed no longer in params.yaml must be removed"
-    assert (wf.model_dir(root, "hmm", "psrnn", 1) / "done").is_file()
+    # the tracking params are part of the configuration: a run is logged again where they change
+    params = _params(root, [1], ("gru",), log_checkpoints=True)
+    gru1 = _mtime(root, "gru", 1)
+    refine.refine(params, root, "hmm")
+    assert not (root / "models" / "hmm" / "psrnn").exists(), "a variant no longer in params.yaml must go"
+    assert not (root / "plots" / "hmm" / "psrnn").exists()
+    assert not model_dir(root, "hmm", "gru", 0).exists(), "a seed no longer in params.yaml must go"
+    assert _mtime(root, "gru", 1) != gru1
+    assert len(_runs(root)) == 5
+
+    # PSRNN_RETRAIN=1 ignores the done marker; a temporary file a kill left behind is removed
+    stray = model_dir(root, "hmm", "gru", 1) / ".checkpoint.pt.abc123.pt"
+    stray.write_bytes(b"half a checkpoint")
+    gru1 = _mtime(root, "gru", 1)
+    clean_env.setenv("PSRNN_RETRAIN", "1")
+    refine.refine(params, root, "hmm")
+    assert _mtime(root, "gru", 1) != gru1 and not stray.exists()
+    assert len(_runs(root)) == 6 and all(status == "FINISHED" for *_, status in _runs(root))
 
 
-def test_missing_initial_weights_name_the_file(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def test_a_run_killed_before_its_first_checkpoint_continues_its_mlflow_run(tmp_path, clean_env):
+    from pipeline.tracking import RunTracker
+
+    root = tmp_path
+    params = _params(root, [0])
+    mdir = model_dir(root, "hmm", "psrnn", 0)
+    mdir.mkdir(parents=True)
+    # what refine leaves when killed during the epoch-0 evaluation: fingerprint and run id, no checkpoint
+    (mdir / "fingerprint.txt").write_text(refine.run_fingerprint(params, root, "hmm", "psrnn", 0) + "\n")
+    orphan = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0", tags=TAGS).run_id
+    (mdir / "run_id").write_text(orphan + "\n")
+    refine.refine(params, root, "hmm")
+    assert [(run_id, status) for *_, run_id, status in _runs(root)] == [(orphan, "FINISHED")]
+
+    # of another configuration: a new run, and the orphan is closed as KILLED instead of left RUNNING
+    (mdir / "done").unlink()
+    (mdir / "fingerprint.txt").write_text("another configuration\n")
+    orphan2 = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0", tags=TAGS).run_id
+    (mdir / "run_id").write_text(orphan2 + "\n")
+    refine.refine(params, root, "hmm")
+    statuses = {run_id: status for *_, run_id, status in _runs(root)}
+    assert statuses[orphan2] == "KILLED" and list(statuses.values()).count("FINISHED") == 2
+
+
+def test_evaluate_refuses_an_unfinished_run(tmp_path, clean_env):
+    root = tmp_path
+    params = _params(root, [0])
+    refine.refine(params, root, "hmm")
+    evaluate.evaluate_dataset(params, root, "hmm")
+    (model_dir(root, "hmm", "psrnn", 0) / "done").unlink()
+    with pytest.raises(RuntimeError, match=r"models/hmm/psrnn/s0: training did not finish"):
+        evaluate.evaluate_dataset(params, root, "hmm")
+
+
+def test_missing_initial_weights_name_the_file(tmp_path, clean_env):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     params = load_params(tmp_path / "params.yaml")
     with pytest.raises(FileNotFoundError, match=r"init/psrnn\.npz"):
-        wf.refine(params, tmp_path, "hmm", "psrnn")
+        refine.refine(params, tmp_path, "hmm")
+
+
+def test_the_training_code_is_part_of_the_fingerprint(tmp_path):
+    src = refine.Path(refine.__file__).resolve().parents[2] / "pipeline"
+    shutil.copytree(src, tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    before = refine.code_hash(base=tmp_path)
+    assert before == refine.code_hash(base=tmp_path)
+    (tmp_path / "pipeline" / "report.py").write_text("# not training code\n")
+    assert refine.code_hash(base=tmp_path) == before
+    for rel in ("pipeline/metrics.py", "pipeline/native/recurrence.c", "pipeline/models/psrnn.py"):
+        with open(tmp_path / rel, "a") as fh:
+            fh.write("\n")
+        changed = refine.code_hash(base=tmp_path)
+        assert changed != before, f"editing {rel} must change the fingerprint"
+        before = changed

@@ -30,16 +30,17 @@ def _write_run(root: Path, dataset: str, variant: str, seed: int, kind: str, cur
     run = f"{variant}_s{seed}"
     common = {"dataset": dataset, "variant": variant, "family": FAMILY.get(variant, variant), "seed": seed,
               "kind": kind, "n_params": n_params}
-    if history:
-        entries = [{"epoch": i, "seconds": float(i), "train": m(i), "test": m(i)} for i in range(len(curve))]
-        p = root / "models" / dataset / variant / f"s{seed}" / "history.json"
+    if history:  # refine's plot file: one row per epoch
+        rows = [{"epoch": i, **{f"{split}_{k}": v for split in ("train", "test") for k, v in m(i).items()}}
+                for i in range(len(curve))]
+        p = root / "plots" / dataset / variant / f"s{seed}.json"
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps({**common, "best_epoch": len(curve) - 1, "history": entries}))
+        p.write_text(json.dumps(rows))
     if metrics:
         p = root / "metrics" / dataset / f"{run}.json"
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps({**common, "epochs": len(curve) - 1, "test": m(len(curve) - 1),
-                                 "initial_test": m(0), "bayes_optimal": bayes}))
+        p.write_text(json.dumps({**common, "epochs": len(curve) - 1, "best_epoch": len(curve) - 1,
+                                 "test": m(len(curve) - 1), "initial_test": m(0), "bayes_optimal": bayes}))
 
 
 def _write_predictions(root: Path, dataset: str, run: str, rng: np.random.Generator) -> None:
@@ -156,7 +157,7 @@ def test_write_report(project: Path, tmp_path: Path):
     assert "[fig3a.png](figures/fig3a.png)" in md
     na = md.split("## Not available")[1]
     assert "mocap" in na and "handwriting" in na
-    assert "models/hmm/gru/s0/history.json" in na
+    assert "plots/hmm/gru/s0.json" in na
     # deterministic
     first_md = (out / "results.md").read_bytes()
     first_png = (out / "figures" / "fig4b.png").read_bytes()

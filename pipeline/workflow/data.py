@@ -1,0 +1,95 @@
+"""Stages ``download`` and ``preprocess`` / ``synthesize``: raw files, then one prepared Parquet file per dataset."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows
+from pipeline.data.schema import SequenceDataset, write_dataset
+from pipeline.workflow.paths import prepared_path, raw_dir
+
+log = logging.getLogger(__name__)
+
+
+def download(params: Params, root: Path, source: str) -> dict[str, str]:
+    from pipeline.data.download import MANIFEST, cmu_trial_files, fetch, mirror_from_env
+
+    if source not in DOWNLOADED:
+        raise ParamsError(f"download: {source!r} has no raw files (expected one of {DOWNLOADED})")
+    mirror_root = mirror_from_env() or (Path(params.data_mirror) if params.data_mirror else None)
+    if mirror_root is not None and not mirror_root.is_absolute():
+        mirror_root = (root / mirror_root).resolve()
+    files = list(MANIFEST[source])
+    if source == "mocap" and "mocap" in params.datasets:
+        known = {f.path for f in files}
+        for trial in params.datasets["mocap"].source.get("trials", []):
+            for f in cmu_trial_files(trial):
+                if f.path not in known:
+                    files.append(f)
+                    known.add(f.path)
+    mirror = mirror_root / source if mirror_root is not None else None
+    return fetch(files, raw_dir(root, source), mirror)
+
+
+
+
+# ------------------------------------------------------------------------------------------ preprocess
+
+def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
+    """Build the prepared dataset from raw files (or a generator) and write it as Parquet."""
+    dp = params.dataset(dataset)
+    src = dict(dp.source)
+    if dataset == "ptb":
+        from pipeline.data.ptb import prepare_ptb
+
+        ds = prepare_ptb(raw_dir(root, "ptb"), **src)
+    elif dataset == "handwriting":
+        from pipeline.data.handwriting import prepare_handwriting
+
+        ds = prepare_handwriting(raw_dir(root, "handwriting"), **src)
+    elif dataset == "mocap":
+        from pipeline.data.mocap import prepare_mocap
+
+        ds = prepare_mocap(raw_dir(root, "mocap"), **src)
+    elif dataset == "swimmer":
+        from pipeline.data import swimmer
+
+        mode = src.pop("mode", "simulate")
+        if mode == "authors":
+            keep = {k: src[k] for k in ("train_file", "test_file", "n_train", "n_test") if k in src}
+            ds = swimmer.load_authors_swimmer(raw_dir(root, "swimmer"), **keep)
+        else:
+            drop = {"train_file", "test_file", "n_test"}
+            ds = swimmer.simulate_swimmer(**{k: v for k, v in src.items() if k not in drop})
+    elif dataset == "hmm":
+        from pipeline.data.synthetic import make_hmm_dataset
+
+        ds, _ = make_hmm_dataset(**src)
+    elif dataset == "lgssm":
+        from pipeline.data.synthetic import make_lgssm_dataset
+
+        ds, _ = make_lgssm_dataset(**src)
+    elif dataset == "custom":
+        from pipeline.data.custom import load_custom
+
+        path = Path(src.pop("path"))
+        ds = load_custom(path if path.is_absolute() else root / path, **src)
+    else:
+        raise ParamsError(f"unknown dataset {dataset!r}")
+    _check_lengths(dp, ds)
+    write_dataset(prepared_path(root, dataset), ds)
+    return ds
+
+
+def _check_lengths(dp: DatasetParams, ds: SequenceDataset) -> None:
+    """Both splits non-empty, and the 2SR windows fit the shortest training trajectory. The Kalman filter's windows
+    are checked by the two_stage stage, which reads the ``kf`` params (this stage does not: adding or changing a
+    Kalman filter must not rerun preprocessing)."""
+    from dataclasses import replace
+
+    for split in ("train", "test"):
+        if not ds.split(split):
+            raise ParamsError(f"{dp.name}.source: the {split} split is empty")
+    rff_only = replace(dp, variants=[v for v in dp.variants if v.family != "kf"])
+    check_windows(dp.name, rff_only, [len(t) for t in ds.train])

@@ -1,0 +1,125 @@
+"""Stage ``evaluate@<dataset>``: final and epoch-0 test metrics of every trained run, and its one-step test
+predictions before and after training, in one process (a process per run would spend most of its time importing
+torch). MLflow already has these numbers from refine (``final_test_*``), so this stage does not import it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import Params
+from pipeline.data.schema import SequenceDataset
+from pipeline.io import read_json, write_json
+from pipeline.workflow.initialise import load_initial
+from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, run_name
+
+
+def _trained(root: Path, dataset: str, variant: str, seed: int) -> Path:
+    """The checkpoint of a finished run; a run without its ``done`` marker (killed, diverged or never trained) is
+    refused rather than scored as if it were final."""
+    mdir = model_dir(root, dataset, variant, seed)
+    ckpt = mdir / "checkpoint.pt"
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"{ckpt}: checkpoint not found (run refine first)")
+    if not (mdir / "done").is_file():
+        raise RuntimeError(f"{mdir}: training did not finish (no 'done' marker); run refine to complete it")
+    return ckpt
+
+
+def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
+                 ds: SequenceDataset | None = None) -> dict[str, Any]:
+    """Final test metrics of one trained model (the last epoch), its epoch-0 metrics, its MLflow run id, and the
+    one-step test predictions of the initial and final model."""
+    from pipeline.train import evaluate, load_checkpoint, predict
+
+    dp = params.dataset(dataset)
+    variant = dp.variant(variant_name)
+    ds = ds if ds is not None else load_prepared(root, dataset)
+    ckpt = _trained(root, dataset, variant_name, seed)
+    ck = load_checkpoint(ckpt)
+    initial = load_initial(root, dataset, variant_name, seed)
+    final = copy.deepcopy(initial)
+    final.load_state_dict(ck["model"])
+    history = read_json(ckpt.parent / "history.json")
+    initial_pred, final_pred = predict(initial, ds.test), predict(final, ds.test)
+    result = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
+              "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
+              "best_epoch": ck["best_epoch"], "run_id": history.get("run_id"),
+              "test": evaluate(final, ds.test), "initial_test": evaluate(initial, ds.test),
+              "bayes_optimal": ds.meta.get("bayes_optimal")}
+    name = run_name(variant_name, seed)
+    write_predictions(predictions_dir(root, dataset) / f"{name}.parquet", ds, initial_pred, final_pred)
+    write_json(metrics_dir(root, dataset) / f"{name}.json", result)
+    return result
+
+
+def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict[str, Any]]:
+    """:func:`evaluate_run` for every variant x seed of the dataset. Every run is checked to be finished before
+    any evaluation, so a missing model fails in a second, naming it."""
+    from pipeline.progress import progress
+
+    dp = params.dataset(dataset)
+    runs = [(v.name, seed) for v in dp.variants for seed in params.seeds]
+    for v, s in runs:
+        _trained(root, dataset, v, s)
+    ds = load_prepared(root, dataset)
+    results = {}
+    for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
+        results[run_name(v, s)] = evaluate_run(params, root, dataset, v, s, ds=ds)
+    return results
+
+
+def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray], final: list[np.ndarray]) -> None:
+    """One-step test predictions as Parquet, one row per (trajectory, step[, feature]); row ``step = t`` holds the
+    prediction made after o_{t-1} of the observation o_t.
+
+    Continuous data: ``trajectory, step, feature, target, initial, final`` (predicted values).
+    Discrete data: ``trajectory, step, target, initial, final`` (the most likely symbol) and ``initial_bits,
+    final_bits`` (-log2 of the probability given to the target symbol, whose mean is the BPC).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io import atomic_path
+
+    if ds.discrete:
+        cols: dict[str, list] = {k: [] for k in ("trajectory", "step", "target", "initial", "final",
+                                                  "initial_bits", "final_bits")}
+        for i, (traj, p0, p1) in enumerate(zip(ds.test, initial, final)):
+            T = len(traj)
+            target = np.asarray(traj[1:], dtype=np.int64)
+            cols["trajectory"].append(np.full(T - 1, i, dtype=np.int64))
+            cols["step"].append(np.arange(1, T, dtype=np.int64))
+            cols["target"].append(target)
+            for name, logits in (("initial", p0[:-1]), ("final", p1[:-1])):
+                logits = np.asarray(logits, dtype=np.float64)
+                shifted = logits - logits.max(axis=1, keepdims=True)
+                log_z = np.log(np.exp(shifted).sum(axis=1))
+                log_p = shifted[np.arange(T - 1), target] - log_z
+                cols[name].append(logits.argmax(axis=1).astype(np.int64))
+                cols[f"{name}_bits"].append(-log_p / np.log(2.0))
+        table = pa.table({k: pa.array(np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()})
+    else:
+        cols = {"trajectory": [], "step": [], "feature": [], "target": [], "initial": [], "final": []}
+        for i, (traj, p0, p1) in enumerate(zip(ds.test, initial, final)):
+            T = len(traj)
+            for j, name in enumerate(ds.features):
+                cols["trajectory"].append(np.full(T - 1, i))
+                cols["step"].append(np.arange(1, T))
+                cols["feature"].extend([name] * (T - 1))
+                cols["target"].append(traj[1:, j])
+                cols["initial"].append(p0[:-1, j])
+                cols["final"].append(p1[:-1, j])
+        table = pa.table({
+            "trajectory": pa.array(np.concatenate(cols["trajectory"]).astype(np.int64)),
+            "step": pa.array(np.concatenate(cols["step"]).astype(np.int64)),
+            "feature": pa.array(cols["feature"], type=pa.string()),
+            "target": pa.array(np.concatenate(cols["target"]).astype(np.float64)),
+            "initial": pa.array(np.concatenate(cols["initial"]).astype(np.float64)),
+            "final": pa.array(np.concatenate(cols["final"]).astype(np.float64)),
+        })
+    with atomic_path(path, suffix=".parquet") as tmp:
+        pq.write_table(table, tmp)

@@ -1,0 +1,75 @@
+"""Stage ``initialise``: the initial weights of every model variant, from the 2SR / CP artifacts or at random."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.config import DatasetParams, Params, Variant
+from pipeline.data.schema import SequenceDataset
+from pipeline.io import load_npz, save_npz
+from pipeline.workflow.paths import artifact_dir, load_prepared
+
+
+def model_config(dp: DatasetParams, ds: SequenceDataset, variant: Variant, kf_state_dim: int | None = None):
+    """The model of ``variant``; a Kalman filter's state size is that of its 2SR artifact (``kf_state_dim``), so
+    this stage reads no ``kf`` params (the ``two_stage`` stage does)."""
+    from pipeline.models.common import ModelConfig
+
+    ts = dp.two_stage
+    if variant.family == "kf" and kf_state_dim is None:
+        raise ValueError("model_config: a Kalman filter needs the state size of its 2SR artifact")
+    bias = dp.model.factorized_bias_scale if variant.family == "factorized_psrnn" else dp.model.psrnn_bias_scale
+    return ModelConfig(model=variant.family, discrete=ds.discrete, input_dim=ds.obs_dim, output_dim=ds.obs_dim,
+                       state_dim=kf_state_dim if variant.family == "kf" else ts.state_dim, obs_dim=ts.obs_dim,
+                       n_layers=variant.n_layers, rank=variant.rank, n_rff=ts.n_features, init=variant.init,
+                       bias_scale=bias)
+
+
+def initial_model(params: Params, root: Path, dataset: str, variant_name: str, seed: int):
+    """The model of a variant, initialised from the 2SR / CP artifacts (or at random)."""
+    from pipeline.api import initialise_model
+    from pipeline.decompose import CPFactors
+    from pipeline.two_stage import LinearStateSpace
+    from pipeline.workflow.spectral import load_two_stage
+
+    dp = params.dataset(dataset)
+    variant = dp.variant(variant_name)
+    ds = load_prepared(root, dataset)
+    tsm = cps = lss = None
+    adir = artifact_dir(root, dataset, seed)
+    if variant.family in ("psrnn", "factorized_psrnn") and variant.init == "2sr":
+        tsm = load_two_stage(root, dataset, seed, variant.n_layers)
+        if variant.rank is not None:
+            a, m = load_npz(adir / "cp" / f"r{variant.rank}.npz")
+            cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
+    elif variant.family == "kf":
+        a, _ = load_npz(adir / "2sr" / "kf.npz")
+        lss = LinearStateSpace.from_arrays(a)
+    cfg = model_config(dp, ds, variant, kf_state_dim=None if lss is None else int(lss.A.shape[0]))
+    return initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed), ds
+
+
+def initialise(params: Params, root: Path, dataset: str, seed: int) -> Path:
+    """Initial weights of every variant, one deterministic .npz each: a variant whose initialisation does not
+    read the 2SR artifacts (Xavier baselines) keeps the same bytes when they change, so DVC does not retrain it."""
+    dp = params.dataset(dataset)
+    out = artifact_dir(root, dataset, seed) / "init"
+    out.mkdir(parents=True, exist_ok=True)
+    for variant in dp.variants:
+        model, _ = initial_model(params, root, dataset, variant.name, seed)
+        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        save_npz(out / f"{variant.name}.npz", state, meta={"model_config": model.config.to_dict(), "seed": seed,
+                                                           "n_params": model.n_parameters()})
+    return out
+
+
+def load_initial(root: Path, dataset: str, variant: str, seed: int):
+    import torch
+
+    from pipeline.models import ModelConfig, build_model
+
+    arrays, meta = load_npz(artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz")
+    model = build_model(ModelConfig(**meta["model_config"]))
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+    return model
+

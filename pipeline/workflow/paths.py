@@ -1,0 +1,66 @@
+"""Where every stage reads and writes, relative to the project root (the one place that knows the layout).
+
+    data/raw/<source>/                         download        raw files, sha256-verified
+    data/prepared/<dataset>.parquet            preprocess      pipeline.data.schema
+    artifacts/<dataset>/s<seed>/features.npz   features        layer-1 RFF maps (frequencies, offsets, widths)
+    artifacts/<dataset>/s<seed>/2sr/L<l>.npz   two_stage       a 2SR initialisation of depth l (all its layers)
+    artifacts/<dataset>/s<seed>/2sr/kf.npz                     the linear 2SR Kalman filter (continuous data)
+    artifacts/<dataset>/s<seed>/cp/r<r>.npz    decompose       CP factors of the layer-1 tensor, rank r
+    artifacts/<dataset>/s<seed>/init/<v>.npz   initialise      initial weights of every variant v
+    models/<dataset>/<v>/s<seed>/              refine          checkpoint.pt, history.json, run_id, done
+    plots/<dataset>/<v>/s<seed>.json           refine          per-epoch curves (dvc plots)
+    metrics/<dataset>/<v>_s<seed>.json         evaluate        final metrics (a dvc metrics directory per dataset)
+    predictions/<dataset>/<v>_s<seed>.parquet  evaluate        one-step test predictions before/after training
+    reports/figures/*.png, reports/results.md  report
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.data.schema import SequenceDataset, read_dataset
+
+
+def raw_dir(root: Path, source: str) -> Path:
+    return root / "data" / "raw" / source
+
+
+def prepared_path(root: Path, dataset: str) -> Path:
+    return root / "data" / "prepared" / f"{dataset}.parquet"
+
+
+def load_prepared(root: Path, dataset: str) -> SequenceDataset:
+    return read_dataset(prepared_path(root, dataset))
+
+
+def artifact_dir(root: Path, dataset: str, seed: int) -> Path:
+    return root / "artifacts" / dataset / f"s{seed}"
+
+
+def run_name(variant: str, seed: int) -> str:
+    return f"{variant}_s{seed}"
+
+
+def dataset_models_dir(root: Path, dataset: str) -> Path:
+    """The output of stage ``refine@<dataset>``: one :func:`variant_dir` per variant."""
+    return root / "models" / dataset
+
+
+def variant_dir(root: Path, dataset: str, variant: str) -> Path:
+    return dataset_models_dir(root, dataset) / variant
+
+
+def model_dir(root: Path, dataset: str, variant: str, seed: int) -> Path:
+    return variant_dir(root, dataset, variant) / f"s{seed}"
+
+
+def plot_path(root: Path, dataset: str, variant: str, seed: int) -> Path:
+    return root / "plots" / dataset / variant / f"s{seed}.json"
+
+
+def metrics_dir(root: Path, dataset: str) -> Path:
+    return root / "metrics" / dataset
+
+
+def predictions_dir(root: Path, dataset: str) -> Path:
+    return root / "predictions" / dataset

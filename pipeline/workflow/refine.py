@@ -1,0 +1,227 @@
+"""Stage ``refine@<dataset>``: BPTT of every variant x seed of a dataset, one MLflow run each, in one process.
+
+A (variant, seed) already trained with the same configuration is skipped: its ``done`` marker holds a fingerprint of
+everything that decides the result — the train config, the initial weights, the prepared data, the training code
+(:data:`TRAINING_CODE`) and the tracking params. Adding a seed or a variant therefore trains only the new runs, and a
+2SR change that leaves a variant's initial weights as they were costs only the check. ``PSRNN_RETRAIN=1`` ignores
+the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f refine@ptb`` retrains a dataset from scratch: ``-f``
+alone reruns the stage, which then finds every run done). Variant and seed folders no longer in params.yaml are
+removed, so the stage's output matches its params.
+
+After a kill, a run whose checkpoint has the same fingerprint resumes from it (its MLflow run continues too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Params
+from pipeline.io import read_json, write_json, write_text
+from pipeline.workflow.initialise import load_initial
+from pipeline.workflow.paths import (
+    artifact_dir, dataset_models_dir, load_prepared, model_dir, plot_path, prepared_path, run_name, variant_dir,
+)
+
+log = logging.getLogger(__name__)
+
+#: The code that decides a trained model, relative to the repository root. The ``refine`` stages of dvc.yaml list
+#: the same paths as dependencies (``tests/test_dvc_graph.py`` checks that they cover every module refine imports).
+TRAINING_CODE = ("pipeline/train.py", "pipeline/train_config.py", "pipeline/optim.py", "pipeline/batching.py",
+                 "pipeline/metrics.py", "pipeline/models", "pipeline/native")
+_CODE_SUFFIXES = (".py", ".c", ".h")
+
+
+def code_hash(paths: tuple[str, ...] = TRAINING_CODE, base: Path | None = None) -> str:
+    """sha256 over the source files under ``paths`` (names and bytes, in sorted order), relative to ``base``
+    (default: the folder that holds this ``pipeline`` package)."""
+    base = Path(base) if base is not None else Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in paths:
+        p = base / rel
+        files = sorted(f for f in p.rglob("*") if f.suffix in _CODE_SUFFIXES) if p.is_dir() else [p]
+        for f in files:
+            h.update(f.relative_to(base).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _fingerprint(*parts: Any) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        if isinstance(p, Path):
+            h.update(p.read_bytes())
+        else:
+            h.update(json.dumps(p, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _retrain() -> bool:
+    return os.environ.get("PSRNN_RETRAIN", "").strip().lower() in ("1", "true", "yes")
+
+
+def refine(params: Params, root: Path, dataset: str, variant_name: str | None = None, seed: int | None = None
+           ) -> dict[str, dict[str, Any]]:
+    """:func:`refine_run` for every variant x seed of params.yaml (or only ``variant_name`` / ``seed``).
+
+    All runs share one process, so torch and MLflow are imported once (about 10 s per process). Returns the
+    histories by run name."""
+    from pipeline.progress import progress
+
+    dp = params.dataset(dataset)
+    variants = [v.name for v in dp.variants] if variant_name is None else [dp.variant(variant_name).name]
+    seeds = list(params.seeds) if seed is None else [seed]
+    if variant_name is None:
+        _prune(dataset_models_dir(root, dataset), set(variants), "variant")
+        _prune(root / "plots" / dataset, set(variants), "variant")
+    if seed is None:
+        for v in variants:
+            _prune(variant_dir(root, dataset, v), {f"s{s}" for s in seeds}, "seed")
+            plots = plot_path(root, dataset, v, 0).parent
+            if plots.is_dir():
+                for stale in plots.glob("s*.json"):
+                    if stale.stem not in {f"s{s}" for s in seeds}:
+                        stale.unlink()
+    runs = [(v, s) for v in variants for s in seeds]
+    out = {}
+    for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
+        out[run_name(v, s)] = refine_run(params, root, dataset, v, s)
+    return out
+
+
+def _prune(folder: Path, keep: set[str], what: str) -> None:
+    if not folder.is_dir():
+        return
+    for stale in sorted(folder.iterdir()):
+        if stale.name not in keep:
+            log.info("refine: removing %s (%s not in params.yaml)", stale, what)
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+
+
+def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list[dict[str, Any]]) -> None:
+    rows = []
+    for entry in history:
+        row = {"epoch": entry["epoch"]}
+        for split in ("train", "valid", "test"):
+            for k, v in (entry.get(split) or {}).items():
+                row[f"{split}_{k}"] = v
+        rows.append(row)
+    write_json(plot_path(root, dataset, variant, seed), rows)
+
+
+def run_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> str:
+    """What decides the trained model of one run (see the module docstring)."""
+    from dataclasses import replace
+
+    dp = params.dataset(dataset)
+    init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
+    if not init_path.is_file():
+        raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
+    tcfg = replace(dp.train, seed=seed)
+    return _fingerprint(asdict(tcfg), init_path, prepared_path(root, dataset), code_hash(),
+                        dict(params.tracking))
+
+
+def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, Any]:
+    """BPTT of one (variant, seed) from its initial weights, tracked as one MLflow run; resumes from a checkpoint
+    of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done."""
+    from dataclasses import replace
+
+    dp = params.dataset(dataset)
+    variant = dp.variant(variant_name)
+    tcfg = replace(dp.train, seed=seed)
+    fingerprint = run_fingerprint(params, root, dataset, variant_name, seed)
+    mdir = model_dir(root, dataset, variant_name, seed)
+    done_file, history_file = mdir / "done", mdir / "history.json"
+    retrain = _retrain()
+    if (not retrain and done_file.is_file() and done_file.read_text().strip() == fingerprint
+            and history_file.is_file()):
+        history = read_json(history_file)
+        _write_plot(root, dataset, variant_name, seed, history["history"])
+        log.info("refine %s/%s seed %d: already trained with this configuration", dataset, variant_name, seed)
+        return history
+
+    import torch
+
+    from pipeline.tracking import RunTracker, git_commit
+    from pipeline.train import fit, load_checkpoint
+
+    ds = load_prepared(root, dataset)
+    model = load_initial(root, dataset, variant_name, seed)
+    mdir.mkdir(parents=True, exist_ok=True)
+    for orphan in mdir.glob(".*"):  # temporary files of a write that a kill interrupted (see pipeline.io)
+        if orphan.is_file():
+            orphan.unlink()
+    ckpt = mdir / "checkpoint.pt"
+    fp_file = mdir / "fingerprint.txt"
+    run_id_file = mdir / "run_id"
+    if done_file.exists():
+        done_file.unlink()
+    same = not retrain and fp_file.exists() and fp_file.read_text().strip() == fingerprint
+    resume = same and ckpt.exists()
+    previous = run_id_file.read_text().strip() if run_id_file.exists() else None
+    if not resume:
+        for stale in (ckpt, history_file):
+            if stale.exists():
+                stale.unlink()
+    write_text(fp_file, fingerprint + "\n")
+    prefix = params.tracking.get("experiment_prefix", "psrnn")
+    tags = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": str(seed),
+            "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}")}
+    commit = git_commit(root)
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+    # A run killed before its first checkpoint continues its MLflow run when the configuration is the same;
+    # one of another configuration is closed as KILLED rather than left RUNNING.
+    tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
+                         run_id=previous if same else None, tags=tags)
+    if previous and previous != tracker.run_id:
+        tracker.close_stale(previous)
+    write_text(run_id_file, tracker.run_id + "\n")
+    config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
+                              "model": model.config.to_dict(), "train": asdict(tcfg),
+                              "n_params": model.n_parameters(), "source": dp.source}
+    if variant.family == "kf":
+        config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
+    else:
+        config["two_stage"] = asdict(dp.two_stage)
+    tracker.log_params(config)
+    if resume:
+        # a kill can fall between an epoch's checkpoint and its MLflow logging: log what the run lacks
+        from pipeline.metrics import primary_metric
+
+        logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
+        for entry in load_checkpoint(ckpt)["history"]:
+            if entry["epoch"] not in logged:
+                tracker.log_epoch(entry)
+
+    try:
+        result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
+                     resume=resume, on_epoch=tracker.log_epoch)
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
+               "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
+               "best_metric": result.best_metric, "run_id": tracker.run_id, "history": result.history}
+    write_json(history_file, history)
+    _write_plot(root, dataset, variant_name, seed, result.history)
+    last = result.history[-1]
+    tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
+    if params.tracking.get("log_checkpoints", True):
+        tracker.log_artifact(ckpt, "checkpoints")
+    tracker.log_artifact(history_file)
+    if params.tracking.get("log_model", True):
+        model.load_state_dict(load_checkpoint(ckpt)["model"])
+        tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    tracker.finish()
+    write_text(done_file, fingerprint + "\n")
+    return history

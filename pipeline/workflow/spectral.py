@@ -1,0 +1,86 @@
+"""Stages ``features``, ``two_stage`` and ``decompose``: the spectral initialisation (RFF maps, 2SR per depth and
+the linear 2SR of the Kalman filter, CP factors per rank)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from pipeline.config import DatasetParams, Params, check_windows
+from pipeline.io import load_npz, save_npz, write_json
+from pipeline.workflow.paths import artifact_dir, load_prepared
+
+
+def _two_stage_config(dp: DatasetParams, seed: int):
+    from pipeline.two_stage import TwoStageConfig
+
+    return TwoStageConfig(**{**asdict(dp.two_stage), "seed": seed})
+
+
+def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
+    from pipeline.features import fit_feature_maps, make_windows
+
+    dp = params.dataset(dataset)
+    ds = load_prepared(root, dataset)
+    cfg = _two_stage_config(dp, seed)
+    cfg.validate()
+    windows = make_windows(ds.train, cfg.past_window, cfg.future_window, discrete=ds.discrete,
+                           vocab_size=ds.obs_dim if ds.discrete else None)
+    maps = fit_feature_maps(windows, n_features=cfg.n_features, obs_dim=ds.obs_dim,
+                            vocab_size=ds.obs_dim if ds.discrete else 0, widths=cfg.widths,
+                            width_scale=cfg.width_scale, seed=seed)
+    out = artifact_dir(root, dataset, seed) / "features.npz"
+    save_npz(out, maps.to_arrays(), meta={"dataset": dataset, "seed": seed, "two_stage": asdict(cfg),
+                                          "n_windows": len(windows)})
+    return out
+
+
+# ------------------------------------------------------------------------------------------- two stage
+
+def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
+    from pipeline.features import FeatureMaps
+    from pipeline.two_stage import linear_two_stage, two_stage_depths
+
+    dp = params.dataset(dataset)
+    ds = load_prepared(root, dataset)
+    check_windows(dataset, dp, [len(t) for t in ds.train], obs_dim=None if ds.discrete else ds.obs_dim)
+    cfg = _two_stage_config(dp, seed)
+    arrays, _ = load_npz(artifact_dir(root, dataset, seed) / "features.npz")
+    maps = FeatureMaps.from_arrays(arrays)
+    out = artifact_dir(root, dataset, seed) / "2sr"
+    out.mkdir(parents=True, exist_ok=True)
+    depths = two_stage_depths(ds.train, cfg, n_layers=dp.max_layers, discrete=ds.discrete,
+                              vocab_size=ds.obs_dim if ds.discrete else 0, maps=maps)
+    for depth, tsm in enumerate(depths, start=1):  # layer l is learned once for all depths >= l
+        save_npz(out / f"L{depth}.npz", tsm.to_arrays(), meta={**tsm.meta(), "dataset": dataset, "seed": seed})
+    if any(v.family == "kf" for v in dp.variants):
+        lss = linear_two_stage(ds.train, state_dim=dp.kf.state_dim, past_window=dp.kf.past_window,
+                               future_window=dp.kf.future_window, ridge=dp.kf.ridge)
+        save_npz(out / "kf.npz", lss.to_arrays(), meta={"dataset": dataset, "seed": seed, "kf": asdict(dp.kf),
+                                                         "diagnostics": lss.diagnostics})
+    return out
+
+
+def load_two_stage(root: Path, dataset: str, seed: int, depth: int):
+    from pipeline.two_stage import TwoStageModel
+
+    arrays, meta = load_npz(artifact_dir(root, dataset, seed) / "2sr" / f"L{depth}.npz")
+    return TwoStageModel.from_arrays(arrays, meta)
+
+
+# ------------------------------------------------------------------------------------------- decompose
+
+def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
+    from pipeline.decompose import cp_decompose
+
+    dp = params.dataset(dataset)
+    out = artifact_dir(root, dataset, seed) / "cp"
+    out.mkdir(parents=True, exist_ok=True)
+    tsm = load_two_stage(root, dataset, seed, 1)
+    for rank in dp.ranks:
+        f = cp_decompose(tsm.layers[0].W, rank, seed=seed)
+        save_npz(out / f"r{rank}.npz", f.as_dict(), meta={"rank": rank, "relative_error": f.relative_error,
+                                                           "dataset": dataset, "seed": seed})
+    write_json(out / "summary.json", {"ranks": dp.ranks})
+    return out
+
