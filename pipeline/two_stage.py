@@ -317,12 +317,12 @@ def two_stage_regression(
 
     The layer is complete: its ``mean_state`` is the mean unnormalised update over the states filtered through
     ``trajectories`` (one filtering pass, :func:`filter_states`), as in :func:`multilayer_two_stage`."""
-    layer = _regress_layer(trajectories, cfg, discrete=discrete, vocab_size=vocab_size, maps=maps)
+    layer = regress_layer(trajectories, cfg, discrete=discrete, vocab_size=vocab_size, maps=maps)
     _, layer.mean_state = filter_states(layer, trajectories, return_unnormalised_mean=True)
     return layer
 
 
-def _regress_layer(
+def regress_layer(
     trajectories: Sequence[np.ndarray],
     cfg: TwoStageConfig,
     *,
@@ -330,8 +330,10 @@ def _regress_layer(
     vocab_size: int = 0,
     maps: FeatureMaps | None = None,
 ) -> TwoStageLayer:
-    """The regressions of :func:`two_stage_regression`, with ``mean_state`` left at zero: the caller filters the
-    training data with the layer anyway (and needs the states), so it sets the mean from that pass."""
+    """The regressions of :func:`two_stage_regression` alone, with ``mean_state`` left at zero: for callers that
+    filter the training data with the layer anyway (:func:`two_stage_depths` needs the states) and set the mean
+    from that pass, and for ``benchmarks/bench_two_stage.py``, which times the regressions against the naive
+    method's."""
     cfg.validate()
     windows = make_windows(trajectories, cfg.past_window, cfg.future_window, discrete=discrete,
                            vocab_size=vocab_size if discrete else None)
@@ -527,7 +529,7 @@ def two_stage_depths(
         is_first = level == 0
         lcfg = cfg if is_first else (upper_cfg or TwoStageConfig(**{**asdict(cfg), "widths": None,
                                                                      "seed": cfg.seed + 101 * level}))
-        layer = _regress_layer(inputs, lcfg, discrete=discrete and is_first,
+        layer = regress_layer(inputs, lcfg, discrete=discrete and is_first,
                                vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
         states, mean_z = filter_states(layer, inputs, return_unnormalised_mean=True)
         layer.mean_state = mean_z

@@ -174,6 +174,13 @@ def test_an_experiment_on_a_training_param_reruns_only_downstream_stages_and_sho
     text = json.dumps(shown)
     assert "lr-half" in text
     assert "metrics/hmm/psrnn_s0.json" in text, "dvc exp show has no metrics: are metrics/ tracked by git?"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny-hmm")
+    tagged = client.search_runs([exp.experiment_id], filter_string="tags.dvc_exp_name = 'lr-half'")
+    assert len(tagged) == len(yaml.safe_load((root / "params.yaml").read_text())["hmm"]["variants"])
+    assert all(r.data.params["train.lr"] == "0.5" for r in tagged)
 
 
 def test_a_kalman_param_and_a_removed_variant_rerun_only_their_datasets(project):
