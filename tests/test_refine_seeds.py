@@ -32,9 +32,10 @@ PARAMS = {
 }
 
 
-def _params(root, seeds, variants=("psrnn",), **tracking):
+def _params(root, seeds, variants=("psrnn",), epochs=2, **tracking):
     p = copy.deepcopy(PARAMS)
     p["seeds"] = seeds
+    p["hmm"]["train"]["epochs"] = epochs
     p["hmm"]["variants"] = list(variants)
     p["tracking"].update(tracking)
     (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
@@ -119,7 +120,8 @@ def test_a_run_killed_before_its_first_checkpoint_continues_its_mlflow_run(tmp_p
     mdir = model_dir(root, "hmm", "psrnn", 0)
     mdir.mkdir(parents=True)
     # what refine leaves when killed during the epoch-0 evaluation: fingerprint and run id, no checkpoint
-    (mdir / "fingerprint.txt").write_text(refine.run_fingerprint(params, root, "hmm", "psrnn", 0) + "\n")
+    (mdir / "fingerprint.txt").write_text(
+        refine.run_fingerprint(params, root, "hmm", "psrnn", 0, any_epochs=True) + "\n")
     orphan = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0", tags=TAGS).run_id
     (mdir / "run_id").write_text(orphan + "\n")
     refine.refine(params, root, "hmm")
@@ -133,6 +135,33 @@ def test_a_run_killed_before_its_first_checkpoint_continues_its_mlflow_run(tmp_p
     refine.refine(params, root, "hmm")
     statuses = {run_id: status for *_, run_id, status in _runs(root)}
     assert statuses[orphan2] == "KILLED" and list(statuses.values()).count("FINISHED") == 2
+
+
+def test_more_epochs_continue_the_run_and_equal_training_them_in_one_go(tmp_path, clean_env):
+    import torch
+
+    from pipeline.train import load_checkpoint
+
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")
+    (run,) = _runs(root)
+    refine.refine(_params(root, [0], epochs=3), root, "hmm")
+    assert _runs(root) == [run], "extending training must continue the same MLflow run"
+    ckpt = model_dir(root, "hmm", "psrnn", 0) / "checkpoint.pt"
+    extended = load_checkpoint(ckpt)
+    assert [h["epoch"] for h in extended["history"]] == [0, 1, 2, 3]
+
+    clean_env.setenv("PSRNN_RETRAIN", "1")  # the same three epochs from scratch
+    refine.refine(_params(root, [0], epochs=3), root, "hmm")
+    clean_env.delenv("PSRNN_RETRAIN")
+    straight = load_checkpoint(ckpt)
+    for k, v in straight["model"].items():
+        assert torch.equal(v, extended["model"][k]), k
+    assert len(_runs(root)) == 2
+
+    # fewer epochs than the checkpoint holds: trained again from scratch, in a new run
+    refine.refine(_params(root, [0], epochs=1), root, "hmm")
+    assert [h["epoch"] for h in load_checkpoint(ckpt)["history"]] == [0, 1] and len(_runs(root)) == 3
 
 
 def test_evaluate_refuses_an_unfinished_run(tmp_path, clean_env):

@@ -8,7 +8,10 @@ the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f refine@ptb`` retrain
 alone reruns the stage, which then finds every run done). Variant and seed folders no longer in params.yaml are
 removed, so the stage's output matches its params.
 
-After a kill, a run whose checkpoint has the same fingerprint resumes from it (its MLflow run continues too).
+After a kill, a run whose checkpoint has the same fingerprint resumes from it (its MLflow run continues too); so
+does a finished run whose ``train.epochs`` was raised, which trains only the new epochs. (The MLflow param
+``train.epochs`` keeps its first value, MLflow params being immutable; the run's ``epochs`` tag has the current
+one.)
 """
 
 from __future__ import annotations
@@ -115,17 +118,21 @@ def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list
     write_json(plot_path(root, dataset, variant, seed), rows)
 
 
-def run_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> str:
-    """What decides the trained model of one run (see the module docstring)."""
+def run_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int, *,
+                    any_epochs: bool = False) -> str:
+    """What decides the trained model of one run (see the module docstring). With ``any_epochs``, everything but
+    ``train.epochs``: a checkpoint with that fingerprint can continue to more epochs (training is resumed
+    exactly, so 10 epochs extended to 20 equal 20 in one go)."""
     from dataclasses import replace
 
     dp = params.dataset(dataset)
     init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
     if not init_path.is_file():
         raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
-    tcfg = replace(dp.train, seed=seed)
-    return _fingerprint(asdict(tcfg), init_path, prepared_path(root, dataset), code_hash(),
-                        dict(params.tracking))
+    train = asdict(replace(dp.train, seed=seed))
+    if any_epochs:
+        train.pop("epochs")
+    return _fingerprint(train, init_path, prepared_path(root, dataset), code_hash(), dict(params.tracking))
 
 
 def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, Any]:
@@ -163,14 +170,19 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     run_id_file = mdir / "run_id"
     if done_file.exists():
         done_file.unlink()
-    same = not retrain and fp_file.exists() and fp_file.read_text().strip() == fingerprint
-    resume = same and ckpt.exists()
+    # fingerprint.txt holds the fingerprint without train.epochs: a checkpoint of the same run continues, also to
+    # more epochs than it was trained for (not to fewer: the checkpoint holds only its last epoch)
+    resumable = run_fingerprint(params, root, dataset, variant_name, seed, any_epochs=True)
+    same = not retrain and fp_file.exists() and fp_file.read_text().strip() == resumable
+    resume = same and ckpt.exists() and load_checkpoint(ckpt)["epoch"] <= tcfg.epochs
+    # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
+    reuse_run = resume or (same and not ckpt.exists())
     previous = run_id_file.read_text().strip() if run_id_file.exists() else None
     if not resume:
         for stale in (ckpt, history_file):
             if stale.exists():
                 stale.unlink()
-    write_text(fp_file, fingerprint + "\n")
+    write_text(fp_file, resumable + "\n")
     prefix = params.tracking.get("experiment_prefix", "psrnn")
     tags = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": str(seed),
             "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}")}
@@ -182,7 +194,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     # A run killed before its first checkpoint continues its MLflow run when the configuration is the same;
     # one of another configuration is closed as KILLED rather than left RUNNING.
     tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
-                         run_id=previous if same else None, tags=tags)
+                         run_id=previous if reuse_run else None, tags={**tags, "epochs": str(tcfg.epochs)})
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous)
     write_text(run_id_file, tracker.run_id + "\n")
