@@ -141,7 +141,9 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
               "evaluate": "evaluate", "report": "report"}[stage]
     wf = importlib.import_module(f"pipeline.workflow.{module}") if module else None
     calls: dict[str, Callable[[], object]] = {
-        "check": lambda: None,
+        "check": lambda: print(f"{args.params or root / 'params.yaml'}: valid ({len(params.datasets)} datasets, "
+                               f"{sum(len(d.variants) for d in params.datasets.values())} model variants, "
+                               f"seeds {list(params.seeds)})"),
         "download": lambda: wf.download(params, root, args.source),
         "preprocess": lambda: wf.prepare(params, root, args.dataset),
         "features": lambda: wf.features(params, root, args.dataset, args.seed),

@@ -792,6 +792,18 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return parse_params({} if raw is None else raw, source=str(path))
 
 
+def user_repo(path: str | Path) -> Path:
+    """The user's repository for a stage running at ``path``: ``path`` itself, or, for a temporary experiment
+    copy ``<repo>/.dvc/tmp/...`` (queued and ``--temp`` experiments), ``<repo>``. Paths the user wrote relative to
+    the repo (``data.mirror``) and the MLflow store resolve against it, not against the copy."""
+    p = Path(path).resolve()
+    parts = p.parts
+    for i in range(len(parts) - 1):
+        if parts[i] == ".dvc" and parts[i + 1] == "tmp":
+            return Path(*parts[:i])
+    return p
+
+
 def project_root() -> Path:
     """The working tree a stage reads params.yaml and data from and writes its outputs to: ``DVC_ROOT`` when DVC
     runs the stage in the workspace, else the nearest directory holding params.yaml from the working directory.

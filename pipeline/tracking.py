@@ -45,13 +45,10 @@ class TrackingError(RuntimeError):
 
 def store_root(path: str | os.PathLike) -> Path:
     """The repo whose ``mlflow.db`` a stage at ``path`` logs into: ``path`` itself, or, for a temporary
-    experiment copy ``<repo>/.dvc/tmp/...``, ``<repo>``."""
-    p = Path(path).resolve()
-    parts = p.parts
-    for i in range(len(parts) - 1):
-        if parts[i] == ".dvc" and parts[i + 1] == "tmp":
-            return Path(*parts[:i])
-    return p
+    experiment copy ``<repo>/.dvc/tmp/...``, ``<repo>`` (:func:`pipeline.config.user_repo`)."""
+    from pipeline.config import user_repo
+
+    return user_repo(path)
 
 
 def tracking_uri(root: str | os.PathLike | None = None) -> str:

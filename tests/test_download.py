@@ -511,3 +511,25 @@ def test_safe_extract_keeps_links_that_stay_inside(tmp_path: Path) -> None:
     for name in ("d/alias", "e/ptr", "e/chain", "top/real.txt", "hard"):
         assert (dest / name).read_bytes() == b"data", name
     assert os.path.islink(dest / "e" / "chain") and not os.path.islink(dest / "hard")
+
+
+def test_a_relative_mirror_resolves_against_the_users_repo_in_a_queued_experiment(tmp_path: Path, monkeypatch):
+    """A queued experiment runs in <repo>/.dvc/tmp/exps/<tmp>/: `data.mirror: ../shared/data` (relative to the
+    repo, as params.yaml says) must not be looked up relative to that copy."""
+    if not (MIRROR / "handwriting").is_dir():
+        pytest.skip(f"raw-data mirror {MIRROR} not found")
+    from pipeline.config import parse_params
+    from pipeline.workflow.data import download
+
+    monkeypatch.delenv("PSRNN_DATA_MIRROR", raising=False)
+    repo = tmp_path / "repo"
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "data").symlink_to(MIRROR)
+    copy = repo / ".dvc" / "tmp" / "exps" / "tmpabc"
+    copy.mkdir(parents=True)
+    import yaml
+
+    tiny = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_params.yaml").read_text())
+    params = parse_params({"seeds": [0], "data": {"mirror": "../shared/data"}, "hmm": tiny["hmm"]})
+    got = download(params, copy, "handwriting")
+    assert got and all((copy / "data" / "raw" / "handwriting" / name).is_file() for name in got)

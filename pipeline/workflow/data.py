@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows
+from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, user_repo
 from pipeline.data.schema import SequenceDataset, write_dataset
 from pipeline.workflow.paths import prepared_path, raw_dir
 
@@ -19,7 +19,12 @@ def download(params: Params, root: Path, source: str) -> dict[str, str]:
         raise ParamsError(f"download: {source!r} has no raw files (expected one of {DOWNLOADED})")
     mirror_root = mirror_from_env() or (Path(params.data_mirror) if params.data_mirror else None)
     if mirror_root is not None and not mirror_root.is_absolute():
-        mirror_root = (root / mirror_root).resolve()
+        # relative to the user's repo, also in a queued experiment's copy under .dvc/tmp/exps/
+        mirror_root = (user_repo(root) / mirror_root).resolve()
+    if mirror_root is not None and not mirror_root.is_dir():
+        log.warning("download %s: the mirror %s (data.mirror or PSRNN_DATA_MIRROR) does not exist; fetching from "
+                    "the upstream URLs", source, mirror_root)
+        mirror_root = None
     files = list(MANIFEST[source])
     if source == "mocap" and "mocap" in params.datasets:
         known = {f.path for f in files}

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,8 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             and history_file.is_file()):
         history = read_json(history_file)
         _write_plot(root, dataset, variant_name, seed, history["history"])
-        log.info("refine %s/%s seed %d: already trained with this configuration", dataset, variant_name, seed)
+        print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, kept "
+              "(PSRNN_RETRAIN=1 retrains)", file=sys.stderr)
         return history
 
     import torch
