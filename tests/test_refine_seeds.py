@@ -6,6 +6,7 @@ that did not finish."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 
 import pytest
@@ -78,6 +79,9 @@ def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
     assert (model_dir(root, "hmm", "psrnn", 0) / "done").is_file()
     first = _runs(root)
     assert [(v, s) for v, s, *_ in first] == [("psrnn", "0")]
+    rows = json.loads(plot_path(root, "hmm", "psrnn", 0).read_text())
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert list(rows[0])[0] == "epoch" and list(rows[0])[-1] == "test_bpc"  # dvc plots' default y: the last field
     mtime = _mtime(root, "psrnn", 0)
 
     # a new seed and a new variant: only the three new runs train

@@ -109,14 +109,19 @@ def _prune(folder: Path, keep: set[str], what: str) -> None:
 
 
 def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list[dict[str, Any]]) -> None:
+    """One row per epoch: ``epoch``, then ``train_*``, ``valid_*``, ``test_*``, the test BPC / MSE last, because
+    ``dvc plots show`` draws the last field against ``x: epoch`` when no ``y`` is given (and a ``foreach`` stage
+    cannot name a y that differs between datasets). Key order is fixed, so the file's hash is stable."""
     rows = []
     for entry in history:
         row = {"epoch": entry["epoch"]}
         for split in ("train", "valid", "test"):
-            for k, v in (entry.get(split) or {}).items():
-                row[f"{split}_{k}"] = v
+            metrics = entry.get(split) or {}
+            primary = "bpc" if "bpc" in metrics else "mse"
+            for k in sorted(metrics, key=lambda k: (split == "test" and k == primary, k)):
+                row[f"{split}_{k}"] = metrics[k]
         rows.append(row)
-    write_json(plot_path(root, dataset, variant, seed), rows)
+    write_text(plot_path(root, dataset, variant, seed), json.dumps(rows, indent=2) + "\n")
 
 
 def run_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int, *,
