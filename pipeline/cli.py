@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     params_path = Path(args.params) if args.params else root / "params.yaml"
     try:
         params = load_params(params_path)
-        validation = _project_files()  # what validating params.yaml imported, before the stage's own work
+        # what validating params.yaml imported, before the stage's own work (only when tracing imports)
+        validation = _project_files() if os.environ.get("PSRNN_TRACE_IMPORTS") else set()
         seed = getattr(args, "seed", None)
         if seed is not None and seed not in params.seeds:
             raise ParamsError(f"seed {seed} is not in params.yaml seeds {params.seeds}")

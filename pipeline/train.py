@@ -94,6 +94,14 @@ def predict(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: 
     return outputs
 
 
+@torch.no_grad()
+def evaluate_and_predict(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int = 2048,
+                         device: torch.device | None = None) -> tuple[dict[str, float], list[np.ndarray]]:
+    """:func:`evaluate` and :func:`predict` from one filtering pass."""
+    sums, outputs = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=True)
+    return sums.result(), outputs
+
+
 def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int, device, keep_outputs: bool):
     with flush_denormal():
         return _filter_streams(model, trajectories, chunk=chunk, device=device, keep_outputs=keep_outputs)

@@ -33,7 +33,7 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
                  ds: SequenceDataset | None = None) -> dict[str, Any]:
     """Final test metrics of one trained model (the last epoch), its epoch-0 metrics, its MLflow run id, and the
     one-step test predictions of the initial and final model."""
-    from pipeline.train import evaluate, load_checkpoint, predict
+    from pipeline.train import evaluate_and_predict, load_checkpoint
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
@@ -44,11 +44,12 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     final = copy.deepcopy(initial)
     final.load_state_dict(ck["model"])
     history = read_json(ckpt.parent / "history.json")
-    initial_pred, final_pred = predict(initial, ds.test), predict(final, ds.test)
+    initial_test, initial_pred = evaluate_and_predict(initial, ds.test)
+    final_test, final_pred = evaluate_and_predict(final, ds.test)
     result = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
               "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
               "best_epoch": ck["best_epoch"], "run_id": history.get("run_id"),
-              "test": evaluate(final, ds.test), "initial_test": evaluate(initial, ds.test),
+              "test": final_test, "initial_test": initial_test,
               "bayes_optimal": ds.meta.get("bayes_optimal")}
     name = run_name(variant_name, seed)
     write_predictions(predictions_dir(root, dataset) / f"{name}.parquet", ds, initial_pred, final_pred)

@@ -24,7 +24,7 @@ import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.config import Params
 from pipeline.io import read_json, write_json, write_text
@@ -87,15 +87,19 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     if seed is None:
         for v in variants:
             _prune(variant_dir(root, dataset, v), {f"s{s}" for s in seeds}, "seed")
-            plots = plot_path(root, dataset, v, 0).parent
-            if plots.is_dir():
-                for stale in plots.glob("s*.json"):
-                    if stale.stem not in {f"s{s}" for s in seeds}:
-                        stale.unlink()
+            _prune(plot_path(root, dataset, v, 0).parent, {plot_path(root, dataset, v, s).name for s in seeds},
+                   "seed")
     runs = [(v, s) for v in variants for s in seeds]
+    digest: list[str] = []  # dataset_digest, computed once, when the first run's initial weights are found
+
+    def shared() -> str:
+        if not digest:
+            digest.append(dataset_digest(params, root, dataset))
+        return digest[0]
+
     out = {}
     for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
-        out[run_name(v, s)] = refine_run(params, root, dataset, v, s)
+        out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared)
     return out
 
 
@@ -124,32 +128,44 @@ def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list
     write_text(plot_path(root, dataset, variant, seed), json.dumps(rows, indent=2) + "\n")
 
 
-def run_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int, *,
-                    any_epochs: bool = False) -> str:
-    """What decides the trained model of one run (see the module docstring). With ``any_epochs``, everything but
-    ``train.epochs``: a checkpoint with that fingerprint can continue to more epochs (training is resumed
-    exactly, so 10 epochs extended to 20 equal 20 in one go)."""
+def dataset_digest(params: Params, root: Path, dataset: str) -> str:
+    """The part of every run fingerprint that one dataset's runs share: its prepared data, the training code and
+    the tracking params (computed once per refine stage, not once per run)."""
+    return _fingerprint(prepared_path(root, dataset), code_hash(), dict(params.tracking))
+
+
+def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
+                     shared: Callable[[], str] | None = None) -> tuple[str, str]:
+    """What decides the trained model of one run (see the module docstring), and the same without
+    ``train.epochs``: a checkpoint with the second can continue to more epochs (training is resumed exactly, so
+    10 epochs extended to 20 equal 20 in one go). ``shared`` returns :func:`dataset_digest` (memoised by
+    :func:`refine` for all runs of a dataset); it is called after the initial weights are found."""
     from dataclasses import replace
 
-    dp = params.dataset(dataset)
     init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
     if not init_path.is_file():
         raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
-    train = asdict(replace(dp.train, seed=seed))
-    if any_epochs:
-        train.pop("epochs")
-    return _fingerprint(train, init_path, prepared_path(root, dataset), code_hash(), dict(params.tracking))
+    init = _fingerprint(init_path)
+    shared_digest = shared() if shared is not None else dataset_digest(params, root, dataset)
+    train = asdict(replace(params.dataset(dataset).train, seed=seed))
+    full = _fingerprint(train, init, shared_digest)
+    train.pop("epochs")
+    return full, _fingerprint(train, init, shared_digest)
 
 
-def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, Any]:
+def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
+               shared: Callable[[], str] | None = None) -> dict[str, Any]:
     """BPTT of one (variant, seed) from its initial weights, tracked as one MLflow run; resumes from a checkpoint
-    of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done."""
+    of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done.
+    ``shared``: see :func:`run_fingerprints`."""
     from dataclasses import replace
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
     tcfg = replace(dp.train, seed=seed)
-    fingerprint = run_fingerprint(params, root, dataset, variant_name, seed)
+    # resumable, without train.epochs: a checkpoint of the same run continues, also to more epochs than it was
+    # trained for (not to fewer: the checkpoint holds only its last epoch); fingerprint.txt holds it
+    fingerprint, resumable = run_fingerprints(params, root, dataset, variant_name, seed, shared)
     mdir = model_dir(root, dataset, variant_name, seed)
     done_file, history_file = mdir / "done", mdir / "history.json"
     retrain = _retrain()
@@ -177,11 +193,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     run_id_file = mdir / "run_id"
     if done_file.exists():
         done_file.unlink()
-    # fingerprint.txt holds the fingerprint without train.epochs: a checkpoint of the same run continues, also to
-    # more epochs than it was trained for (not to fewer: the checkpoint holds only its last epoch)
-    resumable = run_fingerprint(params, root, dataset, variant_name, seed, any_epochs=True)
     same = not retrain and fp_file.exists() and fp_file.read_text().strip() == resumable
-    resume = same and ckpt.exists() and load_checkpoint(ckpt)["epoch"] <= tcfg.epochs
+    ck = load_checkpoint(ckpt) if same and ckpt.exists() else None
+    resume = ck is not None and ck["epoch"] <= tcfg.epochs
     # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
     reuse_run = resume or (same and not ckpt.exists())
     previous = run_id_file.read_text().strip() if run_id_file.exists() else None
@@ -218,7 +232,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         from pipeline.metrics import primary_metric
 
         logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
-        for entry in load_checkpoint(ckpt)["history"]:
+        for entry in ck["history"]:
             if entry["epoch"] not in logged:
                 tracker.log_epoch(entry)
 
