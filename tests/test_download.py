@@ -440,15 +440,8 @@ def test_safe_extract_refuses_link_chain_before_writing(tmp_path: Path) -> None:
     assert not (box / "outside").exists()
 
 
-@pytest.mark.parametrize("members, why", [
-    ([("sub/x.txt", b"x"), ("a", "sym:sub"), ("a/y.txt", b"y")], "goes through the symbolic link member 'a'"),
-    ([("a/y.txt", b"y"), ("a", "sym:sub")], "goes through the symbolic link member 'a'"),  # order does not matter
-    ([("a/up", "sym:.."), ("h", "hard:a/up/../x")], "goes through the link 'a/up'"),
-    ([("l", "sym:."), ("m/n", "sym:../l/..")], "goes through the link 'l'"),
-    ([("a/b", "sym:../../x")], "outside"),
-])
-def test_safe_extract_refuses_links_through_links(tmp_path: Path, members: list, why: str) -> None:
-    archive = tmp_path / "links.tar"
+def _link_tar(archive: Path, members: list) -> Path:
+    """A tar holding ``first.txt``, then ``members``: (name, bytes | "sym:<target>" | "hard:<target>")."""
     with tarfile.open(archive, "w") as tf:
         _add(tf, "first.txt", data=b"ok")
         for name, what in members:
@@ -458,6 +451,18 @@ def test_safe_extract_refuses_links_through_links(tmp_path: Path, members: list,
                 _add(tf, name, symlink=what[4:])
             else:
                 _add(tf, name, hardlink=what[5:])
+    return archive
+
+
+@pytest.mark.parametrize("members, why", [
+    ([("sub/x.txt", b"x"), ("a", "sym:sub"), ("a/y.txt", b"y")], "goes through the symbolic link member 'a'"),
+    ([("a/y.txt", b"y"), ("a", "sym:sub")], "goes through the symbolic link member 'a'"),  # order does not matter
+    ([("a/up", "sym:.."), ("h", "hard:a/up/../x")], "goes through the link 'a/up'"),
+    ([("l", "sym:."), ("m/n", "sym:../l/..")], "goes through the link 'l'"),
+    ([("a/b", "sym:../../x")], "outside"),
+])
+def test_safe_extract_refuses_links_through_links(tmp_path: Path, members: list, why: str) -> None:
+    archive = _link_tar(tmp_path / "links.tar", members)
     dest = tmp_path / "box" / "dest"
     with pytest.raises(UnsafeArchiveError, match=re.escape(why)):
         safe_extract(archive, dest)
@@ -474,16 +479,7 @@ def test_safe_extract_refuses_paths_through_links_already_in_dest(tmp_path: Path
                          ([("l", "sym:escape/..")], "goes through the link 'escape'"),
                          ([("l", "sym:escape")], "resolves outside"),
                          ([("h", "hard:escape")], "resolves outside")):
-        archive = tmp_path / "d.tar"
-        with tarfile.open(archive, "w") as tf:
-            _add(tf, "first.txt", data=b"ok")
-            for name, what in members:
-                if isinstance(what, bytes):
-                    _add(tf, name, data=what)
-                elif what.startswith("sym:"):
-                    _add(tf, name, symlink=what[4:])
-                else:
-                    _add(tf, name, hardlink=what[5:])
+        archive = _link_tar(tmp_path / "d.tar", members)
         with pytest.raises(UnsafeArchiveError, match=re.escape(why)):
             safe_extract(archive, dest)
         assert _everything(dest) == ["escape"] and _everything(outside) == []

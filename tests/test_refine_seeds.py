@@ -125,7 +125,7 @@ def test_a_run_killed_before_its_first_checkpoint_continues_its_mlflow_run(tmp_p
     mdir.mkdir(parents=True)
     # what refine leaves when killed during the epoch-0 evaluation: fingerprint and run id, no checkpoint
     (mdir / "fingerprint.txt").write_text(
-        refine.run_fingerprint(params, root, "hmm", "psrnn", 0, any_epochs=True) + "\n")
+        refine.run_fingerprints(params, root, "hmm", "psrnn", 0)[1] + "\n")
     orphan = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0", tags=TAGS).run_id
     (mdir / "run_id").write_text(orphan + "\n")
     refine.refine(params, root, "hmm")
