@@ -17,8 +17,8 @@ Layout of ``params.yaml``::
     report: {...}
     <dataset>:                   # ptb, swimmer, mocap, handwriting, hmm, lgssm, custom
       source: {...}              # options of the data source (see pipeline.data.<source>)
-      two_stage: {...}           # TwoStageConfig fields, without seed
-      kf: {...}                  # linear 2SR of the Kalman filter (continuous data)
+      two_stage: {...}           # TwoStageConfig fields, without seed, and ``layers`` (2SR depths learned)
+      kf: {...} | null           # linear 2SR of the Kalman filter (continuous data); null: none
       variants: [...]            # psrnn, psrnn_2layer, psrnn_random, factorized_psrnn_r60, lstm, gru, rnn, kf
       model: {...}               # bias scales
       train: {...}               # TrainConfig fields, without seed
@@ -100,18 +100,15 @@ class DatasetParams:
     two_stage: TwoStageConfig
     train: TrainConfig
     variants: list[Variant]
-    kf: KalmanParams = field(default_factory=KalmanParams)
+    kf: KalmanParams | None = None       # None: no Kalman filter (its linear 2SR is learned iff this is set)
     model: ModelParams = field(default_factory=ModelParams)
+    layers: int = 1                      # two_stage.layers: the 2SR learns depths 1..layers
 
     @property
     def discrete(self) -> bool:
         if self.name == "custom":
             return self.source.get("kind") == "discrete"
         return self.name in DISCRETE_DATASETS
-
-    @property
-    def max_layers(self) -> int:
-        return max([v.n_layers for v in self.variants if v.family == "psrnn"] + [1])
 
     @property
     def ranks(self) -> list[int]:
@@ -469,7 +466,9 @@ _FIELD_RULES[KalmanParams] = {
 }
 
 
-def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = ()) -> Any:
+def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (),
+                    also: tuple[str, ...] = ()) -> Any:
+    """``also``: keys of the section that the caller reads itself (named in the unknown-key message)."""
     data = _mapping(data, key)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}
     hints = typing.get_type_hints(cls)
@@ -477,7 +476,7 @@ def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (
     kwargs = {}
     for k, v in data.items():
         if k not in fields:
-            raise _unknown(key, k, fields)
+            raise _unknown(key, k, [*fields, *also])
         kwargs[k] = _coerce(v, hints[k], f"{key}.{k}")
         rule = rules.get(k)
         if rule is None and hints[k] is float:  # every other number must at least be finite
@@ -543,7 +542,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 def _window_checks(dp: DatasetParams) -> list[tuple[str, int, int]]:
     """(section key, past_window, future_window) of every 2SR that cuts windows out of the trajectories."""
     checks = [(f"{dp.name}.two_stage", dp.two_stage.past_window, dp.two_stage.future_window)]
-    if any(v.family == "kf" for v in dp.variants):
+    if dp.kf is not None:
         checks.append((f"{dp.name}.kf", dp.kf.past_window, dp.kf.future_window))
     return checks
 
@@ -560,7 +559,7 @@ def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: st
                 + (f"the trajectory length ({origin} = {shortest})" if origin else
                    f"the shortest training trajectory ({shortest} steps)")
                 + f"; expected past_window + future_window <= {shortest - 1}")
-    if any(v.family == "kf" for v in dp.variants):
+    if dp.kf is not None:
         # pipeline.two_stage.linear_two_stage estimates the Kalman gain from consecutive windows of a trajectory
         need = dp.kf.past_window + dp.kf.future_window + 2
         if need > longest:
@@ -575,8 +574,10 @@ def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: st
 
 def _check_kf_state_dim(dp: DatasetParams, obs_dim: int, origin: str) -> None:
     # pipeline.two_stage.linear_two_stage: the state is a projection of the stacked future window
+    if dp.kf is None:
+        return
     bound = dp.kf.future_window * obs_dim
-    if any(v.family == "kf" for v in dp.variants) and dp.kf.state_dim > bound:
+    if dp.kf is not None and dp.kf.state_dim > bound:
         raise ParamsError(f"{dp.name}.kf.state_dim: {dp.kf.state_dim} exceeds {dp.name}.kf.future_window x "
                           f"observation size = {dp.kf.future_window} x {obs_dim} = {bound} ({origin}); "
                           f"expected at most {bound}")
@@ -586,7 +587,7 @@ def check_windows(dataset_name: str, dp: DatasetParams, train_lengths: typing.Se
                   obs_dim: int | None = None) -> None:
     """Check the windows of ``dp`` against the prepared data: every training trajectory (the shortest included,
     as :func:`pipeline.features.make_windows` needs) must hold ``past_window + future_window + 1`` steps for the
-    2SR of ``<ds>.two_stage`` and, with a ``kf`` variant, of ``<ds>.kf``; with ``obs_dim`` (the size of one
+    2SR of ``<ds>.two_stage`` and, when a ``kf`` section is set, of ``<ds>.kf``; with ``obs_dim`` (the size of one
     continuous observation) also ``<ds>.kf.state_dim <= kf.future_window * obs_dim``. Raises :class:`ParamsError`
     naming the key."""
     if dp.name != dataset_name:
@@ -708,12 +709,15 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             if k not in ds_allowed:
                 raise _unknown(key, k, ds_allowed)
         src = _check_source(name, section.get("source"))
-        ts = _load_dataclass(TwoStageConfig, section.get("two_stage"), f"{key}.two_stage", exclude=("seed",))
+        ts_section = dict(_mapping(section.get("two_stage"), f"{key}.two_stage"))
+        layers = ts_section.pop("layers", 1)
+        _positive_int(f"{key}.two_stage.layers", layers)
+        ts = _load_dataclass(TwoStageConfig, ts_section, f"{key}.two_stage", exclude=("seed",), also=("layers",))
         tr = _load_dataclass(TrainConfig, section.get("train"), f"{key}.train", exclude=("seed",))
         if tr.optimizer == "adam" and tr.momentum != 0:
             raise ParamsError(f"{key}.train.momentum: only used by optimizer 'sgd' (adam has no momentum "
                               f"parameter), got {tr.momentum!r}; expected 0 or optimizer 'sgd'")
-        kf = _load_dataclass(KalmanParams, section.get("kf"), f"{key}.kf")
+        kf = None if section.get("kf") is None else _load_dataclass(KalmanParams, section["kf"], f"{key}.kf")
         model = _load_dataclass(ModelParams, section.get("model"), f"{key}.model")
         names = section.get("variants")
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
@@ -722,9 +726,19 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         if len(set(names)) != len(names):
             raise ParamsError(f"{key}.variants: duplicated variant in {names}")
         variants = [Variant.parse(n, f"{key}.variants") for n in names]
-        dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model)
+        dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
+                           layers=layers)
         if dp.discrete and any(v.family == "kf" for v in variants):
             raise ParamsError(f"{key}.variants: kf models continuous data only; remove it for {name}")
+        if dp.discrete and kf is not None:
+            raise ParamsError(f"{key}.kf: a Kalman filter models continuous data only; expected null for {name}")
+        if kf is None and any(v.family == "kf" for v in variants):
+            raise ParamsError(f"{key}.variants: kf needs a {key}.kf section (its linear 2SR), e.g. kf: {{}} for the "
+                              f"defaults {dataclasses.asdict(KalmanParams())}")
+        for v in variants:
+            if v.family == "psrnn" and v.init == "2sr" and v.n_layers > layers:
+                raise ParamsError(f"{key}.variants: {v.name} needs {key}.two_stage.layers >= {v.n_layers}, got "
+                                  f"{layers} (the two_stage stage learns the 2SR of depths 1 to layers)")
         known = _known_length(name, src)
         if known is not None:
             length, length_key = known

@@ -20,7 +20,8 @@ def defaults():
 def test_default_and_tiny_params_are_valid(defaults):
     p = parse_params(defaults)
     assert p.dataset("ptb").ranks == [10, 20, 40, 60]
-    assert p.dataset("ptb").max_layers == 2
+    assert p.dataset("ptb").layers == 2 and p.dataset("swimmer").layers == 1
+    assert p.dataset("ptb").kf is None and p.dataset("swimmer").kf.state_dim == 20
     assert p.dataset("ptb").discrete and not p.dataset("swimmer").discrete
     load_params(ROOT / "tests" / "fixtures" / "tiny_params.yaml")
 
@@ -34,6 +35,14 @@ def test_default_and_tiny_params_are_valid(defaults):
     (lambda p: p["ptb"].update(variants=["psrnn", "transformer"]), r"ptb\.variants: unknown model variant"),
     (lambda p: p["ptb"].update(variants=["factorized_psrnn_r0"]), r"ptb\.variants: rank"),
     (lambda p: p["ptb"].update(variants=["psrnn", "kf"]), r"ptb\.variants: kf models continuous data only"),
+    (lambda p: p["ptb"].update(kf={"state_dim": 4}), r"^ptb\.kf: a Kalman filter models continuous data only; "
+                                                     r"expected null"),
+    (lambda p: p["swimmer"].update(kf=None), r"^swimmer\.variants: kf needs a swimmer\.kf section .*kf: \{\}"),
+    (lambda p: p["ptb"]["two_stage"].update(layers=1), r"^ptb\.variants: psrnn_2layer needs "
+                                                       r"ptb\.two_stage\.layers >= 2, got 1"),
+    (lambda p: p["ptb"]["two_stage"].update(layers=0),
+     r"^ptb\.two_stage\.layers: expected a positive integer, got an integer 0"),
+    (lambda p: p["ptb"]["two_stage"].update(layer=2), r"^ptb\.two_stage\.layer: unknown key .*'layers'"),
     (lambda p: p["ptb"]["two_stage"].update(state_dim=3000), r"ptb\.two_stage.*state_dim=3000 exceeds n_features"),
     (lambda p: p["ptb"]["two_stage"].update(state_dim=0), r"ptb\.two_stage.*state_dim"),
     (lambda p: p["swimmer"]["two_stage"].update(past_window=60, future_window=60),

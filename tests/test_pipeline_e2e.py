@@ -186,7 +186,7 @@ def test_an_experiment_on_a_training_param_reruns_only_downstream_stages_and_sho
 def test_a_kalman_param_and_a_removed_variant_rerun_only_their_datasets(project):
     """One experiment with two changes (one `dvc exp run`, to keep the test short): a `kf` param of lgssm reruns its
     two_stage (which reads it) and what changed downstream; a variant removed from swimmer goes from models/,
-    metrics/ and the report."""
+    metrics/ and the report, and reruns none of swimmer's spectral stages (they do not read the variants)."""
     root, env, _, _ = project
     before = json.loads((root / "metrics" / "lgssm" / "kf_s0.json").read_text())
     assert (root / "models" / "swimmer" / "gru").is_dir()
@@ -195,6 +195,7 @@ def test_a_kalman_param_and_a_removed_variant_rerun_only_their_datasets(project)
     ran = _ran(out)
     assert {"two_stage@lgssm-0", "initialise@lgssm-0", "refine@lgssm", "evaluate@lgssm", "refine@swimmer"} <= ran
     assert all(s == "report" or "lgssm" in s or "swimmer" in s for s in ran), ran
+    assert not {"features@swimmer-0", "two_stage@swimmer-0"} & ran, ran
     after = json.loads((root / "metrics" / "lgssm" / "kf_s0.json").read_text())
     assert after["initial_test"]["mse"] != before["initial_test"]["mse"]
     assert not (root / "models" / "swimmer" / "gru").exists()

@@ -96,5 +96,5 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset) -> None:
     for split in ("train", "test"):
         if not ds.split(split):
             raise ParamsError(f"{dp.name}.source: the {split} split is empty")
-    rff_only = replace(dp, variants=[v for v in dp.variants if v.family != "kf"])
+    rff_only = replace(dp, kf=None)
     check_windows(dp.name, rff_only, [len(t) for t in ds.train])

@@ -1,5 +1,6 @@
-"""Stages ``features``, ``two_stage`` and ``decompose``: the spectral initialisation (RFF maps, 2SR per depth and
-the linear 2SR of the Kalman filter, CP factors per rank)."""
+"""Stages ``features``, ``two_stage`` and ``decompose``: the spectral initialisation (RFF maps, 2SR of the depths
+1 to ``two_stage.layers`` and, when a ``kf`` section is set, the linear 2SR of the Kalman filter; CP factors per
+rank)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,13 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     maps = FeatureMaps.from_arrays(arrays)
     out = artifact_dir(root, dataset, seed) / "2sr"
     out.mkdir(parents=True, exist_ok=True)
-    depths = two_stage_depths(ds.train, cfg, n_layers=dp.max_layers, discrete=ds.discrete,
+    # what is learned follows from the two_stage and kf params alone (not from the variants), so adding or removing
+    # a model variant never reruns this stage
+    depths = two_stage_depths(ds.train, cfg, n_layers=dp.layers, discrete=ds.discrete,
                               vocab_size=ds.obs_dim if ds.discrete else 0, maps=maps)
     for depth, tsm in enumerate(depths, start=1):  # layer l is learned once for all depths >= l
         save_npz(out / f"L{depth}.npz", tsm.to_arrays(), meta={**tsm.meta(), "dataset": dataset, "seed": seed})
-    if any(v.family == "kf" for v in dp.variants):
+    if dp.kf is not None:
         lss = linear_two_stage(ds.train, state_dim=dp.kf.state_dim, past_window=dp.kf.past_window,
                                future_window=dp.kf.future_window, ridge=dp.kf.ridge)
         save_npz(out / "kf.npz", lss.to_arrays(), meta={"dataset": dataset, "seed": seed, "kf": asdict(dp.kf),
