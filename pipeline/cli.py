@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the full traceback of a failure, wherever the flag is given (also: environment "
                         "variable PSRNN_DEBUG=1)")
     sub = p.add_subparsers(dest="stage", required=True)
-    sub.add_parser("check", help="validate params.yaml and exit")
+    sub.add_parser("check", help="validate params.yaml (and a custom dataset's file against it) and exit")
     d = sub.add_parser("download", help="fetch and sha256-verify the raw files of a source (mirror when offline)")
     d.add_argument("source", help="ptb, swimmer, mocap or handwriting")
     d = sub.add_parser("preprocess", help="build data/prepared/<dataset>.parquet")
@@ -142,9 +142,7 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
               "evaluate": "evaluate", "report": "report"}[stage]
     wf = importlib.import_module(f"pipeline.workflow.{module}") if module else None
     calls: dict[str, Callable[[], object]] = {
-        "check": lambda: print(f"{args.params or root / 'params.yaml'}: valid ({len(params.datasets)} datasets, "
-                               f"{sum(len(d.variants) for d in params.datasets.values())} model variants, "
-                               f"seeds {list(params.seeds)})"),
+        "check": lambda: _check(args, params, root),
         "download": lambda: wf.download(params, root, args.source),
         "preprocess": lambda: wf.prepare(params, root, args.dataset),
         "features": lambda: wf.features(params, root, args.dataset, args.seed),
@@ -162,6 +160,17 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         params.dataset(args.dataset).variant(args.variant)
     calls[stage]()
     return 0
+
+
+def _check(args: argparse.Namespace, params, root: Path) -> None:
+    """``psrnn check``: params.yaml is valid (it was parsed before dispatch); a custom dataset's file is read and
+    checked against the params too, as its preprocess stage will."""
+    if "custom" in params.datasets:
+        from pipeline.workflow.data import check_custom
+
+        print(check_custom(params, root))
+    print(f"{args.params or root / 'params.yaml'}: valid ({len(params.datasets)} datasets, "
+          f"{sum(len(d.variants) for d in params.datasets.values())} model variants, seeds {list(params.seeds)})")
 
 
 def _project_files() -> set[str]:

@@ -286,3 +286,42 @@ def test_auto_features_none_left(tmp_path: Path) -> None:
                              "when": pa.array(np.arange(4).astype("datetime64[s]"))})
     msg = _error(path, kind="continuous")
     assert "no numeric feature columns" in msg and "'flag'" in msg
+
+
+def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`psrnn check` reads a custom section's file as preprocess will: a missing file, windows longer than its
+    trajectories (the Kalman filter's too, which preprocess leaves to two_stage) each fail in one line."""
+    import yaml
+
+    from pipeline import cli
+
+    os.environ.pop("PSRNN_DEBUG", None)
+    _write(tmp_path, _continuous(n_traj=6, length=12), name="series.parquet")
+    section = {"source": {"path": "series.parquet", "kind": "continuous", "features": ["a", "b"],
+                          "test_fraction": 0.34, "seed": 0},
+               "two_stage": {"n_features": 32, "state_dim": 4, "obs_dim": 2, "past_dim": 4, "past_window": 3,
+                             "future_window": 3},
+               "kf": {"state_dim": 2, "past_window": 4, "future_window": 4},
+               "variants": ["psrnn", "kf"]}
+
+    def check(**changes: Any) -> tuple[int, str, str]:
+        custom = {**section, **changes}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"seeds": [0], "custom": custom}))
+        code = cli.main(["--root", str(tmp_path), "check"])
+        out, err = capsys.readouterr()
+        return code, out, err.strip()
+
+    code, out, err = check()
+    assert code == 0 and err == "", err
+    assert "custom: series.parquet: continuous, 2 features, 4 train / 2 test trajectories, training lengths 12 to " \
+           "12 steps" in out and ": valid (1 datasets, 2 model variants" in out
+    code, _, err = check(source={**section["source"], "path": "missing.parquet"})
+    assert code == 1 and err == f"psrnn check: error: {tmp_path / 'missing.parquet'}: file not found"
+    code, _, err = check(two_stage={**section["two_stage"], "past_window": 6, "future_window": 6})
+    assert code == 1 and err.startswith("psrnn check: error: custom.two_stage.past_window + custom.two_stage."
+                                        "future_window + 1 = 6 + 6 + 1 = 13 exceeds the shortest training "
+                                        "trajectory (12 steps)"), err
+    code, _, err = check(kf={"state_dim": 2, "past_window": 6, "future_window": 6})
+    assert code == 1 and err.startswith("psrnn check: error: custom.kf.past_window"), err
+    code, _, err = check(kf={"state_dim": 9, "past_window": 4, "future_window": 4})
+    assert code == 1 and err.startswith("psrnn check: error: custom.kf.state_dim: 9 exceeds"), err

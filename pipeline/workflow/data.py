@@ -76,10 +76,7 @@ def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
 
         ds, _ = make_lgssm_dataset(**src)
     elif dataset == "custom":
-        from pipeline.data.custom import load_custom
-
-        path = Path(src.pop("path"))
-        ds = load_custom(path if path.is_absolute() else root / path, **src)
+        ds = _load_custom(dp, root)
     else:
         raise ParamsError(f"unknown dataset {dataset!r}")
     _check_lengths(dp, ds)
@@ -98,3 +95,25 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset) -> None:
             raise ParamsError(f"{dp.name}.source: the {split} split is empty")
     rff_only = replace(dp, kf=None)
     check_windows(dp.name, rff_only, [len(t) for t in ds.train])
+
+
+def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
+    from pipeline.data.custom import load_custom
+
+    src = dict(dp.source)
+    path = Path(src.pop("path"))
+    return load_custom(path if path.is_absolute() else root / path, **src)
+
+
+def check_custom(params: Params, root: Path) -> str:
+    """What ``psrnn check`` adds for a ``custom`` section: the file is read and checked as the preprocess stage
+    reads it (every rule of :mod:`pipeline.data.custom`), then both splits and every window, the Kalman filter's
+    included, against its training trajectories. Nothing is written. Returns a one-line summary."""
+    dp = params.dataset("custom")
+    ds = _load_custom(dp, root)
+    _check_lengths(dp, ds)
+    lengths = [len(t) for t in ds.train]
+    check_windows("custom", dp, lengths, obs_dim=None if ds.discrete else ds.obs_dim)
+    what = f"{ds.obs_dim} symbols" if ds.discrete else f"{ds.obs_dim} features"
+    return (f"custom: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train / {len(ds.test)} test "
+            f"trajectories, training lengths {min(lengths)} to {max(lengths)} steps")
