@@ -12,7 +12,9 @@ Reads, under a project root,
 — exactly the outputs of the stages it depends on, so a variant or seed removed from params.yaml (whose files those
 stages no longer write) leaves the report as well;
 
-and writes ``<out_dir>/figures/*.png`` and ``<out_dir>/results.md``. Missing inputs never raise: a figure whose data
+and writes ``<out_dir>/figures/*.png``, ``<out_dir>/results.md`` and ``<out_dir>/summary.json`` (the table's
+numbers as a DVC metrics file, ``{dataset: {variant: {test_bpc, test_bpc_std, ...}}}``, so that ``dvc exp show``
+and ``dvc metrics diff`` compare experiments by their means over seeds). Missing inputs never raise: a figure whose data
 are absent is skipped (logged, and listed under "Not available" in results.md); a figure with some of its curves
 absent is drawn with the ones present and the absent ones are listed too.
 
@@ -37,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.io import atomic_path, read_json, write_text
+from pipeline.io import atomic_path, read_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -653,6 +655,44 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     return lines
 
 
+def _stats(values: Iterable[Any]) -> tuple[float | None, float | None]:
+    """Mean and sample std (ddof=1) of the finite values; None where undefined (JSON has no NaN)."""
+    vals, _ = _finite(values)
+    if not vals:
+        return None, None
+    return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
+
+
+def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The numbers of the results table, per dataset and variant: ``seeds`` (runs with final metrics),
+    ``test_<m>`` and ``test_<m>_std`` (mean and sample std over seeds; std null for one seed), ``init_test_<m>``
+    (epoch-0 mean) for every metric of the kind, ``n_params``, and on synthetic data ``optimal_<m>`` and
+    ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for ds in sorted(grouped):
+        for v in sorted(grouped[ds], key=_variant_key):
+            runs = [r for r in grouped[ds][v] if r["test"] is not None]
+            kind = _dataset_kind(runs)
+            if not runs or kind is None:
+                continue
+            row: dict[str, Any] = {"seeds": len(runs)}
+            for m in METRICS[kind]:
+                row[f"test_{m}"], row[f"test_{m}_std"] = _stats(r["test"].get(m) for r in runs)
+                row[f"init_test_{m}"], _ = _stats((r["initial_test"] or {}).get(m) for r in runs)
+            primary = PRIMARY[kind]
+            optimal = _bayes_optimal(runs, primary)
+            if optimal is not None:
+                row[f"optimal_{primary}"] = optimal
+                row[f"gap_{primary}"], _ = _stats(
+                    float(r["test"][primary]) - float(r["bayes_optimal"][primary]) for r in runs
+                    if isinstance(r["test"].get(primary), (int, float))
+                    and isinstance((r["bayes_optimal"] or {}).get(primary), (int, float)))
+            ps = [int(r["n_params"]) for r in runs if isinstance(r["n_params"], (int, float))]
+            row["n_params"] = max(ps) if ps else None
+            out.setdefault(ds, {})[v] = row
+    return out
+
+
 # -------------------------------------------------------------------------------------------------------------- main
 
 
@@ -685,7 +725,8 @@ def _merge_config(figures: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
 
 
 def write_report(root: Path, out_dir: Path, *, figures: dict | None = None) -> dict[str, list[str]]:
-    """Write ``out_dir/figures/*.png`` and ``out_dir/results.md`` from the run outputs under ``root``.
+    """Write ``out_dir/figures/*.png``, ``out_dir/results.md`` and ``out_dir/summary.json`` from the run outputs
+    under ``root``.
 
     Returns ``{"written": [...], "skipped": [...]}``: paths relative to ``out_dir`` (POSIX), in a fixed order. A
     skipped figure's stale PNG from an earlier report is removed so the directory reflects this report only.
@@ -737,6 +778,8 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None) -> d
     lines.append("")
     write_text(out_dir / "results.md", "\n".join(lines))
     written.append("results.md")
+    write_json(out_dir / "summary.json", summary(grouped))
+    written.append("summary.json")
     return {"written": written, "skipped": skipped}
 
 

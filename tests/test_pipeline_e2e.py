@@ -174,6 +174,13 @@ def test_an_experiment_on_a_training_param_reruns_only_downstream_stages_and_sho
     text = json.dumps(shown)
     assert "lr-half" in text
     assert "metrics/hmm/psrnn_s0.json" in text, "dvc exp show has no metrics: are metrics/ tracked by git?"
+    # the README's sweep view: one column per param and per mean over seeds (reports/summary.json)
+    keep = "Experiment|hmm.train.lr|hmm.psrnn.test_bpc$"
+    csv = _run(["dvc", "exp", "show", "--csv", "--drop", ".*", "--keep", keep], root, env).strip().splitlines()
+    assert csv[0] == "Experiment,hmm.psrnn.test_bpc,hmm.train.lr", csv
+    row = next(line.split(",") for line in csv if line.startswith("lr-half,"))
+    summary = json.loads((root / "reports" / "summary.json").read_text())
+    assert float(row[1]) == pytest.approx(summary["hmm"]["psrnn"]["test_bpc"], abs=1e-3) and row[2] == "0.5"
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")

@@ -117,7 +117,8 @@ def test_write_report(project: Path, tmp_path: Path):
     out = tmp_path / "reports"
     result = write_report(project, out)
     expected = ["fig3a", "fig3b", "fig3c", "fig4a", "fig4b", "hmm_curves", "ptb_curves", "swimmer_curves"]
-    assert sorted(result["written"]) == sorted([f"figures/{n}.png" for n in expected] + ["results.md"])
+    assert sorted(result["written"]) == sorted([f"figures/{n}.png" for n in expected] + ["results.md",
+                                                                                          "summary.json"])
     assert result["skipped"] == []
     for name in expected:
         path = out / "figures" / f"{name}.png"
@@ -153,6 +154,19 @@ def test_write_report(project: Path, tmp_path: Path):
     header = md.split("## hmm (")[1].splitlines()[4]
     assert "gap to optimal" in header
     assert "gap to optimal" not in md.split("## ptb (")[1].split("\n## ")[0]
+    # the same numbers as a DVC metrics file
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary) == ["hmm", "ptb", "swimmer"] and sorted(summary["ptb"]) == sorted(PTB_VARIANTS)
+    ps = summary["ptb"]["psrnn"]
+    assert ps["seeds"] == 2 and ps["n_params"] == 5000
+    assert ps["test_bpc"] == pytest.approx(1.6) and ps["test_bpc_std"] == pytest.approx(0.02 ** 0.5)
+    assert ps["test_accuracy"] == pytest.approx(0.505) and ps["init_test_bpc"] == pytest.approx(3.05)
+    assert "optimal_bpc" not in ps and "test_mse" not in ps
+    assert summary["swimmer"]["kf"] == {"seeds": 1, "test_mse": 2.0, "test_mse_std": None, "init_test_mse": 10.0,
+                                        "n_params": 300}
+    hmm_ps = summary["hmm"]["psrnn"]
+    assert hmm_ps["optimal_bpc"] == pytest.approx(0.8) and hmm_ps["gap_bpc"] == pytest.approx(0.3)
+    assert summary["hmm"]["gru"]["gap_bpc"] == pytest.approx(1.0)
     # figure links and "Not available"
     assert "[fig3a.png](figures/fig3a.png)" in md
     na = md.split("## Not available")[1]
@@ -160,9 +174,11 @@ def test_write_report(project: Path, tmp_path: Path):
     assert "plots/hmm/gru/s0.json" in na
     # deterministic
     first_md = (out / "results.md").read_bytes()
+    first_summary = (out / "summary.json").read_bytes()
     first_png = (out / "figures" / "fig4b.png").read_bytes()
     write_report(project, out)
     assert (out / "results.md").read_bytes() == first_md
+    assert (out / "summary.json").read_bytes() == first_summary
     assert (out / "figures" / "fig4b.png").read_bytes() == first_png
     assert not re.search(r"\d{4}-\d{2}-\d{2}", first_md.decode())
     assert str(project) not in first_md.decode()
@@ -196,7 +212,7 @@ def test_missing_data_is_skipped_not_fatal(tmp_path: Path):
     assert "## custom\n\nNo final metrics" in md
     # an empty root does not crash either
     empty = write_report(root / "nothing", tmp_path / "empty")
-    assert empty["written"] == ["results.md"]
+    assert empty["written"] == ["results.md", "summary.json"]
     assert "No runs found." in (tmp_path / "empty" / "results.md").read_text()
 
 
@@ -205,7 +221,7 @@ def test_figure_config_overrides(project: Path, tmp_path: Path):
     result = write_report(project, out, figures={
         "fig3a": ["lstm", "gru"], "fig3b": False, "fig3c": None, "fig4a": False,
         "fig4b": {"feature": "qvel_1", "trajectory": 7}, "per_dataset": {"enabled": False}})
-    assert result == {"written": ["figures/fig3a.png", "figures/fig4b.png", "results.md"], "skipped": []}
+    assert result == {"written": ["figures/fig3a.png", "figures/fig4b.png", "results.md", "summary.json"], "skipped": []}
     md = (out / "results.md").read_text()
     assert "feature qvel_1" not in md and "factorized_psrnn_r60" not in md.split("## Not available")[1]
     with pytest.raises(ValueError, match="unknown figure"):
@@ -214,6 +230,6 @@ def test_figure_config_overrides(project: Path, tmp_path: Path):
         write_report(project, out, figures={"fig4b": {"feture": "x"}})
     off = {k: False for k in ("fig3a", "fig3b", "fig3c", "fig4a", "per_dataset")}
     res = write_report(project, tmp_path / "r2", figures={**off, "fig4b": {"trajectory": 99}})
-    assert res == {"written": ["results.md"], "skipped": ["figures/fig4b.png"]}
+    assert res == {"written": ["results.md", "summary.json"], "skipped": ["figures/fig4b.png"]}
     assert "figures/fig4b.png" in res["skipped"]
     assert "trajectory 99" in (tmp_path / "r2" / "results.md").read_text()
