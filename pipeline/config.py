@@ -21,7 +21,7 @@ Layout of ``params.yaml``::
       kf: {...} | null           # linear 2SR of the Kalman filter (continuous data); null: none
       variants: [...]            # psrnn, psrnn_2layer, psrnn_random, factorized_psrnn_r60, lstm, gru, rnn, kf
       model: {...}               # bias scales
-      train: {...}               # TrainConfig fields, without seed
+      train: {...}               # TrainConfig fields, without seed, and ``overrides: {<variant>: {...}}``
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class DatasetParams:
     kf: KalmanParams | None = None       # None: no Kalman filter (its linear 2SR is learned iff this is set)
     model: ModelParams = field(default_factory=ModelParams)
     layers: int = 1                      # two_stage.layers: the 2SR learns depths 1..layers
+    train_overrides: dict[str, TrainConfig] = field(default_factory=dict)  # train.overrides, merged per variant
 
     @property
     def discrete(self) -> bool:
@@ -113,6 +114,10 @@ class DatasetParams:
     @property
     def ranks(self) -> list[int]:
         return sorted({v.rank for v in self.variants if v.rank is not None})
+
+    def train_config(self, variant_name: str) -> TrainConfig:
+        """The training settings of one variant: ``train`` with that variant's ``train.overrides`` applied."""
+        return self.train_overrides.get(variant_name, self.train)
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
@@ -466,6 +471,20 @@ _FIELD_RULES[KalmanParams] = {
 }
 
 
+def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = None) -> TrainConfig:
+    """``section`` as a :class:`TrainConfig` (no seed: it is the run's). For a variant's override, ``section``
+    is ``train`` merged with the override and ``key`` names the override; a bad value of ``train`` itself was
+    already reported under ``train``."""
+    tr = _load_dataclass(TrainConfig, section, key, exclude=("seed",), also=() if shown else ("overrides",))
+    if tr.optimizer == "adam" and tr.momentum != 0:
+        if shown is None or "momentum" in shown:
+            raise ParamsError(f"{key}.momentum: only used by optimizer 'sgd' (adam has no momentum parameter), got "
+                              f"{tr.momentum!r}; expected 0 or optimizer 'sgd'")
+        raise ParamsError(f"{key}.optimizer: adam has no momentum parameter, but the train momentum is "
+                          f"{tr.momentum!r}; expected momentum: 0 in this override too")
+    return tr
+
+
 def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (),
                     also: tuple[str, ...] = ()) -> Any:
     """``also``: keys of the section that the caller reads itself (named in the unknown-key message)."""
@@ -713,10 +732,9 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         layers = ts_section.pop("layers", 1)
         _positive_int(f"{key}.two_stage.layers", layers)
         ts = _load_dataclass(TwoStageConfig, ts_section, f"{key}.two_stage", exclude=("seed",), also=("layers",))
-        tr = _load_dataclass(TrainConfig, section.get("train"), f"{key}.train", exclude=("seed",))
-        if tr.optimizer == "adam" and tr.momentum != 0:
-            raise ParamsError(f"{key}.train.momentum: only used by optimizer 'sgd' (adam has no momentum "
-                              f"parameter), got {tr.momentum!r}; expected 0 or optimizer 'sgd'")
+        tr_section = dict(_mapping(section.get("train"), f"{key}.train"))
+        overrides = _mapping(tr_section.pop("overrides", None), f"{key}.train.overrides")
+        tr = _train_config(tr_section, f"{key}.train")
         kf = None if section.get("kf") is None else _load_dataclass(KalmanParams, section["kf"], f"{key}.kf")
         model = _load_dataclass(ModelParams, section.get("model"), f"{key}.model")
         names = section.get("variants")
@@ -726,8 +744,18 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         if len(set(names)) != len(names):
             raise ParamsError(f"{key}.variants: duplicated variant in {names}")
         variants = [Variant.parse(n, f"{key}.variants") for n in names]
+        train_overrides = {}
+        for vname, changes in overrides.items():
+            okey = f"{key}.train.overrides.{vname}"
+            if vname not in names:
+                raise ParamsError(f"{okey}: {vname!r} is not in {key}.variants {names}; expected one of them")
+            changes = _mapping(changes, okey)
+            if not changes:
+                raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "
+                                  "{lr: 0.1}")
+            train_overrides[vname] = _train_config({**tr_section, **changes}, okey, shown=set(changes))
         dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
-                           layers=layers)
+                           layers=layers, train_overrides=train_overrides)
         if dp.discrete and any(v.family == "kf" for v in variants):
             raise ParamsError(f"{key}.variants: kf models continuous data only; remove it for {name}")
         if dp.discrete and kf is not None:

@@ -387,3 +387,34 @@ def test_cli_check_malformed_sections_one_line(tmp_path, capsys, defaults):
         assert main(["--root", str(tmp_path), "check"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("psrnn check: error: ") and "expected" in err[0], err
+
+
+# ------------------------------------------------------------------------------------- per-variant training
+
+
+def test_train_overrides_apply_to_their_variant_only(defaults):
+    raw = copy.deepcopy(defaults)
+    raw["swimmer"]["train"]["overrides"] = {"kf": {"lr": 0.01}, "psrnn": {"lr": 0.1, "optimizer": "adam"}}
+    dp = parse_params(raw).dataset("swimmer")
+    assert dp.train_config("kf").lr == 0.01 and dp.train_config("kf").clip == dp.train.clip == 0.25
+    assert (dp.train_config("psrnn").lr, dp.train_config("psrnn").optimizer) == (0.1, "adam")
+    assert dp.train_config("lstm") == dp.train and dp.train.lr == 1.0
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"kff": {"lr": 0.1}}, r"^swimmer\.train\.overrides\.kff: 'kff' is not in swimmer\.variants \[.*\]; expected "
+                           r"one of them"),
+    ({"kf": {"lrr": 0.1}}, r"^swimmer\.train\.overrides\.kf\.lrr: unknown key \(expected one of \[.*'lr'"),
+    ({"kf": {"lr": -1}}, r"^swimmer\.train\.overrides\.kf\.lr: expected a finite number > 0, got -1"),
+    ({"kf": {"seed": 3}}, r"^swimmer\.train\.overrides\.kf\.seed: unknown key"),
+    ({"kf": {}}, r"^swimmer\.train\.overrides\.kf: empty; expected the train settings"),
+    ({"kf": 0.1}, r"^swimmer\.train\.overrides\.kf: expected a mapping"),
+    ([{"kf": {"lr": 0.1}}], r"^swimmer\.train\.overrides: expected a mapping"),
+    ({"kf": {"optimizer": "adam"}}, r"^swimmer\.train\.overrides\.kf\.optimizer: adam has no momentum parameter, "
+                                    r"but the train momentum is 0\.9"),
+])
+def test_bad_train_overrides_name_the_key(defaults, overrides, key):
+    raw = copy.deepcopy(defaults)
+    raw["swimmer"]["train"].update(momentum=0.9, overrides=overrides)
+    with pytest.raises(ParamsError, match=key):
+        parse_params(raw)

@@ -91,6 +91,9 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
             seen.add((tags["dataset"], tags["variant"], int(tags["seed"])))
             assert run.info.status == "FINISHED"
             assert tags["dvc_stage"] == f"refine@{ds}"
+            train = params[ds]["train"]  # a variant's train.overrides apply to its run only
+            lr = train.get("overrides", {}).get(tags["variant"], {}).get("lr", train["lr"])
+            assert float(run.data.params["train.lr"]) == lr
             if tags["variant"] == "kf":  # the linear 2SR's settings, not the RFF ones
                 assert "kf.ridge" in run.data.params and "two_stage.n_features" not in run.data.params
             assert tags.get("mlflow.source.git.commit") == commit

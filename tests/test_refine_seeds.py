@@ -33,10 +33,12 @@ PARAMS = {
 }
 
 
-def _params(root, seeds, variants=("psrnn",), epochs=2, **tracking):
+def _params(root, seeds, variants=("psrnn",), epochs=2, overrides=None, **tracking):
     p = copy.deepcopy(PARAMS)
     p["seeds"] = seeds
     p["hmm"]["train"]["epochs"] = epochs
+    if overrides is not None:
+        p["hmm"]["train"]["overrides"] = overrides
     p["hmm"]["variants"] = list(variants)
     p["tracking"].update(tracking)
     (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
@@ -114,6 +116,25 @@ def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
     refine.refine(params, root, "hmm")
     assert _mtime(root, "gru", 1) != gru1 and not stray.exists()
     assert len(_runs(root)) == 6 and all(status == "FINISHED" for *_, status in _runs(root))
+
+
+def test_a_train_override_retrains_only_its_variant(tmp_path, clean_env):
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    refine.refine(_params(root, [0], ("psrnn", "gru")), root, "hmm")
+    psrnn, gru = _mtime(root, "psrnn", 0), _mtime(root, "gru", 0)
+    refine.refine(_params(root, [0], ("psrnn", "gru"), overrides={"gru": {"lr": 0.5, "epochs": 1}}), root, "hmm")
+    assert _mtime(root, "psrnn", 0) == psrnn, "psrnn has no override: it must not be retrained"
+    assert _mtime(root, "gru", 0) != gru
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    latest = {}
+    for variant, _, run_id, _ in _runs(root):
+        latest.setdefault(variant, []).append(client.get_run(run_id).data.params)
+    assert [p["train.lr"] for p in latest["psrnn"]] == ["1.0"]
+    assert sorted((p["train.lr"], p["train.epochs"]) for p in latest["gru"]) == [("0.5", "1"), ("1.0", "2")]
+    history = json.loads((model_dir(root, "hmm", "gru", 0) / "history.json").read_text())["history"]
+    assert [h["epoch"] for h in history] == [0, 1]
 
 
 def test_a_run_killed_before_its_first_checkpoint_continues_its_mlflow_run(tmp_path, clean_env):

@@ -147,7 +147,7 @@ def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str
         raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
     init = _fingerprint(init_path)
     shared_digest = shared() if shared is not None else dataset_digest(params, root, dataset)
-    train = asdict(replace(params.dataset(dataset).train, seed=seed))
+    train = asdict(replace(params.dataset(dataset).train_config(variant_name), seed=seed))
     full = _fingerprint(train, init, shared_digest)
     train.pop("epochs")
     return full, _fingerprint(train, init, shared_digest)
@@ -162,7 +162,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
-    tcfg = replace(dp.train, seed=seed)
+    tcfg = replace(dp.train_config(variant_name), seed=seed)  # train, with this variant's train.overrides
     # resumable, without train.epochs: a checkpoint of the same run continues, also to more epochs than it was
     # trained for (not to fewer: the checkpoint holds only its last epoch); fingerprint.txt holds it
     fingerprint, resumable = run_fingerprints(params, root, dataset, variant_name, seed, shared)
