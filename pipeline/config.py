@@ -596,7 +596,7 @@ def _check_kf_state_dim(dp: DatasetParams, obs_dim: int, origin: str) -> None:
     if dp.kf is None:
         return
     bound = dp.kf.future_window * obs_dim
-    if dp.kf is not None and dp.kf.state_dim > bound:
+    if dp.kf.state_dim > bound:
         raise ParamsError(f"{dp.name}.kf.state_dim: {dp.kf.state_dim} exceeds {dp.name}.kf.future_window x "
                           f"observation size = {dp.kf.future_window} x {obs_dim} = {bound} ({origin}); "
                           f"expected at most {bound}")
