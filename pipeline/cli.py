@@ -164,13 +164,16 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
 
 def _check(args: argparse.Namespace, params, root: Path) -> None:
     """``psrnn check``: params.yaml is valid (it was parsed before dispatch); a custom dataset's file is read and
-    checked against the params too, as its preprocess stage will."""
+    checked against the params too, as its preprocess stage will; spectral work no variant uses is noted."""
     if "custom" in params.datasets:
         from pipeline.workflow.data import check_custom
 
         print(check_custom(params, root))
     print(f"{args.params or root / 'params.yaml'}: valid ({len(params.datasets)} datasets, "
           f"{sum(len(d.variants) for d in params.datasets.values())} model variants, seeds {list(params.seeds)})")
+    for dp in params.datasets.values():
+        for note in dp.unused_spectral_work():
+            print(f"note: {note}")
 
 
 def _project_files() -> set[str]:

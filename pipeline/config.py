@@ -119,6 +119,18 @@ class DatasetParams:
         """The training settings of one variant: ``train`` with that variant's ``train.overrides`` applied."""
         return self.train_overrides.get(variant_name, self.train)
 
+    def unused_spectral_work(self) -> list[str]:
+        """What the two_stage stage learns that no variant uses (not an error: it costs time only)."""
+        notes = []
+        deepest = max([v.n_layers for v in self.variants if v.family == "psrnn" and v.init == "2sr"] + [0])
+        if self.layers > max(deepest, 1):
+            notes.append(f"{self.name}.two_stage.layers is {self.layers} but the deepest 2SR-initialised PSRNN variant "
+                         f"has {deepest or 1} layer(s): the 2SR of the deeper layers is learned for nothing")
+        if self.kf is not None and not any(v.family == "kf" for v in self.variants):
+            notes.append(f"{self.name}.kf is set but no variant is kf: its linear 2SR is learned for nothing "
+                         f"({self.name}.kf: null skips it)")
+        return notes
+
     def variant(self, name: str) -> Variant:
         for v in self.variants:
             if v.name == name:

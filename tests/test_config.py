@@ -418,3 +418,21 @@ def test_bad_train_overrides_name_the_key(defaults, overrides, key):
     raw["swimmer"]["train"].update(momentum=0.9, overrides=overrides)
     with pytest.raises(ParamsError, match=key):
         parse_params(raw)
+
+
+def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, monkeypatch):
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    raw = copy.deepcopy(defaults)
+    raw["ptb"]["two_stage"]["layers"] = 3
+    raw["mocap"]["variants"] = ["psrnn", "lstm"]  # its kf section stays
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": valid (6 datasets, 32 model variants, seeds [0, 1])")
+    assert out[1:] == [
+        "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "
+        "the deeper layers is learned for nothing",
+        "note: mocap.kf is set but no variant is kf: its linear 2SR is learned for nothing (mocap.kf: null skips it)"]
+    assert parse_params(copy.deepcopy(defaults)).dataset("ptb").unused_spectral_work() == []

@@ -4,12 +4,16 @@ rank)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.config import DatasetParams, Params, check_windows
 from pipeline.io import load_npz, save_npz, write_json
 from pipeline.workflow.paths import artifact_dir, load_prepared
+
+
+log = logging.getLogger(__name__)
 
 
 def _two_stage_config(dp: DatasetParams, seed: int):
@@ -52,6 +56,8 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     # what is learned follows from the two_stage and kf params alone (not from the variants), so adding or removing
     # a model variant never reruns this stage
+    for note in dp.unused_spectral_work():
+        log.warning("two_stage %s: %s", dataset, note)
     depths = two_stage_depths(ds.train, cfg, n_layers=dp.layers, discrete=ds.discrete,
                               vocab_size=ds.obs_dim if ds.discrete else 0, maps=maps)
     for depth, tsm in enumerate(depths, start=1):  # layer l is learned once for all depths >= l
