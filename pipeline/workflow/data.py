@@ -84,17 +84,17 @@ def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
     return ds
 
 
-def _check_lengths(dp: DatasetParams, ds: SequenceDataset) -> None:
+def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = False) -> None:
     """Both splits non-empty, and the 2SR windows fit the shortest training trajectory. The Kalman filter's windows
-    are checked by the two_stage stage, which reads the ``kf`` params (this stage does not: adding or changing a
-    Kalman filter must not rerun preprocessing)."""
+    and state size (``kalman``) are checked by ``psrnn check`` and by the two_stage stage, which reads the ``kf``
+    params; the preprocess stage does not: adding or changing a Kalman filter must not rerun preprocessing."""
     from dataclasses import replace
 
     for split in ("train", "test"):
         if not ds.split(split):
             raise ParamsError(f"{dp.name}.source: the {split} split is empty")
-    rff_only = replace(dp, kf=None)
-    check_windows(dp.name, rff_only, [len(t) for t in ds.train])
+    check_windows(dp.name, dp if kalman else replace(dp, kf=None), [len(t) for t in ds.train],
+                  obs_dim=ds.obs_dim if kalman and not ds.discrete else None)
 
 
 def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
@@ -111,9 +111,8 @@ def check_custom(params: Params, root: Path) -> str:
     included, against its training trajectories. Nothing is written. Returns a one-line summary."""
     dp = params.dataset("custom")
     ds = _load_custom(dp, root)
-    _check_lengths(dp, ds)
+    _check_lengths(dp, ds, kalman=True)
     lengths = [len(t) for t in ds.train]
-    check_windows("custom", dp, lengths, obs_dim=None if ds.discrete else ds.obs_dim)
     what = f"{ds.obs_dim} symbols" if ds.discrete else f"{ds.obs_dim} features"
     return (f"custom: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train / {len(ds.test)} test "
             f"trajectories, training lengths {min(lengths)} to {max(lengths)} steps")
