@@ -102,6 +102,7 @@ def fit_model(
     state_dim: int = 20,
     obs_dim: int = 20,
     n_layers: int = 1,
+    decoder_input: str = "top",
     rank: int | None = None,
     n_features: int = 2000,
     horizon: int = 1,
@@ -134,6 +135,8 @@ def fit_model(
     * ``epochs``, ``lr``, ``batch_size``, ``clip``, ``device``, ``seed`` go to :class:`pipeline.train.TrainConfig`;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
       ``max_loss``, ``eval_train``) or overrides these.
+    * ``decoder_input``: ``"all"`` lets the decoder of a multilayer PSRNN read every layer's state (skip
+      connections; the ``psrnn_<L>layer_skip`` variants), ``"top"`` (default, the paper's) the top layer's alone.
     * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean state; default 0 for ``psrnn``, 0.1 for
       ``factorized_psrnn``.
 
@@ -157,7 +160,7 @@ def fit_model(
     windows = {"past_window": horizon if past_window is None else past_window, "future_window": horizon}
     windows.update({k: options.pop(k) for k in list(options) if k in windows})
     cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
-                      state_dim=state_dim, obs_dim=obs_dim, n_layers=n_layers,
+                      state_dim=state_dim, obs_dim=obs_dim, n_layers=n_layers, decoder_input=decoder_input,
                       rank=rank if model == "factorized_psrnn" else None, n_rff=n_features,
                       init=init if model in ("psrnn", "factorized_psrnn") else
                       ("2sr" if model == "kf" else "xavier"), bias_scale=bias_scale)

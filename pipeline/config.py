@@ -19,7 +19,8 @@ Layout of ``params.yaml``::
       source: {...}              # options of the data source (see pipeline.data.<source>)
       two_stage: {...}           # TwoStageConfig fields, without seed, and ``layers`` (2SR depths learned)
       kf: {...} | null           # linear 2SR of the Kalman filter (continuous data); null: none
-      variants: [...]            # psrnn, psrnn_2layer, psrnn_random, factorized_psrnn_r60, lstm, gru, rnn, kf
+      variants: [...]            # psrnn, psrnn_2layer, psrnn_2layer_skip, psrnn_random, factorized_psrnn_r60,
+                                 # lstm, gru, rnn, kf
       model: {...}               # bias scales
       train: {...}               # TrainConfig fields, without seed, and ``overrides: {<variant>: {...}}``
 """
@@ -42,7 +43,8 @@ from pipeline.two_stage import TwoStageConfig
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
 DOWNLOADED = ("ptb", "swimmer", "mocap", "handwriting")
-_VARIANT = re.compile(r"^(psrnn(_(?P<layers>\d+)layer)?(?P<random>_random)?|factorized_psrnn_r(?P<rank>\d+)"
+_VARIANT = re.compile(r"^(psrnn(_(?P<layers>\d+)layer(?P<skip>_skip)?)?(?P<random>_random)?"
+                      r"|factorized_psrnn_r(?P<rank>\d+)"
                       r"(?P<frandom>_random)?|lstm|gru|rnn|kf)$")
 
 
@@ -59,13 +61,14 @@ class Variant:
     n_layers: int = 1
     rank: int | None = None
     init: str = "2sr"
+    skip: bool = False   # the decoder reads every layer's state (psrnn_<L>layer_skip), not the top layer's alone
 
     @classmethod
     def parse(cls, name: str, key: str = "variants") -> "Variant":
         m = _VARIANT.match(str(name))
         if not m:
             raise ParamsError(f"{key}: unknown model variant {name!r}; expected psrnn, psrnn_<L>layer, "
-                              "psrnn_random, factorized_psrnn_r<rank>, lstm, gru, rnn or kf")
+                              "psrnn_<L>layer_skip, psrnn_random, factorized_psrnn_r<rank>, lstm, gru, rnn or kf")
         if name.startswith("factorized_psrnn"):
             rank = int(m.group("rank"))
             if rank <= 0:
@@ -75,7 +78,11 @@ class Variant:
             layers = int(m.group("layers") or 1)
             if layers < 1:
                 raise ParamsError(f"{key}: number of layers in {name!r} must be >= 1")
-            return cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr")
+            skip = bool(m.group("skip"))
+            if skip and layers < 2:
+                raise ParamsError(f"{key}: {name!r}: _skip needs 2 or more layers (a 1-layer decoder reads its "
+                                  "only layer)")
+            return cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr", skip=skip)
         return cls(name, name, init="2sr" if name == "kf" else "xavier")
 
 

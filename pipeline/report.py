@@ -60,7 +60,7 @@ DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
     "fig3a": {"dataset": "ptb", "variants": ["lstm", "gru", "factorized_psrnn_r60"], "factorized_ranks": False,
               "split": "test", "show_train": False,
               "title": "Fig. 3a: PTB, equal state size and ~equal parameters"},
-    "fig3b": {"dataset": "ptb", "variants": ["psrnn", "psrnn_2layer"], "factorized_ranks": False,
+    "fig3b": {"dataset": "ptb", "variants": ["psrnn", "psrnn_2layer", "psrnn_2layer_skip"], "factorized_ranks": False,
               "split": "test", "show_train": False, "title": "Fig. 3b: PTB, 1- vs 2-layer PSRNN"},
     "fig3c": {"dataset": "ptb", "variants": ["psrnn"], "factorized_ranks": True,
               "split": "test", "show_train": False, "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
@@ -74,7 +74,7 @@ DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
 
 _FIXED_COLORS = {
     "kf": "tab:gray", "rnn": "tab:orange", "gru": "tab:green", "lstm": "tab:blue", "psrnn": "tab:red",
-    "psrnn_2layer": "tab:purple", "psrnn_random": "tab:pink",
+    "psrnn_2layer": "tab:purple", "psrnn_2layer_skip": "tab:brown", "psrnn_random": "tab:pink",
 }
 _SPARE_COLORS = ["tab:cyan", "tab:olive", "tab:brown", "#17364f", "#8c6d31", "#637939", "#7b4173", "#3182bd",
                  "#e6550d", "#31a354", "#756bb1", "#636363"]

@@ -18,7 +18,8 @@ window.
 
 Then the states are filtered through the training data with the normalised update, and a regression from states to
 the next observation initialises the decoder (softmax for discrete data, linear for continuous data). A multilayer
-PSRNN is initialised layer by layer, the states filtered by layer l being the observations of layer l+1 (Sec. 4.2).
+PSRNN is initialised layer by layer, the states filtered by layer l being the observations of layer l+1 (Sec. 4.2);
+its decoder regresses o_{t+1} on the top layer's states and, for skip connections, on every layer's states.
 """
 
 from __future__ import annotations
@@ -456,13 +457,16 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
 
 @dataclass
 class TwoStageModel:
-    """A multilayer 2SR initialisation: one :class:`TwoStageLayer` per layer and the decoder of the top layer."""
+    """A multilayer 2SR initialisation: one :class:`TwoStageLayer` per layer, the decoder of the top layer and,
+    for 2 or more layers, the ``skip_decoder`` that reads every layer's state [q⁽¹⁾; …; q⁽ᴸ⁾] (the PSRNN's
+    ``decoder_input="all"``)."""
 
     layers: list[TwoStageLayer]
     decoder: Decoder
     discrete: bool
     vocab_size: int
     config: dict[str, Any]
+    skip_decoder: Decoder | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -470,6 +474,9 @@ class TwoStageModel:
             out.update(layer.to_arrays(prefix=f"L{i + 1}_"))
         out["decoder_weight"] = self.decoder.weight
         out["decoder_bias"] = self.decoder.bias
+        if self.skip_decoder is not None:
+            out["skip_decoder_weight"] = self.skip_decoder.weight
+            out["skip_decoder_bias"] = self.skip_decoder.bias
         return out
 
     def meta(self) -> dict[str, Any]:
@@ -482,8 +489,12 @@ class TwoStageModel:
         layers = [TwoStageLayer.from_arrays(arrays, prefix=f"L{i + 1}_", diagnostics=meta["diagnostics"][i])
                   for i in range(meta["n_layers"])]
         dec = Decoder(weight=arrays["decoder_weight"], bias=arrays["decoder_bias"], kind=meta["decoder_kind"])
+        skip = None
+        if "skip_decoder_weight" in arrays:
+            skip = Decoder(weight=arrays["skip_decoder_weight"], bias=arrays["skip_decoder_bias"],
+                           kind=meta["decoder_kind"])
         return cls(layers=layers, decoder=dec, discrete=meta["discrete"], vocab_size=meta["vocab_size"],
-                   config=meta["config"])
+                   config=meta["config"], skip_decoder=skip)
 
 
 def multilayer_two_stage(
@@ -519,11 +530,13 @@ def two_stage_depths(
     """The 2SR models of depth 1, 2, …, ``n_layers``, in order (arguments as :func:`multilayer_two_stage`).
 
     Layer l of every depth is the same regression on the same inputs, so each layer is learned once and the
-    models differ only in their depth and in the decoder, which reads the top layer's states; the depth-d model
-    equals ``multilayer_two_stage(..., n_layers=d)`` exactly."""
+    models differ only in their depth and in the decoders: ``decoder`` reads the top layer's states and, from
+    depth 2 on, ``skip_decoder`` the states of every layer side by side; the depth-d model equals
+    ``multilayer_two_stage(..., n_layers=d)`` exactly."""
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
     layers: list[TwoStageLayer] = []
+    every: list[Sequence[np.ndarray]] = []   # the filtered states of each layer so far
     inputs: Sequence[np.ndarray] = trajectories
     for level in range(n_layers):
         is_first = level == 0
@@ -537,10 +550,15 @@ def two_stage_depths(
         log.info("2SR layer %d: %d windows, λ=%.3g", level + 1, layer.diagnostics["n_windows"],
                  layer.diagnostics["lambda"])
         inputs = states
+        every.append(states)
         decoder = fit_decoder(inputs, trajectories, discrete=discrete, vocab_size=vocab_size,
                               ridge=cfg.decoder_ridge)
+        skip = None
+        if len(every) > 1:
+            skip = fit_decoder([np.concatenate(parts, axis=1) for parts in zip(*every)], trajectories,
+                               discrete=discrete, vocab_size=vocab_size, ridge=cfg.decoder_ridge)
         yield TwoStageModel(layers=list(layers), decoder=decoder, discrete=discrete, vocab_size=vocab_size,
-                            config=asdict(cfg))
+                            config=asdict(cfg), skip_decoder=skip)
 
 
 # ------------------------------------------------------------------------------------- linear 2SR (Kalman)

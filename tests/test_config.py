@@ -78,6 +78,15 @@ def test_variant_names():
     assert (v.family, v.rank, v.init) == ("factorized_psrnn", 60, "2sr")
     assert Variant.parse("psrnn_random").init == "random"
     assert Variant.parse("lstm").init == "xavier"
+    v = Variant.parse("psrnn_2layer_skip")
+    assert (v.family, v.n_layers, v.skip, v.init) == ("psrnn", 2, True, "2sr")
+    assert not Variant.parse("psrnn_2layer").skip
+    assert Variant.parse("psrnn_3layer_skip_random").init == "random"
+    with pytest.raises(ParamsError, match=r"variants: 'psrnn_1layer_skip': _skip needs 2 or more layers"):
+        Variant.parse("psrnn_1layer_skip")
+    for bad in ("psrnn_skip", "psrnn_2layer_random_skip", "factorized_psrnn_r4_skip"):
+        with pytest.raises(ParamsError, match="unknown model variant"):
+            Variant.parse(bad)
 
 
 def test_missing_or_broken_file(tmp_path):
@@ -430,7 +439,7 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(": valid (6 datasets, 32 model variants, seeds [0, 1])")
+    assert out[0].endswith(": valid (6 datasets, 33 model variants, seeds [0, 1])")
     assert out[1:] == [
         "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "
         "the deeper layers is learned for nothing",

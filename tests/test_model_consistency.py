@@ -61,6 +61,39 @@ def test_psrnn_reproduces_the_numpy_2sr_filter_discrete_two_layers(hmm, float64)
     assert _max_diff(got, want) < 1e-10
 
 
+def test_skip_decoder_reads_every_layer_and_reproduces_the_numpy_filter(hmm, float64):
+    """decoder_input='all': the outputs are the 2SR skip decoder applied to [q⁽¹⁾; q⁽²⁾] of the numpy filter, and
+    the decoder's two column blocks act on layer 1 and layer 2 respectively."""
+    tsm = multilayer_two_stage(hmm.train, _ts_cfg(), n_layers=2, discrete=True, vocab_size=6)
+    assert tsm.skip_decoder is not None and tsm.skip_decoder.weight.shape == (6, 12)
+    cfg = ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=6, obs_dim=6, n_rff=300,
+                      n_layers=2, decoder_input="all")
+    model = initialise_model(cfg, two_stage=tsm)
+    s1 = filter_states(tsm.layers[0], hmm.test)
+    s2 = filter_states(tsm.layers[1], s1)
+    want = [tsm.skip_decoder.predict(np.concatenate([a, b], axis=1)) for a, b in zip(s1, s2)]
+    assert _max_diff(predict(model, hmm.test), want) < 1e-10
+    # the layer-1 block alone gives the 1-layer model's outputs: the concatenation is in layer order
+    one = initialise_model(ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=6,
+                                       obs_dim=6, n_rff=300), two_stage=tsm.__class__(
+        layers=tsm.layers[:1], decoder=tsm.decoder, discrete=True, vocab_size=6, config=tsm.config))
+    with torch.no_grad():
+        model.decoder.weight[:, 6:] = 0
+        model.decoder.weight[:, :6] = one.decoder.weight
+        model.decoder.bias.copy_(one.decoder.bias)
+    assert _max_diff(predict(model, hmm.test), predict(one, hmm.test)) < 1e-10
+    # saved and loaded with the 2SR artifact
+    back = tsm.__class__.from_arrays(tsm.to_arrays(), tsm.meta())
+    assert np.array_equal(back.skip_decoder.weight, tsm.skip_decoder.weight)
+    depth1 = multilayer_two_stage(hmm.train, _ts_cfg(), n_layers=1, discrete=True, vocab_size=6)
+    assert depth1.skip_decoder is None and "skip_decoder_weight" not in depth1.to_arrays()
+    with pytest.raises(ValueError, match="skip_decoder"):
+        initialise_model(ModelConfig(**{**cfg.to_dict(), "n_layers": 2}), two_stage=tsm.__class__(
+            layers=tsm.layers, decoder=tsm.decoder, discrete=True, vocab_size=6, config=tsm.config))
+    with pytest.raises(ValueError, match="decoder_input 'all' is a PSRNN option"):
+        ModelConfig(model="lstm", discrete=True, input_dim=6, output_dim=6, decoder_input="all")
+
+
 def test_psrnn_reproduces_the_numpy_2sr_filter_continuous(lgssm, float64):
     """Also holds the float64 inputs to float64 end to end: inputs rounded to float32 give ~3e-8."""
     ds, _ = lgssm

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -73,6 +74,13 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
         assert m["run_id"] == history["run_id"]
         assert (root / "predictions" / ds / f"{v}_s{s}.parquet").is_file()
     assert json.loads((root / "metrics" / "hmm" / "psrnn_s0.json").read_text())["bayes_optimal"]["bpc"] > 0
+    from pipeline.io import load_npz
+
+    # the skip variant's decoder reads both layers, initialised by the skip decoder of the depth-2 2SR artifact
+    init, meta = load_npz(root / "artifacts" / "ptb" / "s0" / "init" / "psrnn_2layer_skip.npz")
+    tsr, _ = load_npz(root / "artifacts" / "ptb" / "s0" / "2sr" / "L2.npz")
+    assert meta["model_config"]["decoder_input"] == "all"
+    assert np.array_equal(init["decoder.weight"], tsr["skip_decoder_weight"].astype(init["decoder.weight"].dtype))
     for fig in ("fig3a.png", "fig3b.png", "fig3c.png", "fig4a.png", "fig4b.png"):
         assert (root / "reports" / "figures" / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = (root / "reports" / "results.md").read_text()

@@ -7,7 +7,7 @@ from pipeline.api import initialise_model
 from pipeline.data.synthetic import HMM, make_hmm_dataset
 from pipeline.models.common import ModelConfig
 from pipeline.train import TrainConfig, evaluate, fit
-from pipeline.two_stage import TwoStageConfig, multilayer_two_stage
+from pipeline.two_stage import TwoStageConfig, multilayer_two_stage, two_stage_depths
 
 
 def _forward_filter_bpc(hmm, trajectories):
@@ -77,6 +77,21 @@ def test_two_layer_2sr_initialises_both_layers(hmm_data):
     model = initialise_model(ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=10,
                                          obs_dim=6, n_rff=500, n_layers=2), two_stage=tsm)
     assert evaluate(model, ds.test)["bpc"] < unigram
+
+
+def test_skip_decoder_starts_at_least_as_well_as_one_layer_on_the_training_data(hmm_data):
+    """The skip decoder regresses o_{t+1} on a superset of the 1-layer decoder's inputs, so the 2-layer skip model's
+    2SR start fits the training data at least as well as the 1-layer model's (up to the decoder ridge)."""
+    ds = hmm_data[0]
+    cfg = TwoStageConfig(state_dim=10, obs_dim=6, past_dim=10, n_features=500, past_window=3, future_window=3,
+                         decoder_ridge=3e-3, seed=0)
+    one, two = list(two_stage_depths(ds.train, cfg, n_layers=2, discrete=True, vocab_size=6))
+    base = dict(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=10, obs_dim=6, n_rff=500)
+    train_bpc = {name: evaluate(initialise_model(ModelConfig(**base, **kw), two_stage=tsm), ds.train)["bpc"]
+                 for name, kw, tsm in (("1layer", {}, one), ("2layer", {"n_layers": 2}, two),
+                                       ("2layer_skip", {"n_layers": 2, "decoder_input": "all"}, two))}
+    assert train_bpc["2layer_skip"] <= train_bpc["1layer"] + 2e-3, train_bpc
+    assert train_bpc["2layer_skip"] <= train_bpc["2layer"] + 2e-3, train_bpc
 
 
 def _unigram_bpc(train, test, n_symbols):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 MODEL_NAMES = ("psrnn", "factorized_psrnn", "lstm", "gru", "rnn", "kf")
+DECODER_INPUTS = ("top", "all")
 
 
 @dataclass
@@ -30,10 +31,16 @@ class ModelConfig:
     n_rff: int = 2000
     init: str = "2sr"          # "2sr" or "random" (PSRNNs); baselines: "xavier"; kf: "2sr"
     bias_scale: float = 0.0
+    decoder_input: str = "top"  # PSRNN: the decoder reads the top layer's state ("top") or every layer's ("all")
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_NAMES:
             raise ValueError(f"model {self.model!r}: expected one of {MODEL_NAMES}")
+        if self.decoder_input not in DECODER_INPUTS:
+            raise ValueError(f"decoder_input {self.decoder_input!r}: expected one of {DECODER_INPUTS}")
+        if self.decoder_input == "all" and self.model not in ("psrnn", "factorized_psrnn"):
+            raise ValueError(f"decoder_input 'all' is a PSRNN option (layer skip connections); {self.model} has "
+                             "one recurrent layer")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

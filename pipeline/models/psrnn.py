@@ -9,7 +9,10 @@ the CP form W = Σ_r a_r ⊗ b_r ⊗ c_r (Eq. 10): q_{t+1} ∝ Aᵀ(B o_t ⊙ C 
 B of shape (r, d_o). Layers stack: the states of layer l are the observations of layer l+1 (Sec. 4.2). Each layer's
 observation enters through an encoder, the RFF map followed by the 2SR projection, o_t = U_oᵀ ω(x_t):
 an embedding table for discrete symbols (exactly U_oᵀ ω(e_v) per symbol) and a trainable RFF layer for continuous
-inputs. A linear decoder maps the top state to logits (discrete) or to the predicted next observation.
+inputs. A linear decoder maps the top state to logits (discrete) or to the predicted next observation; with
+``decoder_input="all"`` (variants ``psrnn_<L>layer_skip``) it reads the states of every layer, concatenated — skip
+connections to the output as in Graves (2013), so that a deeper model's 2SR start fits the training data at
+least as well as a shallower one's (its decoder regression sees a superset of the states).
 
 Both cores reduce, for a known input sequence, to a normalised linear recurrence q_{t+1} = n(G_t q_t + b) with
 per-step matrices G_t = W ×₂ o_t (or Aᵀ diag(B o_t) C), which are computed for the whole window in one batched
@@ -374,14 +377,15 @@ class PSRNN(SequenceModel):
                 self.cores.append(PSRNNLayer(c.state_dim, c.obs_dim))
             else:
                 self.cores.append(FactorizedPSRNNLayer(c.state_dim, c.obs_dim, c.rank))
-        self.decoder = nn.Linear(c.state_dim, c.output_dim)
+        # "all": skip connections from every layer to the output (Graves 2013), [q⁽¹⁾_t; …; q⁽ᴸ⁾_t] -> prediction
+        self.decoder = nn.Linear(c.state_dim * (c.n_layers if c.decoder_input == "all" else 1), c.output_dim)
 
     def init_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         return tuple(core.initial().detach().expand(batch_size, -1).clone() for core in self.cores)
 
     def forward(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        new_state = []
+        new_state, outputs = [], []
         h = x
         for encoder, core, q in zip(self.encoders, self.cores, state):
             if isinstance(encoder, EmbeddingEncoder):
@@ -389,7 +393,10 @@ class PSRNN(SequenceModel):
             else:
                 states = core(encoder(h), q, reset)
             new_state.append(states[-1])
+            outputs.append(states)
             h = states
+        if self.config.decoder_input == "all" and len(outputs) > 1:
+            h = torch.cat(outputs, dim=-1)
         return self.decoder(h), tuple(new_state)
 
     # ------------------------------------------------------------------ initialisation from 2SR / at random
@@ -420,8 +427,14 @@ class PSRNN(SequenceModel):
                     core.W.copy_(_t(layer.W))
                 core.b.copy_(_t(bias_scale * layer.mean_state))
                 core.q1.copy_(_t(layer.q1))
-            self.decoder.weight.copy_(_t(model.decoder.weight))
-            self.decoder.bias.copy_(_t(model.decoder.bias))
+            decoder = model.decoder
+            if self.config.decoder_input == "all" and len(self.cores) > 1:
+                if model.skip_decoder is None:
+                    raise ValueError("decoder_input 'all' needs the 2SR model's skip_decoder (fit on every layer's "
+                                     "states; multilayer_two_stage fits it for 2 or more layers)")
+                decoder = model.skip_decoder
+            self.decoder.weight.copy_(_t(decoder.weight))
+            self.decoder.bias.copy_(_t(decoder.bias))
         return self
 
     def random_init(self, seed: int) -> "PSRNN":
