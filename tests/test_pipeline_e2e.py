@@ -128,6 +128,41 @@ def test_second_repro_is_a_noop_and_metrics_and_plots_show(project):
     assert plots
 
 
+def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(project, tmp_path):
+    """`psrnn predict` on the test split written back in the data's units (Swimmer: de-standardised features;
+    PTB: the characters) gives the evaluate stage's test metrics, through the CLI and a real run's files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.data.schema import read_dataset
+
+    root, env, _, _ = project
+    sw = read_dataset(root / "data" / "prepared" / "swimmer.parquet")
+    norm = sw.meta["normalization"]
+    raw = [t * np.asarray(norm["std"]) + np.asarray(norm["mean"]) for t in sw.test]
+    cols = {"trajectory": np.concatenate([np.full(len(t), f"t{i}") for i, t in enumerate(raw)])}
+    cols.update({f: np.concatenate(raw)[:, j] for j, f in enumerate(sw.features)})
+    pq.write_table(pa.table(cols), tmp_path / "swims.parquet")
+    out = _run(["python", "-m", "pipeline.cli", "predict", "swimmer", "psrnn", "0", str(tmp_path / "swims.parquet"),
+                str(tmp_path / "swim_pred.parquet")], root, env)
+    pred = pq.read_table(tmp_path / "swim_pred.parquet")
+    assert pred.num_rows == sum(len(t) for t in raw)
+    assert pred.column_names == ["trajectory", "step"] + [f"predicted_{f}" for f in sw.features]
+    want = json.loads((root / "metrics" / "swimmer" / "psrnn_s0.json").read_text())["test"]["mse"]
+    got = float(re.search(r"one-step mse (\S+),", out).group(1))
+    assert got == pytest.approx(want, rel=1e-3), out
+
+    ptb = read_dataset(root / "data" / "prepared" / "ptb.parquet")
+    text = [ptb.vocab[i] for i in ptb.test[0]]
+    pq.write_table(pa.table({"trajectory": np.zeros(len(text), dtype=np.int64), "symbol": text}),
+                   tmp_path / "text.parquet")
+    _run(["python", "-m", "pipeline.cli", "predict", "ptb", "psrnn_2layer_skip", "0", str(tmp_path / "text.parquet"),
+          str(tmp_path / "text_pred.parquet")], root, env)
+    bits = pq.read_table(tmp_path / "text_pred.parquet").column("next_bits").to_numpy(zero_copy_only=False)
+    want = json.loads((root / "metrics" / "ptb" / "psrnn_2layer_skip_s0.json").read_text())["test"]["bpc"]
+    assert np.nanmean(bits) == pytest.approx(want, rel=1e-6)
+
+
 # Plumbing that does not change any result, left out of dvc.yaml's deps (see the comment at its top).
 PLUMBING = {"pipeline/__init__.py", "pipeline/cli.py", "pipeline/io.py", "pipeline/progress.py",
             "pipeline/workflow/__init__.py", "pipeline/workflow/paths.py", "pipeline/data/__init__.py",

@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,26 +74,39 @@ def _py(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def load_custom(
+@dataclass
+class Rows:
+    """The checked rows of a sequence file: ``groups[k]`` are the row indices of trajectory ``ids[k]`` in step
+    order; ``values`` holds the symbol (discrete) or the feature columns (continuous) of every row."""
+
+    path: Path
+    ids: np.ndarray
+    groups: list[np.ndarray]
+    values: np.ndarray
+    columns: list[str]
+    split: np.ndarray | None   # the split column's values (``with_split`` and present), else None
+    steps: np.ndarray | None   # the step column's values when present, else None
+
+
+def read_rows(
     path: Path,
     *,
     kind: str,
     features: list[str] | None = None,
     symbol_column: str = "symbol",
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    normalize: bool = True,
-    min_length: int = 2,
-) -> SequenceDataset:
-    """Load, check and split the Parquet file ``path`` (schema in the module docstring)."""
+    min_length: int = 1,
+    with_split: bool = False,
+) -> "Rows":
+    """Read and check the rows of ``path`` (schema and checks in the module docstring), grouped by trajectory.
+
+    ``with_split`` reads and checks the ``split`` column when there is one; without it the column is not read.
+    Used by :func:`load_custom` and, for new data given to a trained model, by :mod:`pipeline.inference`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {KINDS}")
-    if not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
     if isinstance(min_length, bool) or not isinstance(min_length, (int, np.integer)) or min_length < 1:
         raise ValueError(f"min_length={min_length!r}: expected a positive integer")
     if kind == "discrete" and features is not None:
@@ -146,7 +160,7 @@ def load_custom(
         for f in features:
             require(f, "named in features")
         value_columns = list(features)
-    has_step, has_split = "step" in types, "split" in types
+    has_step, has_split = "step" in types, with_split and "split" in types
 
     def value_type(t: Any) -> Any:
         return t.value_type if pa.types.is_dictionary(t) else t
@@ -236,9 +250,38 @@ def load_custom(
         raise fail(f"{short.size} trajectories are shorter than min_length={min_length} rows (first: trajectory "
                    f"{_py(uniq[k])!r} with {int(lengths[k])} rows)")
 
-    n_traj = len(uniq)
+    split_values = None
     if has_split:
         split_values = np.asarray(column("split").to_numpy(zero_copy_only=False)).astype(str)
+    step_values = steps if has_step else None
+    return Rows(path=path, ids=uniq, groups=groups, values=values, columns=value_columns, split=split_values,
+                steps=step_values)
+
+
+def load_custom(
+    path: Path,
+    *,
+    kind: str,
+    features: list[str] | None = None,
+    symbol_column: str = "symbol",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    normalize: bool = True,
+    min_length: int = 2,
+) -> SequenceDataset:
+    """Load, check and split the Parquet file ``path`` (schema in the module docstring)."""
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
+    rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
+                     with_split=True)
+    path, uniq, groups, values, value_columns = rows.path, rows.ids, rows.groups, rows.values, rows.columns
+    has_split, split_values = rows.split is not None, rows.split
+
+    def fail(what: str) -> ValueError:
+        return ValueError(f"{path}: {what}")
+
+    n_traj = len(uniq)
+    if has_split:
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
         if unknown:
             raise fail(f"column 'split' has values {_shown(unknown)}; expected only {list(SPLITS)}")
@@ -280,8 +323,8 @@ def load_custom(
         for s in ("valid", "test"):
             if not members[s]:
                 continue
-            rows = np.concatenate([groups[k] for k in members[s]])
-            unseen = np.setdiff1d(np.unique(values[rows]), vocab_values)
+            idx = np.concatenate([groups[k] for k in members[s]])
+            unseen = np.setdiff1d(np.unique(values[idx]), vocab_values)
             if unseen.size:
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
                            f"{_shown([_py(v) for v in unseen])}; expected only train symbols")

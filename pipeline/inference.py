@@ -1,0 +1,298 @@
+"""A trained run on new data: :func:`load_run` in Python, ``python -m pipeline.cli predict`` on a Parquet file.
+
+A run of the pipeline (dataset ``ds``, variant ``v``, seed ``s``) leaves everything needed to use it later: the
+prepared dataset's metadata (the vocabulary, or the feature names and the train mean/std that continuous features
+were standardised with), the initial weights ``artifacts/<ds>/s<s>/init/<v>.npz`` and the trained checkpoint
+``models/<ds>/<v>/s<s>/checkpoint.pt``. :func:`load_run` rebuilds the model from them; :class:`TrainedRun` takes
+trajectories in the units of the original data (raw symbols; unstandardised features) and gives one-step
+predictions in those units, so the standardisation is never the user's business.
+
+:func:`predict_file` reads a file in the schema of a custom dataset (``trajectory``, optional ``step``, and the
+symbol column or the feature columns the model was trained on; a ``split`` column and other columns are ignored),
+filters each trajectory from the model's initial state, and writes one row per input row: the prediction made
+after that row's observation, of the next one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+UNKNOWN_RULES = ("error", "drop", "map")
+UNK_SYMBOL = "<unk>"   # the symbol PTB's unknown: map appends to its vocabulary
+PREDICT_META_KEY = b"psrnn_predict"
+
+
+@dataclass
+class TrainedRun:
+    """A model of the pipeline with what it needs to read and write data in the original units.
+
+    ``mean``/``std`` (continuous data) standardise each feature as the pipeline did (1 and 0 for a feature that was
+    not standardised); ``epoch`` is the checkpoint's (0 for the initial weights)."""
+
+    model: Any
+    dataset: str
+    variant: str
+    seed: int
+    epoch: int
+    kind: str
+    features: list[str] = field(default_factory=list)
+    vocab: list[str] = field(default_factory=list)
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+    @property
+    def discrete(self) -> bool:
+        return self.kind == "discrete"
+
+    # ------------------------------------------------------------------------------------ units of the model
+
+    def encode(self, trajectory: Sequence[Any] | np.ndarray, *, unknown: str = "error") -> np.ndarray:
+        """One trajectory in the model's units: vocabulary indices (symbols compared as text, as the vocabulary
+        is stored) or standardised features. ``unknown`` (discrete): ``error`` refuses a symbol not in the
+        vocabulary, ``drop`` leaves it out, ``map`` maps it to ``<unk>`` (a vocabulary that has one)."""
+        if self.discrete:
+            index, keep = self._symbol_indices(np.asarray(trajectory, dtype=object).reshape(-1), unknown)
+            return index[keep]
+        x = np.asarray(trajectory, dtype=np.float64)
+        x = x.reshape(-1, 1) if x.ndim == 1 else x
+        if x.ndim != 2 or x.shape[1] != len(self.features):
+            raise ValueError(f"expected trajectories of shape (T, {len(self.features)}) (features {self.features}), "
+                             f"got {np.asarray(trajectory).shape}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = (x - self.mean) / self.std
+        if not np.isfinite(z).all():
+            raise ValueError("observations are not finite after standardisation (NaN, Inf, or too far from the "
+                             "training mean/std)")
+        return z
+
+    def _symbol_indices(self, values: np.ndarray, unknown: str) -> tuple[np.ndarray, np.ndarray]:
+        if unknown not in UNKNOWN_RULES:
+            raise ValueError(f"unknown={unknown!r}: expected one of {UNKNOWN_RULES}")
+        lookup = {v: i for i, v in enumerate(self.vocab)}
+        text = [str(v.item() if isinstance(v, np.generic) else v) for v in values]
+        index = np.array([lookup.get(t, -1) for t in text], dtype=np.int64)
+        keep = index >= 0
+        if not keep.all():
+            unseen = sorted({t for t, k in zip(text, keep) if not k})
+            shown = ", ".join(repr(u) for u in unseen[:10]) + (f", ... ({len(unseen)} in all)" if len(unseen) > 10
+                                                                else "")
+            if unknown == "error":
+                raise ValueError(f"{int((~keep).sum())} observations have symbols not in the vocabulary of "
+                                 f"{self.dataset}: {shown}; use unknown 'drop' or 'map'")
+            if unknown == "map":
+                if UNK_SYMBOL not in lookup:
+                    raise ValueError(f"unknown='map': the vocabulary of {self.dataset} has no {UNK_SYMBOL!r} symbol "
+                                     f"to map {shown} to; use unknown 'drop'")
+                index[~keep] = lookup[UNK_SYMBOL]
+                keep[:] = True
+        return index, keep
+
+    def decode(self, outputs: np.ndarray) -> np.ndarray:
+        """Model outputs of one trajectory in data units: next-symbol probabilities (T, V), or predicted features."""
+        if self.discrete:
+            z = outputs.astype(np.float64)
+            z = np.exp(z - z.max(axis=1, keepdims=True))
+            return z / z.sum(axis=1, keepdims=True)
+        return outputs.astype(np.float64) * self.std + self.mean
+
+    # -------------------------------------------------------------------------------------------- filtering
+
+    def predict(self, trajectories: Sequence[Any], *, unknown: str = "error", device: str = "cpu"
+                ) -> list[np.ndarray]:
+        """One-step predictions per trajectory in data units: row t is made after o_t and predicts o_{t+1}
+        (probabilities over ``vocab`` for discrete data). Each trajectory is filtered from the initial state."""
+        from pipeline.train import predict, resolve_device
+
+        encoded = [self.encode(t, unknown=unknown) for t in trajectories]
+        _check_lengths(encoded)
+        self.model.to(resolve_device(device))
+        return [self.decode(o) for o in predict(self.model, encoded)]
+
+    def evaluate(self, trajectories: Sequence[Any], *, unknown: str = "error", device: str = "cpu"
+                 ) -> dict[str, float]:
+        """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
+        report), and for continuous data ``mse_data_units`` (the same errors in the original units)."""
+        from pipeline.train import evaluate_and_predict, resolve_device
+
+        encoded = [self.encode(t, unknown=unknown) for t in trajectories]
+        _check_lengths(encoded)
+        self.model.to(resolve_device(device))
+        metrics, outputs = evaluate_and_predict(self.model, encoded)
+        if not self.discrete:
+            metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
+        return metrics
+
+    def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
+        """The mean squared one-step error per feature and step, as the pipeline's MSE but in the data's units."""
+        err = [(self.decode(o)[:-1] - self.decode(e)[1:]) ** 2 for o, e in zip(outputs, encoded) if len(e) > 1]
+        return float(np.concatenate(err).mean()) if err else float("nan")
+
+
+def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
+    if not encoded or any(len(e) == 0 for e in encoded):
+        raise ValueError("every trajectory needs at least one observation")
+
+
+def _normalization(meta: dict[str, Any], features: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) per feature from a prepared dataset's ``normalization`` meta; features it does not list (e.g.
+    Handwriting's pen-up flag) were left as they are."""
+    mean, std = np.zeros(len(features)), np.ones(len(features))
+    norm = meta.get("normalization")
+    if norm:
+        columns = norm.get("columns") or features
+        for name, m, s in zip(columns, norm["mean"], norm["std"]):
+            j = features.index(name)
+            mean[j], std[j] = float(m), float(s)
+    return mean, std
+
+
+def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial: bool = False) -> TrainedRun:
+    """The trained model of run (``dataset``, ``variant``, ``seed``) of the project at ``root``, or with
+    ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory."""
+    from pipeline.data.schema import read_dataset
+    from pipeline.train import load_checkpoint
+    from pipeline.workflow.evaluate import _trained
+    from pipeline.workflow.initialise import load_initial
+    from pipeline.workflow.paths import artifact_dir, prepared_path
+
+    root = Path(root)
+    prepared = prepared_path(root, dataset)
+    if not prepared.is_file():
+        raise FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this project, "
+                                "and has `dvc repro` run?)")
+    init = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
+    if not init.is_file():
+        raise FileNotFoundError(f"{init}: initial weights not found (is {variant!r} a variant of {dataset} trained "
+                                f"with seed {seed}?)")
+    ds = read_dataset(prepared)
+    model = load_initial(root, dataset, variant, seed)
+    epoch = 0
+    if not initial:
+        ck = load_checkpoint(_trained(root, dataset, variant, seed))
+        model.load_state_dict(ck["model"])
+        epoch = int(ck["epoch"])
+    model.eval()
+    run = TrainedRun(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind=ds.kind,
+                     features=list(ds.features), vocab=list(ds.vocab))
+    if not ds.discrete:
+        run.mean, run.std = _normalization(ds.meta, run.features)
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ a whole file
+
+
+def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:
+    """The vocabulary as values of the input column's type: integers (or booleans) when the input symbols are,
+    else text."""
+    kind = like.dtype.kind
+    try:
+        if kind in "iu":
+            return np.array([int(v) for v in vocab], dtype=np.int64)
+        if kind == "b":
+            if set(vocab) <= {"True", "False"}:
+                return np.array([v == "True" for v in vocab])
+        if kind == "f":
+            return np.array([float(v) for v in vocab], dtype=np.float64)
+    except ValueError:   # e.g. an "<unk>" beside integer symbols
+        pass
+    return np.array(vocab, dtype=object)
+
+
+def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, symbol_column: str = "symbol",
+                 unknown: str = "error", probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
+    (Parquet, written to a temporary file and renamed), and return a summary (rows, trajectories, dropped rows,
+    metrics over the steps that have a next observation).
+
+    Output columns, one row per input row (in trajectory and step order; rows of dropped unknown symbols have
+    none): ``trajectory`` (the input's ids), ``step`` (the input's, or the row's 0-based position in its
+    trajectory when the input has none), then
+
+    * continuous: ``predicted_<feature>`` for every feature, in the input's units;
+    * discrete: ``predicted`` (the most likely next symbol, typed like the input column), ``probability`` (its
+      probability), ``next_bits`` (−log₂ of the probability given to the observed next symbol; null on each
+      trajectory's last row, and their mean is the BPC) and, with ``probabilities``, ``probabilities`` (a list in
+      the order of the ``vocab`` of the schema metadata ``psrnn_predict``).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.data.custom import read_rows
+    from pipeline.io import atomic_path
+
+    input_path, output_path = Path(input_path), Path(output_path)
+    if output_path.resolve() == input_path.resolve():
+        raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
+    rows = read_rows(input_path, kind=run.kind, features=None if run.discrete else run.features,
+                     symbol_column=symbol_column, min_length=1)
+    ids_out, steps_out, encoded, kept_rows = [], [], [], []
+    dropped = 0
+    for k, g in enumerate(rows.groups):
+        position = np.arange(len(g), dtype=np.int64)   # the step when the input has no step column
+        if run.discrete:
+            try:
+                index, keep = run._symbol_indices(rows.values[g], unknown)
+            except ValueError as exc:
+                raise ValueError(f"{input_path}: column {symbol_column!r}: {exc}") from None
+            dropped += int((~keep).sum())
+            g, enc, position = g[keep], index[keep], position[keep]
+            if len(g) == 0:
+                continue
+        else:
+            try:
+                enc = run.encode(rows.values[g])
+            except ValueError as exc:
+                raise ValueError(f"{input_path}: trajectory {rows.ids[k]!r}: {exc}") from None
+        kept_rows.append(g)
+        encoded.append(enc)
+        ids_out.append(np.repeat(rows.ids[k:k + 1], len(g)))
+        steps_out.append(rows.steps[g] if rows.steps is not None else position)
+    if not encoded:
+        raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
+
+    from pipeline.train import evaluate_and_predict, resolve_device
+
+    run.model.to(resolve_device(device))
+    metrics, outputs = evaluate_and_predict(run.model, encoded)
+    columns: dict[str, Any] = {"trajectory": pa.array(np.concatenate(ids_out).tolist()),
+                               "step": pa.array(np.concatenate(steps_out).astype(np.int64))}
+    if run.discrete:
+        probs = [run.decode(o) for o in outputs]
+        best = np.concatenate([p.argmax(axis=1) for p in probs])
+        symbols = _symbol_values(run.vocab, rows.values)
+        columns["predicted"] = pa.array(symbols[best].tolist())
+        columns["probability"] = pa.array(np.concatenate([p.max(axis=1) for p in probs]))
+        bits = []
+        for p, e in zip(probs, encoded):
+            b = np.full(len(e), np.nan)
+            b[:-1] = -np.log2(np.maximum(p[np.arange(len(e) - 1), e[1:]], np.finfo(np.float64).tiny))
+            bits.append(b)
+        nb = np.concatenate(bits)
+        columns["next_bits"] = pa.array(nb, mask=np.isnan(nb))
+        if probabilities:
+            flat = np.concatenate(probs).astype(np.float32)
+            columns["probabilities"] = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), len(run.vocab))
+    else:
+        pred = np.concatenate([run.decode(o) for o in outputs])
+        for j, name in enumerate(run.features):
+            columns[f"predicted_{name}"] = pa.array(pred[:, j])
+        metrics["mse_data_units"] = run._mse_data_units(outputs, encoded)
+    n_rows = int(sum(len(e) for e in encoded))
+    summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": dropped,
+               "predicted_steps": int(sum(len(e) - 1 for e in encoded)),
+               "metrics": {k: float(v) for k, v in metrics.items()}}
+    meta = {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
+            "input": input_path.name, **({"vocab": run.vocab} if run.discrete else {"features": run.features}),
+            **summary}
+    table = pa.table(columns)
+    table = table.replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta, allow_nan=True).encode()})
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output_path) as tmp:
+        pq.write_table(table, tmp)
+    return summary

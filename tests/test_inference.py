@@ -1,0 +1,140 @@
+"""A trained model on new data in the original units: pipeline.inference (the `psrnn predict` command's core).
+
+The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_pipeline_e2e.py."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.api import fit_model
+from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
+from pipeline.inference import PREDICT_META_KEY, TrainedRun, load_run, predict_file
+from pipeline.train import evaluate, predict
+
+
+@pytest.fixture(scope="module")
+def continuous_run():
+    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=3, length=40, seed=0)
+    fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2,
+                       epochs=1, lr=0.1, device="cpu")
+    mean, std = np.array([10.0, -3.0]), np.array([2.0, 0.5])
+    run = TrainedRun(model=fitted.model, dataset="lgssm", variant="psrnn", seed=0, epoch=1, kind="continuous",
+                     features=["a", "b"], mean=mean, std=std)
+    return run, ds.test
+
+
+@pytest.fixture(scope="module")
+def discrete_run():
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=20, n_test=4, length=60, seed=0)
+    fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2,
+                       epochs=1, lr=0.1, device="cpu")
+    vocab = ["10", "20", "30", "40"]   # integer symbols, stored as text in a prepared dataset's vocabulary
+    run = TrainedRun(model=fitted.model, dataset="hmm", variant="psrnn", seed=0, epoch=1, kind="discrete",
+                     vocab=vocab)
+    return run, ds.test
+
+
+def _write(path, columns):
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_continuous_predictions_are_in_data_units_and_match_the_model(continuous_run, tmp_path):
+    run, test = continuous_run
+    raw = [z * run.std + run.mean for z in test]
+    # rows shuffled, string ids, steps with gaps and an extra column: order comes from (trajectory, step)
+    ids = np.concatenate([np.full(len(t), f"walk-{i}") for i, t in enumerate(raw)])
+    steps = np.concatenate([np.arange(len(t)) * 5 + 100 for t in raw])
+    x = np.concatenate(raw)
+    perm = np.random.default_rng(0).permutation(len(x))
+    src = _write(tmp_path / "new.parquet", {"trajectory": ids[perm], "step": steps[perm], "b": x[perm, 1],
+                                             "a": x[perm, 0], "note": np.zeros(len(x))[perm]})
+    summary = predict_file(run, src, tmp_path / "out" / "pred.parquet")
+    out = pq.read_table(tmp_path / "out" / "pred.parquet")
+    assert out.column_names == ["trajectory", "step", "predicted_a", "predicted_b"]
+    assert out.column("trajectory").to_pylist() == ids.tolist() and out.column("step").to_pylist() == steps.tolist()
+    want = np.concatenate([o * run.std + run.mean for o in predict(run.model, test)])
+    got = np.column_stack([out.column("predicted_a").to_numpy(), out.column("predicted_b").to_numpy()])
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    # the pipeline's MSE (standardised units) and the same errors in the data's units
+    assert summary["metrics"]["mse"] == pytest.approx(evaluate(run.model, test)["mse"], rel=1e-9)
+    err = np.concatenate([(w[:-1] - t[1:]) ** 2 for w, t in zip(np.split(want, np.cumsum([len(t) for t in raw])[:-1]),
+                                                                   raw)])
+    assert summary["metrics"]["mse_data_units"] == pytest.approx(err.mean(), rel=1e-9)
+    assert summary["predicted_steps"] == sum(len(t) - 1 for t in raw) and summary["rows"] == len(x)
+    meta = json.loads(out.schema.metadata[PREDICT_META_KEY])
+    assert meta["features"] == ["a", "b"] and meta["epoch"] == 1 and meta["input"] == "new.parquet"
+    # the Python API gives the same numbers
+    api = run.predict(raw)
+    np.testing.assert_allclose(np.concatenate(api), want, rtol=1e-10)
+    assert run.evaluate(raw)["mse_data_units"] == pytest.approx(err.mean(), rel=1e-9)
+
+
+def test_continuous_input_errors_name_the_file_and_column(continuous_run, tmp_path):
+    run, _ = continuous_run
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match=r"in\.parquet: missing column 'b' \(named in features\)"):
+        predict_file(run, src, tmp_path / "out.parquet")
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, np.nan, 3.0], "b": [0.0, 0.0, 0.0]})
+    with pytest.raises(ValueError, match=r"in\.parquet: 1 rows have NaN"):
+        predict_file(run, src, tmp_path / "out.parquet")
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, 2.0, 3.0], "b": [0.0, 0.0, 0.0]})
+    with pytest.raises(ValueError, match="would overwrite the input"):
+        predict_file(run, src, src)
+    assert not (tmp_path / "out.parquet").exists()
+    # a one-row trajectory is predicted (nothing to score); every row gets its prediction
+    summary = predict_file(run, src, tmp_path / "out.parquet")
+    assert summary["rows"] == 3 and summary["predicted_steps"] == 1
+
+
+def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
+    run, test = discrete_run
+    symbols = np.array([10, 20, 30, 40])
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "sym": symbols[np.concatenate(test)]})
+    summary = predict_file(run, src, tmp_path / "pred.parquet", symbol_column="sym", probabilities=True)
+    out = pq.read_table(tmp_path / "pred.parquet")
+    assert out.schema.field("predicted").type == pa.int64()   # typed like the input column
+    z = np.concatenate(predict(run.model, test)).astype(np.float64)
+    e = np.exp(z - z.max(1, keepdims=True))
+    probs = e / e.sum(1, keepdims=True)
+    assert out.column("predicted").to_pylist() == symbols[probs.argmax(1)].tolist()
+    np.testing.assert_allclose(np.array(out.column("probabilities").to_pylist()), probs, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out.column("probability").to_numpy(), probs.max(1), rtol=1e-12)
+    bits = out.column("next_bits")
+    last = np.cumsum([len(t) for t in test]) - 1
+    assert bits.null_count == len(test) and all(bits[int(i)].as_py() is None for i in last)
+    # the mean of next_bits is the pipeline's BPC
+    want = evaluate(run.model, test)
+    assert np.nanmean(bits.to_numpy(zero_copy_only=False)) == pytest.approx(want["bpc"], rel=1e-9)
+    assert summary["metrics"]["bpc"] == pytest.approx(want["bpc"], rel=1e-9)
+    assert summary["metrics"]["accuracy"] == pytest.approx(want["accuracy"])
+    assert json.loads(out.schema.metadata[PREDICT_META_KEY])["vocab"] == run.vocab
+
+
+def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
+    run, test = discrete_run
+    seq = ["10", "20", "99", "30", "40", "99"]
+    src = _write(tmp_path / "in.parquet", {"trajectory": [7] * 6, "symbol": seq})
+    with pytest.raises(ValueError, match=r"in\.parquet: column 'symbol': 2 observations have symbols not in the "
+                                         r"vocabulary of hmm: '99'; use unknown 'drop' or 'map'"):
+        predict_file(run, src, tmp_path / "out.parquet")
+    with pytest.raises(ValueError, match="has no '<unk>' symbol"):
+        predict_file(run, src, tmp_path / "out.parquet", unknown="map")
+    summary = predict_file(run, src, tmp_path / "out.parquet", unknown="drop")
+    out = pq.read_table(tmp_path / "out.parquet")
+    assert summary["dropped"] == 2 and out.column("step").to_pylist() == [0, 1, 3, 4]
+    assert out.schema.field("predicted").type == pa.string()   # typed like the input column
+    kept = run.predict([np.array(["10", "20", "30", "40"])])[0]
+    np.testing.assert_allclose(out.column("probability").to_numpy(), kept.max(1), rtol=1e-12)
+    mapped = TrainedRun(model=run.model, dataset="x", variant="psrnn", seed=0, epoch=1, kind="discrete",
+                        vocab=["10", "20", "30", "<unk>"])
+    assert mapped.encode(["10", "99", "30"], unknown="map").tolist() == [0, 3, 2]
+
+
+def test_load_run_names_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data/prepared/swimmer\.parquet: prepared dataset not found"):
+        load_run(tmp_path, "swimmer", "psrnn", 0)
