@@ -156,7 +156,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory."""
     from pipeline.data.schema import read_dataset
     from pipeline.train import load_checkpoint
-    from pipeline.workflow.evaluate import _trained
+    from pipeline.workflow.evaluate import finished_checkpoint
     from pipeline.workflow.initialise import load_initial
     from pipeline.workflow.paths import artifact_dir, prepared_path
 
@@ -173,7 +173,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     model = load_initial(root, dataset, variant, seed)
     epoch = 0
     if not initial:
-        ck = load_checkpoint(_trained(root, dataset, variant, seed))
+        ck = load_checkpoint(finished_checkpoint(root, dataset, variant, seed))
         model.load_state_dict(ck["model"])
         epoch = int(ck["epoch"])
     model.eval()

@@ -17,7 +17,7 @@ from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, run_name
 
 
-def _trained(root: Path, dataset: str, variant: str, seed: int) -> Path:
+def finished_checkpoint(root: Path, dataset: str, variant: str, seed: int) -> Path:
     """The checkpoint of a finished run; a run without its ``done`` marker (killed, diverged or never trained) is
     refused rather than scored as if it were final."""
     mdir = model_dir(root, dataset, variant, seed)
@@ -38,7 +38,7 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
     ds = ds if ds is not None else load_prepared(root, dataset)
-    ckpt = _trained(root, dataset, variant_name, seed)
+    ckpt = finished_checkpoint(root, dataset, variant_name, seed)
     ck = load_checkpoint(ckpt)
     initial = load_initial(root, dataset, variant_name, seed)
     final = copy.deepcopy(initial)
@@ -65,7 +65,7 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
     dp = params.dataset(dataset)
     runs = [(v.name, seed) for v in dp.variants for seed in params.seeds]
     for v, s in runs:
-        _trained(root, dataset, v, s)
+        finished_checkpoint(root, dataset, v, s)
     ds = load_prepared(root, dataset)
     results = {}
     for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
