@@ -16,6 +16,7 @@ after that row's observation, of the next one.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +45,18 @@ class TrainedRun:
     vocab: list[str] = field(default_factory=list)
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
+
+    @classmethod
+    def from_units(cls, model: Any, units: dict[str, Any], *, dataset: str, variant: str, seed: int, epoch: int
+                   ) -> "TrainedRun":
+        """A run from a model and the ``units`` of its dataset (:meth:`SequenceDataset.units`)."""
+        model.eval()
+        if units["kind"] == "discrete":
+            return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="discrete",
+                       vocab=list(units["vocab"]))
+        return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="continuous",
+                   features=list(units["features"]), mean=np.asarray(units["mean"], dtype=np.float64),
+                   std=np.asarray(units["std"], dtype=np.float64))
 
     @property
     def discrete(self) -> bool:
@@ -138,19 +151,6 @@ def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
         raise ValueError("every trajectory needs at least one observation")
 
 
-def _normalization(meta: dict[str, Any], features: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std) per feature from a prepared dataset's ``normalization`` meta; features it does not list (e.g.
-    Handwriting's pen-up flag) were left as they are."""
-    mean, std = np.zeros(len(features)), np.ones(len(features))
-    norm = meta.get("normalization")
-    if norm:
-        columns = norm.get("columns") or features
-        for name, m, s in zip(columns, norm["mean"], norm["std"]):
-            j = features.index(name)
-            mean[j], std[j] = float(m), float(s)
-    return mean, std
-
-
 def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial: bool = False) -> TrainedRun:
     """The trained model of run (``dataset``, ``variant``, ``seed``) of the project at ``root``, or with
     ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory."""
@@ -176,12 +176,41 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
         ck = load_checkpoint(finished_checkpoint(root, dataset, variant, seed))
         model.load_state_dict(ck["model"])
         epoch = int(ck["epoch"])
-    model.eval()
-    run = TrainedRun(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind=ds.kind,
-                     features=list(ds.features), vocab=list(ds.vocab))
-    if not ds.discrete:
-        run.mean, run.std = _normalization(ds.meta, run.features)
-    return run
+    return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch)
+
+
+def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None) -> TrainedRun:
+    """The final model of an MLflow run of the pipeline (``mlflow.pytorch.load_model`` of its ``model``) with the
+    ``data_units.json`` logged beside it: for a model found in the MLflow UI, on a machine without the
+    workspace. ``tracking_uri`` defaults to ``MLFLOW_TRACKING_URI``, else the project's SQLite store."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import tracking_uri as default_uri
+
+    uri = tracking_uri or default_uri()
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(run_id, "data_units.json", tmp)
+        except Exception as exc:   # MLflow raises its own exception types for a missing artifact
+            raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one): "
+                             f"{' '.join(str(exc).split())[:200]}") from None
+        units = json.loads(Path(local).read_text())
+    models = [m for m in client.search_logged_models(experiment_ids=[run.info.experiment_id])
+              if m.source_run_id == run_id]
+    if not models:
+        raise ValueError(f"MLflow run {run_id}: no logged model (tracking.log_model was false?)")
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pytorch.load_model(models[-1].model_uri, map_location="cpu")
+    finally:
+        mlflow.set_tracking_uri(previous)
+    return TrainedRun.from_units(model, units, dataset=tags.get("dataset", ""), variant=tags.get("variant", ""),
+                                 seed=int(tags.get("seed", -1)), epoch=int(units.get("epoch", -1)))
 
 
 # ------------------------------------------------------------------------------------------------ a whole file

@@ -241,6 +241,9 @@ class RunTracker:
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, dict(data), artifact_file)
+
     def log_model(self, model, *, name: str = "model", pip_requirements: list[str] | None = None) -> None:
         """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
         ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced

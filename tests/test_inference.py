@@ -138,3 +138,19 @@ def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
 def test_load_run_names_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data/prepared/swimmer\.parquet: prepared dataset not found"):
         load_run(tmp_path, "swimmer", "psrnn", 0)
+
+
+def test_dataset_units_cover_every_feature(continuous_run):
+    from pipeline.data.schema import SequenceDataset
+
+    ds = SequenceDataset(kind="continuous", train=[np.zeros((3, 3))], test=[np.zeros((3, 3))],
+                         features=["x", "y", "pen_up"],
+                         meta={"normalization": {"mean": [1.0, 2.0], "std": [3.0, 4.0], "columns": ["x", "y"]}})
+    units = ds.units()
+    assert units == {"kind": "continuous", "features": ["x", "y", "pen_up"], "mean": [1.0, 2.0, 0.0],
+                     "std": [3.0, 4.0, 1.0]}
+    run = TrainedRun.from_units(continuous_run[0].model, {**units, "features": ["a", "b", "c"]}, dataset="d",
+                                variant="psrnn", seed=0, epoch=3)
+    assert run.std.tolist() == [3.0, 4.0, 1.0] and run.epoch == 3 and not run.discrete
+    assert SequenceDataset(kind="discrete", train=[np.array([0, 1])], test=[np.array([1, 0])], vocab=["a", "b"],
+                           meta={}).units() == {"kind": "discrete", "vocab": ["a", "b"]}

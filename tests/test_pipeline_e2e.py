@@ -110,7 +110,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
             assert sorted(steps) == list(range(params[ds]["train"]["epochs"] + 1))
             assert f"final_test_{key}" in run.data.metrics
             artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-            assert {"checkpoints", "history.json"} <= artifacts
+            assert {"checkpoints", "history.json", "data_units.json"} <= artifacts
             models = client.search_logged_models(experiment_ids=[exp.experiment_id])
             assert any(m.source_run_id == run.info.run_id for m in models), "no logged model for the run"
             run_id = (root / "models" / ds / tags["variant"] / f"s{tags['seed']}" / "run_id").read_text().strip()
@@ -161,6 +161,17 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
     bits = pq.read_table(tmp_path / "text_pred.parquet").column("next_bits").to_numpy(zero_copy_only=False)
     want = json.loads((root / "metrics" / "ptb" / "psrnn_2layer_skip_s0.json").read_text())["test"]["bpc"]
     assert np.nanmean(bits) == pytest.approx(want, rel=1e-6)
+
+    # the model logged in MLflow, with its data_units.json, predicts the same in the data's units
+    from pipeline.inference import load_mlflow_run, load_run
+
+    run_id = (root / "models" / "swimmer" / "psrnn" / "s0" / "run_id").read_text().strip()
+    logged = load_mlflow_run(run_id, tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    local = load_run(root, "swimmer", "psrnn", 0)
+    assert (logged.dataset, logged.variant, logged.seed, logged.epoch) == ("swimmer", "psrnn", 0, local.epoch)
+    assert logged.features == local.features and np.array_equal(logged.std, local.std)
+    for a, b in zip(logged.predict(raw), local.predict(raw)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
 
 
 # Plumbing that does not change any result, left out of dvc.yaml's deps (see the comment at its top).

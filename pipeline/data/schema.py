@@ -84,6 +84,20 @@ class SequenceDataset:
             raise ValueError(f"split {name!r}: expected one of {SPLITS}")
         return getattr(self, name)
 
+    def units(self) -> dict[str, Any]:
+        """What a model trained on this dataset needs to take and give data in its original units: ``kind``, and
+        ``vocab`` (discrete) or ``features`` with the ``mean`` and ``std`` each was standardised with (0 and 1 for
+        a feature left as it was, e.g. Handwriting's pen-up flag). Logged with every MLflow run."""
+        if self.discrete:
+            return {"kind": self.kind, "vocab": list(self.vocab)}
+        mean, std = [0.0] * len(self.features), [1.0] * len(self.features)
+        norm = self.meta.get("normalization")
+        if norm:
+            for name, m, s in zip(norm.get("columns") or self.features, norm["mean"], norm["std"]):
+                j = self.features.index(name)
+                mean[j], std[j] = float(m), float(s)
+        return {"kind": self.kind, "features": list(self.features), "mean": mean, "std": std}
+
     def summary(self) -> dict[str, Any]:
         return {
             s: {"trajectories": len(self.split(s)), "steps": int(sum(len(t) for t in self.split(s)))} for s in SPLITS

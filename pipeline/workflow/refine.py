@@ -252,6 +252,10 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(history_file)
+    # the logged model works in the dataset's units (vocabulary indices, standardised features): this says which,
+    # so that pipeline.inference.load_mlflow_run can take and give data in the original units
+    tracker.log_dict({**ds.units(), "dataset": dataset, "variant": variant_name, "seed": seed,
+                      "epoch": int(last["epoch"])}, "data_units.json")
     if params.tracking.get("log_model", True):
         model.load_state_dict(load_checkpoint(ckpt)["model"])
         tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
