@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initialise", "refine", "evaluate",
-          "report", "check", "predict")
+          "report", "check", "predict", "forecast")
 
 #: failures that are the input's or the environment's fault, not a bug: one line, no traceback
 _EXPECTED = (ValueError, OSError, RuntimeError, KeyError, EOFError, ImportError)
@@ -63,24 +63,37 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
     d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
     sub.add_parser("report", help="figures and results.md from every run's outputs")
-    d = sub.add_parser("predict", help="one-step predictions of a trained run on new trajectories (a Parquet file "
-                                       "in the schema of a custom dataset); not a DVC stage")
-    d.add_argument("dataset", help="the dataset the run was trained on, e.g. swimmer or custom")
-    d.add_argument("variant", help="the run's model variant, e.g. psrnn")
-    d.add_argument("run_seed", metavar="seed", type=int, help="the run's seed")
-    d.add_argument("input", help="Parquet file: trajectory, optional step, and the symbol column (discrete) or the "
-                                 "feature columns the model was trained on (continuous), in their original units")
-    d.add_argument("output", help="Parquet file to write: one row per input row, the prediction of the next "
-                                  "observation (README, 'Using a trained model')")
-    d.add_argument("--initial", action="store_true",
-                   help="use the run's initial (epoch 0: 2SR or random) weights instead of the trained ones")
-    d.add_argument("--symbol-column", default="symbol", help="discrete data: the input's symbol column")
-    d.add_argument("--unknown", choices=("error", "drop", "map"), default="error",
-                   help="discrete data: a symbol not in the training vocabulary is an error (default), is "
-                        "dropped, or is mapped to <unk> (a vocabulary that has one, e.g. ptb with unknown: map)")
-    d.add_argument("--probabilities", action="store_true",
-                   help="discrete data: also write every symbol's probability (a list column, vocabulary order)")
-    d.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    for name, text, out in (
+            ("predict", "one-step predictions of a trained run on new trajectories (a Parquet file in the schema "
+                        "of a custom dataset); not a DVC stage",
+             "Parquet file to write: one row per input row, the prediction of the next observation"),
+            ("forecast", "free-running forecasts of the next --steps observations after each trajectory of a "
+                         "Parquet file (each prediction fed back as the next input); not a DVC stage",
+             "Parquet file to write: one row per trajectory and horizon 1..steps")):
+        d = sub.add_parser(name, help=text)
+        d.add_argument("dataset", help="the dataset the run was trained on, e.g. swimmer or custom")
+        d.add_argument("variant", help="the run's model variant, e.g. psrnn")
+        d.add_argument("run_seed", metavar="seed", type=int, help="the run's seed")
+        d.add_argument("input", help="Parquet file: trajectory, optional step, and the symbol column (discrete) or "
+                                     "the feature columns the model was trained on (continuous), in their original "
+                                     "units")
+        d.add_argument("output", help=out + " (README, 'Using a trained model on new data')")
+        if name == "forecast":
+            d.add_argument("--steps", type=int, required=True, help="how many observations to forecast")
+            d.add_argument("--sample", action="store_true",
+                           help="discrete data: feed back symbols drawn from the predicted distribution (default: "
+                                "the most likely symbol)")
+            d.add_argument("--sample-seed", type=int, default=0, help="seed of --sample's draws (default 0)")
+        d.add_argument("--initial", action="store_true",
+                       help="use the run's initial (epoch 0: 2SR or random) weights instead of the trained ones")
+        d.add_argument("--symbol-column", default="symbol", help="discrete data: the input's symbol column")
+        d.add_argument("--unknown", choices=("error", "drop", "map"), default="error",
+                       help="discrete data: a symbol not in the training vocabulary is an error (default), is "
+                            "dropped, or is mapped to <unk> (a vocabulary that has one, e.g. ptb with unknown: map)")
+        d.add_argument("--probabilities", action="store_true",
+                       help="discrete data: also write every symbol's probability (a list column, vocabulary "
+                            "order)")
+        d.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
     return p
 
 
@@ -155,8 +168,8 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
 
     stage = args.stage
     # each stage imports only its own workflow module: dvc.yaml lists exactly the code a stage runs
-    if stage == "predict":
-        _predict(args, root)
+    if stage in ("predict", "forecast"):
+        (_predict if stage == "predict" else _forecast)(args, root)
         return 0
     module = {"check": None, "download": "data", "preprocess": "data", "features": "spectral",
               "two_stage": "spectral", "decompose": "spectral", "initialise": "initialise", "refine": "refine",
@@ -197,6 +210,20 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
     print(f"{args.output}: {summary['rows']} predictions for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); one-step {shown} over "
           f"{summary['predicted_steps']} steps")
+
+
+def _forecast(args: argparse.Namespace, root: Path) -> None:
+    """``psrnn forecast``: :func:`pipeline.inference.forecast_file`, and one line of what was written."""
+    from pipeline.inference import forecast_file, load_run
+
+    run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
+    summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
+                            seed=args.sample_seed, symbol_column=args.symbol_column, unknown=args.unknown,
+                            probabilities=args.probabilities, device=args.device)
+    n = summary["trajectories"]
+    dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
+    print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
+          f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})")
 
 
 def _check(args: argparse.Namespace, params, root: Path) -> None:

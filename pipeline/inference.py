@@ -146,6 +146,73 @@ class TrainedRun:
         return float(np.concatenate(err).mean()) if err else float("nan")
 
 
+    def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0,
+                 unknown: str = "error", device: str = "cpu") -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Free-running forecasts of the ``steps`` observations after the end of each trajectory: the model
+        filters the trajectory, then each prediction is fed back as the next observation.
+
+        Returns per trajectory ``(values, probabilities)``: continuous data, the predicted observations (steps, m)
+        in data units and None; discrete data, the symbols fed back (steps,), the most likely ones or, with
+        ``sample``, ones drawn from the predicted distribution (numpy ``seed``), and the distributions
+        (steps, V) they came from. Forecast h = 1 is the one-step prediction after the trajectory's last row."""
+        encoded = [self.encode(t, unknown=unknown) for t in trajectories]
+        _check_lengths(encoded)
+        return self._forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
+
+    def _forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
+                          ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        import torch
+
+        from pipeline.train import resolve_device
+
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ValueError(f"steps={steps!r}: expected a positive integer")
+        dev = resolve_device(device)
+        self.model.to(dev)
+        dtype = next(self.model.parameters()).dtype
+        rng = np.random.default_rng(seed)
+
+        def as_input(x: np.ndarray) -> torch.Tensor:
+            t = torch.as_tensor(x, device=dev)
+            return t.long() if self.discrete else t.to(dtype)
+
+        last_out, states = [], []
+        with torch.no_grad():
+            for e in encoded:   # filter each trajectory alone: its own final state
+                state = self.model.init_state(1)
+                for s in range(0, len(e), 2048):
+                    x = e[s:s + 2048]
+                    out, state = self.model(as_input(x[:, None] if self.discrete else x[:, None, :]), state)
+                last_out.append(out[-1, 0])
+                states.append(state)
+            # then all trajectories side by side, one step at a time
+            state = tuple(torch.cat(parts, dim=0) for parts in zip(*states))
+            out = torch.stack(last_out, dim=0)          # (B, output_dim): the forecast of h = 1
+            values, probs = [], []
+            for _ in range(steps):
+                o = out.double().cpu().numpy()
+                if self.discrete:
+                    p = self.decode(o)
+                    nxt = (np.array([rng.choice(len(self.vocab), p=row) for row in p]) if sample
+                           else p.argmax(axis=1))
+                    probs.append(p)
+                    values.append(nxt)
+                    x = nxt[None, :]
+                else:
+                    values.append(self.decode(o))
+                    x = o[None, :, :]
+                out, state = self.model(as_input(x), state)
+                out = out[0]
+        result = []
+        for b in range(len(encoded)):
+            if self.discrete:
+                result.append((np.array([self.vocab[v[b]] for v in values], dtype=object),
+                               np.stack([p[b] for p in probs])))
+            else:
+                result.append((np.stack([v[b] for v in values]), None))
+        return result
+
+
 def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
     if not encoded or any(len(e) == 0 for e in encoded):
         raise ValueError("every trajectory needs at least one observation")
@@ -233,6 +300,51 @@ def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:
     return np.array(vocab, dtype=object)
 
 
+@dataclass
+class _Input:
+    rows: Any                  # pipeline.data.custom.Rows
+    ids: list[np.ndarray]      # per kept trajectory: its id, once per kept row
+    steps: list[np.ndarray]    # per kept trajectory: the step of each kept row
+    encoded: list[np.ndarray]  # per kept trajectory: the observations in model units
+    dropped: int               # rows of unknown symbols left out
+
+
+def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_column: str, unknown: str
+                ) -> _Input:
+    """Read, check and encode the trajectories of ``input_path`` for ``run`` (the input schema of
+    :func:`predict_file`)."""
+    from pipeline.data.custom import read_rows
+
+    if output_path.resolve() == input_path.resolve():
+        raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
+    rows = read_rows(input_path, kind=run.kind, features=None if run.discrete else run.features,
+                     symbol_column=symbol_column, min_length=1)
+    ids_out, steps_out, encoded = [], [], []
+    dropped = 0
+    for k, g in enumerate(rows.groups):
+        position = np.arange(len(g), dtype=np.int64)   # the step when the input has no step column
+        if run.discrete:
+            try:
+                index, keep = run._symbol_indices(rows.values[g], unknown)
+            except ValueError as exc:
+                raise ValueError(f"{input_path}: column {symbol_column!r}: {exc}") from None
+            dropped += int((~keep).sum())
+            g, enc, position = g[keep], index[keep], position[keep]
+            if len(g) == 0:
+                continue
+        else:
+            try:
+                enc = run.encode(rows.values[g])
+            except ValueError as exc:
+                raise ValueError(f"{input_path}: trajectory {rows.ids[k]!r}: {exc}") from None
+        encoded.append(enc)
+        ids_out.append(np.repeat(rows.ids[k:k + 1], len(g)))
+        steps_out.append(rows.steps[g] if rows.steps is not None else position)
+    if not encoded:
+        raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
+    return _Input(rows=rows, ids=ids_out, steps=steps_out, encoded=encoded, dropped=dropped)
+
+
 def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, symbol_column: str = "symbol",
                  unknown: str = "error", probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
     """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
@@ -252,38 +364,11 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.data.custom import read_rows
     from pipeline.io import atomic_path
 
     input_path, output_path = Path(input_path), Path(output_path)
-    if output_path.resolve() == input_path.resolve():
-        raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
-    rows = read_rows(input_path, kind=run.kind, features=None if run.discrete else run.features,
-                     symbol_column=symbol_column, min_length=1)
-    ids_out, steps_out, encoded, kept_rows = [], [], [], []
-    dropped = 0
-    for k, g in enumerate(rows.groups):
-        position = np.arange(len(g), dtype=np.int64)   # the step when the input has no step column
-        if run.discrete:
-            try:
-                index, keep = run._symbol_indices(rows.values[g], unknown)
-            except ValueError as exc:
-                raise ValueError(f"{input_path}: column {symbol_column!r}: {exc}") from None
-            dropped += int((~keep).sum())
-            g, enc, position = g[keep], index[keep], position[keep]
-            if len(g) == 0:
-                continue
-        else:
-            try:
-                enc = run.encode(rows.values[g])
-            except ValueError as exc:
-                raise ValueError(f"{input_path}: trajectory {rows.ids[k]!r}: {exc}") from None
-        kept_rows.append(g)
-        encoded.append(enc)
-        ids_out.append(np.repeat(rows.ids[k:k + 1], len(g)))
-        steps_out.append(rows.steps[g] if rows.steps is not None else position)
-    if not encoded:
-        raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
+    data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
+    rows, ids_out, steps_out, encoded, dropped = data.rows, data.ids, data.steps, data.encoded, data.dropped
 
     from pipeline.train import evaluate_and_predict, resolve_device
 
@@ -322,6 +407,54 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     table = pa.table(columns)
     table = table.replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta, allow_nan=True).encode()})
     output_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output_path) as tmp:
+        pq.write_table(table, tmp)
+    return summary
+
+
+def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, steps: int,
+                  sample: bool = False, seed: int = 0, symbol_column: str = "symbol", unknown: str = "error",
+                  probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """Write the free-running forecasts (:meth:`TrainedRun.forecast`) of the ``steps`` observations after the end
+    of every trajectory of ``input_path`` (the input schema of :func:`predict_file`) to ``output_path``.
+
+    One row per trajectory and horizon h = 1 … ``steps``: ``trajectory``, ``horizon`` (h), ``step`` (the input's
+    last step + h, or the position T - 1 + h when the input has no step column), then ``predicted_<feature>``
+    (continuous, in the input's units) or ``predicted`` (the symbol fed back, typed like the input column) and
+    ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io import atomic_path
+
+    input_path, output_path = Path(input_path), Path(output_path)
+    data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
+    result = run._forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
+    horizon = np.arange(1, steps + 1, dtype=np.int64)
+    columns: dict[str, Any] = {
+        "trajectory": pa.array(np.concatenate([np.repeat(i[:1], steps) for i in data.ids]).tolist()),
+        "horizon": pa.array(np.tile(horizon, len(result))),
+        "step": pa.array(np.concatenate([int(st[-1]) + horizon for st in data.steps]).astype(np.int64)),
+    }
+    if run.discrete:
+        lookup = {v: i for i, v in enumerate(run.vocab)}
+        chosen = np.concatenate([[lookup[v] for v in values] for values, _ in result])
+        probs = np.concatenate([p for _, p in result])
+        columns["predicted"] = pa.array(_symbol_values(run.vocab, data.rows.values)[chosen].tolist())
+        columns["probability"] = pa.array(probs[np.arange(len(chosen)), chosen])
+        if probabilities:
+            columns["probabilities"] = pa.FixedSizeListArray.from_arrays(
+                pa.array(probs.astype(np.float32).ravel()), len(run.vocab))
+    else:
+        pred = np.concatenate([values for values, _ in result])
+        for j, name in enumerate(run.features):
+            columns[f"predicted_{name}"] = pa.array(pred[:, j])
+    summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
+               "dropped": data.dropped, "sample": bool(sample), "seed": int(seed)}
+    meta = {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
+            "input": input_path.name, "forecast": summary,
+            **({"vocab": run.vocab} if run.discrete else {"features": run.features})}
+    table = pa.table(columns).replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta).encode()})
     with atomic_path(output_path) as tmp:
         pq.write_table(table, tmp)
     return summary

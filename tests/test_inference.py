@@ -154,3 +154,53 @@ def test_dataset_units_cover_every_feature(continuous_run):
     assert run.std.tolist() == [3.0, 4.0, 1.0] and run.epoch == 3 and not run.discrete
     assert SequenceDataset(kind="discrete", train=[np.array([0, 1])], test=[np.array([1, 0])], vocab=["a", "b"],
                            meta={}).units() == {"kind": "discrete", "vocab": ["a", "b"]}
+
+
+def test_forecast_feeds_each_prediction_back_as_the_next_observation(continuous_run, discrete_run, tmp_path):
+    run, test = continuous_run
+    raw = [z * run.std + run.mean for z in test]
+    fc = run.forecast(raw, 3)
+    for traj, (values, probs) in zip(raw, fc):
+        assert values.shape == (3, 2) and probs is None
+        grown = traj
+        for h in range(3):   # h + 1 steps ahead = the one-step prediction after the trajectory and h forecasts
+            np.testing.assert_allclose(values[h], run.predict([grown])[0][-1], rtol=1e-5, atol=1e-6)
+            grown = np.vstack([grown, values[h]])
+
+    drun, dtest = discrete_run
+    symbols = [np.array(drun.vocab, dtype=object)[t] for t in dtest]
+    for traj, (values, probs) in zip(symbols, drun.forecast(symbols, 4)):
+        grown = list(traj)
+        for h in range(4):
+            want = drun.predict([np.array(grown, dtype=object)])[0][-1]
+            np.testing.assert_allclose(probs[h], want, rtol=1e-5, atol=1e-7)
+            assert values[h] == drun.vocab[int(np.argmax(want))]   # greedy: the most likely symbol is fed back
+            grown.append(values[h])
+    # sampled: reproducible by seed, drawn from the predicted distributions
+    a = drun.forecast(symbols[:1], 40, sample=True, seed=1)[0]
+    b = drun.forecast(symbols[:1], 40, sample=True, seed=1)[0]
+    c = drun.forecast(symbols[:1], 40, sample=True, seed=2)[0]
+    assert list(a[0]) == list(b[0]) and list(a[0]) != list(c[0])
+    chosen = np.array([drun.vocab.index(v) for v in a[0]])
+    assert (a[1][np.arange(40), chosen] > 0).all()
+    with pytest.raises(ValueError, match="steps=0: expected a positive integer"):
+        drun.forecast(symbols, 0)
+
+
+def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
+    from pipeline.inference import forecast_file
+
+    run, test = discrete_run
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["x"] * 5 + ["y"] * 3, "step": [3, 4, 5, 6, 9, 0, 1, 2],
+                                          "symbol": [10, 20, 30, 40, 10, 20, 20, 30]})
+    summary = forecast_file(run, src, tmp_path / "fc.parquet", steps=4, probabilities=True)
+    out = pq.read_table(tmp_path / "fc.parquet")
+    assert summary["rows"] == 8 and out.num_rows == 8
+    assert out.column("trajectory").to_pylist() == ["x"] * 4 + ["y"] * 4
+    assert out.column("horizon").to_pylist() == [1, 2, 3, 4] * 2
+    assert out.column("step").to_pylist() == [10, 11, 12, 13, 3, 4, 5, 6]
+    assert out.schema.field("predicted").type == pa.int64()
+    fc = run.forecast([np.array(["10", "20", "30", "40", "10"], dtype=object)], 4)[0]
+    assert out.column("predicted").to_pylist()[:4] == [int(v) for v in fc[0]]
+    np.testing.assert_allclose(np.array(out.column("probabilities").to_pylist())[:4], fc[1], rtol=1e-6)
+    assert json.loads(out.schema.metadata[PREDICT_META_KEY])["forecast"]["steps"] == 4

@@ -151,6 +151,15 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
     want = json.loads((root / "metrics" / "swimmer" / "psrnn_s0.json").read_text())["test"]["mse"]
     got = float(re.search(r"one-step mse (\S+),", out).group(1))
     assert got == pytest.approx(want, rel=1e-3), out
+    # a 3-step forecast starts with the one-step prediction after each trajectory's last row
+    _run(["python", "-m", "pipeline.cli", "forecast", "swimmer", "psrnn", "0", str(tmp_path / "swims.parquet"),
+          str(tmp_path / "swim_fc.parquet"), "--steps", "3"], root, env)
+    fc = pq.read_table(tmp_path / "swim_fc.parquet")
+    assert fc.num_rows == 3 * len(raw) and fc.column("horizon").to_pylist() == [1, 2, 3] * len(raw)
+    last = np.cumsum([len(t) for t in raw]) - 1
+    for f in sw.features:
+        np.testing.assert_allclose(fc.column(f"predicted_{f}").to_numpy()[::3],
+                                   pred.column(f"predicted_{f}").to_numpy()[last], rtol=1e-6, atol=1e-9)
 
     ptb = read_dataset(root / "data" / "prepared" / "ptb.parquet")
     text = [ptb.vocab[i] for i in ptb.test[0]]
