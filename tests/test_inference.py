@@ -204,3 +204,15 @@ def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
     assert out.column("predicted").to_pylist()[:4] == [int(v) for v in fc[0]]
     np.testing.assert_allclose(np.array(out.column("probabilities").to_pylist())[:4], fc[1], rtol=1e-6)
     assert json.loads(out.schema.metadata[PREDICT_META_KEY])["forecast"]["steps"] == 4
+
+
+def test_fit_model_result_forecasts_in_its_own_units():
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=10, n_test=2, length=50, seed=1)
+    fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2,
+                       epochs=1, lr=0.1, device="cpu")
+    symbols = fitted.forecast(ds.test, 3)
+    assert [s.dtype for s in symbols] == [np.int64, np.int64] and all(len(s) == 3 for s in symbols)
+    for traj, s in zip(ds.test, symbols):
+        assert s[0] == int(np.argmax(fitted.predict([traj])[0][-1]))
+        assert s[1] == int(np.argmax(fitted.predict([np.append(traj, s[0])])[0][-1]))
+    assert fitted.model.training   # left as it was
