@@ -609,6 +609,17 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _gaps(runs: Sequence[dict], metric: str) -> list[float]:
+    """Final test ``metric`` minus the Bayes-optimal value, for every run that has both."""
+    gaps = []
+    for r in runs:
+        opt = (r["bayes_optimal"] or {}).get(metric)
+        val = r["test"].get(metric)
+        if isinstance(opt, (int, float)) and isinstance(val, (int, float)):
+            gaps.append(float(val) - float(opt))
+    return gaps
+
+
 def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     all_runs = [r for rs in by_variant.values() for r in rs if r["test"] is not None]
     kind = _dataset_kind(all_runs)
@@ -635,13 +646,7 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
         cells += [_mean_std(r["test"].get(m) for r in runs) for m in metrics]
         cells += [_mean((r["initial_test"] or {}).get(m) for r in runs) for m in metrics]
         if optimal is not None:
-            gaps = []
-            for r in runs:
-                opt = (r["bayes_optimal"] or {}).get(primary)
-                val = r["test"].get(primary)
-                if isinstance(opt, (int, float)) and isinstance(val, (int, float)):
-                    gaps.append(float(val) - float(opt))
-            cells.append(_mean_std(gaps))
+            cells.append(_mean_std(_gaps(runs, primary)))
         rows.append((key, v, cells))
     rows.sort(key=lambda t: (t[0], t[1]))
 
@@ -683,10 +688,7 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
             optimal = _bayes_optimal(runs, primary)
             if optimal is not None:
                 row[f"optimal_{primary}"] = optimal
-                row[f"gap_{primary}"], _ = _stats(
-                    float(r["test"][primary]) - float(r["bayes_optimal"][primary]) for r in runs
-                    if isinstance(r["test"].get(primary), (int, float))
-                    and isinstance((r["bayes_optimal"] or {}).get(primary), (int, float)))
+                row[f"gap_{primary}"], _ = _stats(_gaps(runs, primary))
             ps = [int(r["n_params"]) for r in runs if isinstance(r["n_params"], (int, float))]
             row["n_params"] = max(ps) if ps else None
             out.setdefault(ds, {})[v] = row
