@@ -84,19 +84,14 @@ class FittedModel:
         from pipeline.inference import TrainedRun
 
         c = self.model.config
-        units: dict[str, Any] = ({"kind": "discrete", "vocab": [str(i) for i in range(c.input_dim)]} if c.discrete
-                                 else {"kind": "continuous", "features": [f"x{i}" for i in range(c.input_dim)],
-                                       "mean": [0.0] * c.input_dim, "std": [1.0] * c.input_dim})
-        was_training = self.model.training   # from_units puts the model in eval mode
-        run = TrainedRun.from_units(self.model, units, dataset="", variant=c.model, seed=0,
-                                    epoch=int(self.history[-1]["epoch"]) if self.history else 0)
-        inputs = [_as_input(t, c.discrete) for t in trajectories]
-        try:
-            out = run.forecast(inputs, steps, sample=sample, seed=seed,
-                               device=str(next(self.model.parameters()).device))
-        finally:
-            self.model.train(was_training)
-        return [values.astype(np.int64) if c.discrete else values for values, _ in out]
+        # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
+        run = TrainedRun(model=self.model, dataset="", variant=c.model, seed=0,
+                         epoch=int(self.history[-1]["epoch"]) if self.history else 0,
+                         kind="discrete" if c.discrete else "continuous",
+                         mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
+        out = run.forecast_encoded([_as_input(t, c.discrete) for t in trajectories], steps, sample=sample, seed=seed,
+                                   device=str(next(self.model.parameters()).device))
+        return [values for values, _ in out]
 
 
 def _as_input(t: np.ndarray, discrete: bool) -> np.ndarray:

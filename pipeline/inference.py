@@ -32,7 +32,7 @@ PREDICT_META_KEY = b"psrnn_predict"
 class TrainedRun:
     """A model of the pipeline with what it needs to read and write data in the original units.
 
-    ``mean``/``std`` (continuous data) standardise each feature as the pipeline did (1 and 0 for a feature that was
+    ``mean``/``std`` (continuous data) standardise each feature as the pipeline did (0 and 1 for a feature that was
     not standardised); ``epoch`` is the checkpoint's (0 for the initial weights)."""
 
     model: Any
@@ -145,7 +145,6 @@ class TrainedRun:
         err = [(self.decode(o)[:-1] - self.decode(e)[1:]) ** 2 for o, e in zip(outputs, encoded) if len(e) > 1]
         return float(np.concatenate(err).mean()) if err else float("nan")
 
-
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0,
                  unknown: str = "error", device: str = "cpu") -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Free-running forecasts of the ``steps`` observations after the end of each trajectory: the model
@@ -156,11 +155,17 @@ class TrainedRun:
         ``sample``, ones drawn from the predicted distribution (numpy ``seed``), and the distributions
         (steps, V) they came from. Forecast h = 1 is the one-step prediction after the trajectory's last row."""
         encoded = [self.encode(t, unknown=unknown) for t in trajectories]
-        _check_lengths(encoded)
-        return self._forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
+        out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
+        if self.discrete:
+            vocab = np.array(self.vocab, dtype=object)
+            return [(vocab[values], probs) for values, probs in out]
+        return out
 
-    def _forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
+    def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
                           ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """:meth:`forecast` of trajectories already in model units (vocabulary indices, standardised features);
+        discrete values are vocabulary indices."""
+        _check_lengths(encoded)
         import torch
 
         from pipeline.train import resolve_device
@@ -177,6 +182,8 @@ class TrainedRun:
             return t.long() if self.discrete else t.to(dtype)
 
         last_out, states = [], []
+        was_training = self.model.training
+        self.model.eval()
         with torch.no_grad():
             for e in encoded:   # filter each trajectory alone: its own final state
                 state = self.model.init_state(1)
@@ -193,7 +200,7 @@ class TrainedRun:
                 o = out.double().cpu().numpy()
                 if self.discrete:
                     p = self.decode(o)
-                    nxt = (np.array([rng.choice(len(self.vocab), p=row) for row in p]) if sample
+                    nxt = (np.array([rng.choice(p.shape[1], p=row) for row in p]) if sample
                            else p.argmax(axis=1))
                     probs.append(p)
                     values.append(nxt)
@@ -203,14 +210,11 @@ class TrainedRun:
                     x = o[None, :, :]
                 out, state = self.model(as_input(x), state)
                 out = out[0]
-        result = []
-        for b in range(len(encoded)):
-            if self.discrete:
-                result.append((np.array([self.vocab[v[b]] for v in values], dtype=object),
-                               np.stack([p[b] for p in probs])))
-            else:
-                result.append((np.stack([v[b] for v in values]), None))
-        return result
+        self.model.train(was_training)
+        by_step = np.stack(values, axis=1)                # (B, steps) indices or (B, steps, m) values
+        if self.discrete:
+            return list(zip(by_step, np.stack(probs, axis=1)))
+        return [(v, None) for v in by_step]
 
 
 def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
@@ -253,7 +257,7 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None) -> TrainedR
     import mlflow
     from mlflow import MlflowClient
 
-    from pipeline.tracking import tracking_uri as default_uri
+    from pipeline.tracking import fluent_tracking_uri, tracking_uri as default_uri
 
     uri = tracking_uri or default_uri()
     client = MlflowClient(uri)
@@ -270,12 +274,8 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None) -> TrainedR
               if m.source_run_id == run_id]
     if not models:
         raise ValueError(f"MLflow run {run_id}: no logged model (tracking.log_model was false?)")
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
+    with fluent_tracking_uri(mlflow, uri):
         model = mlflow.pytorch.load_model(models[-1].model_uri, map_location="cpu")
-    finally:
-        mlflow.set_tracking_uri(previous)
     return TrainedRun.from_units(model, units, dataset=tags.get("dataset", ""), variant=tags.get("variant", ""),
                                  seed=int(tags.get("seed", -1)), epoch=int(units.get("epoch", -1)))
 
@@ -345,6 +345,37 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
     return _Input(rows=rows, ids=ids_out, steps=steps_out, encoded=encoded, dropped=dropped)
 
 
+def _feature_columns(run: TrainedRun, predicted: np.ndarray) -> dict[str, Any]:
+    """``predicted_<feature>``: one column per feature of (rows, m) predictions in data units."""
+    import pyarrow as pa
+
+    return {f"predicted_{name}": pa.array(predicted[:, j]) for j, name in enumerate(run.features)}
+
+
+def _probability_lists(probs: np.ndarray) -> Any:
+    """(rows, V) probabilities as one list column (float32, vocabulary order)."""
+    import pyarrow as pa
+
+    return pa.FixedSizeListArray.from_arrays(pa.array(probs.astype(np.float32).ravel()), probs.shape[1])
+
+
+def _write_table(run: TrainedRun, input_path: Path, output_path: Path, columns: dict[str, Any],
+                 info: dict[str, Any]) -> None:
+    """``columns`` as Parquet at ``output_path`` (a temporary file, renamed), with the run, the input, the
+    vocabulary or features and ``info`` in the schema metadata ``psrnn_predict``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io import atomic_path
+
+    meta = {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
+            "input": input_path.name, **({"vocab": run.vocab} if run.discrete else {"features": run.features}),
+            **info}
+    table = pa.table(columns).replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta).encode()})
+    with atomic_path(output_path) as tmp:
+        pq.write_table(table, tmp)
+
+
 def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, symbol_column: str = "symbol",
                  unknown: str = "error", probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
     """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
@@ -362,16 +393,12 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
       the order of the ``vocab`` of the schema metadata ``psrnn_predict``).
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from pipeline.io import atomic_path
+    from pipeline.train import evaluate_and_predict, resolve_device
 
     input_path, output_path = Path(input_path), Path(output_path)
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     rows, ids_out, steps_out, encoded, dropped = data.rows, data.ids, data.steps, data.encoded, data.dropped
-
-    from pipeline.train import evaluate_and_predict, resolve_device
-
     run.model.to(resolve_device(device))
     metrics, outputs = evaluate_and_predict(run.model, encoded)
     columns: dict[str, Any] = {"trajectory": pa.array(np.concatenate(ids_out).tolist()),
@@ -390,25 +417,15 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         nb = np.concatenate(bits)
         columns["next_bits"] = pa.array(nb, mask=np.isnan(nb))
         if probabilities:
-            flat = np.concatenate(probs).astype(np.float32)
-            columns["probabilities"] = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), len(run.vocab))
+            columns["probabilities"] = _probability_lists(np.concatenate(probs))
     else:
-        pred = np.concatenate([run.decode(o) for o in outputs])
-        for j, name in enumerate(run.features):
-            columns[f"predicted_{name}"] = pa.array(pred[:, j])
+        columns.update(_feature_columns(run, np.concatenate([run.decode(o) for o in outputs])))
         metrics["mse_data_units"] = run._mse_data_units(outputs, encoded)
     n_rows = int(sum(len(e) for e in encoded))
     summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": dropped,
                "predicted_steps": int(sum(len(e) - 1 for e in encoded)),
                "metrics": {k: float(v) for k, v in metrics.items()}}
-    meta = {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
-            "input": input_path.name, **({"vocab": run.vocab} if run.discrete else {"features": run.features}),
-            **summary}
-    table = pa.table(columns)
-    table = table.replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta, allow_nan=True).encode()})
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(output_path) as tmp:
-        pq.write_table(table, tmp)
+    _write_table(run, input_path, output_path, columns, summary)
     return summary
 
 
@@ -423,13 +440,10 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     (continuous, in the input's units) or ``predicted`` (the symbol fed back, typed like the input column) and
     ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.io import atomic_path
 
     input_path, output_path = Path(input_path), Path(output_path)
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
-    result = run._forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
+    result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
         "trajectory": pa.array(np.concatenate([np.repeat(i[:1], steps) for i in data.ids]).tolist()),
@@ -437,24 +451,15 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
         "step": pa.array(np.concatenate([int(st[-1]) + horizon for st in data.steps]).astype(np.int64)),
     }
     if run.discrete:
-        lookup = {v: i for i, v in enumerate(run.vocab)}
-        chosen = np.concatenate([[lookup[v] for v in values] for values, _ in result])
+        chosen = np.concatenate([values for values, _ in result])
         probs = np.concatenate([p for _, p in result])
         columns["predicted"] = pa.array(_symbol_values(run.vocab, data.rows.values)[chosen].tolist())
         columns["probability"] = pa.array(probs[np.arange(len(chosen)), chosen])
         if probabilities:
-            columns["probabilities"] = pa.FixedSizeListArray.from_arrays(
-                pa.array(probs.astype(np.float32).ravel()), len(run.vocab))
+            columns["probabilities"] = _probability_lists(probs)
     else:
-        pred = np.concatenate([values for values, _ in result])
-        for j, name in enumerate(run.features):
-            columns[f"predicted_{name}"] = pa.array(pred[:, j])
+        columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
                "dropped": data.dropped, "sample": bool(sample), "seed": int(seed)}
-    meta = {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
-            "input": input_path.name, "forecast": summary,
-            **({"vocab": run.vocab} if run.discrete else {"features": run.features})}
-    table = pa.table(columns).replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta).encode()})
-    with atomic_path(output_path) as tmp:
-        pq.write_table(table, tmp)
+    _write_table(run, input_path, output_path, columns, {"forecast": summary})
     return summary

@@ -97,8 +97,9 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _fluent_tracking_uri(mlflow, uri: str) -> Iterator[None]:
-    """MLflow's fluent API (``mlflow.pytorch.log_model``) reads a process-wide URI; set it for the block only and
+def fluent_tracking_uri(mlflow, uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``mlflow.pytorch.log_model``, ``load_model``) reads a process-wide URI; set it for the
+    block only and
     restore ``MLFLOW_TRACKING_URI`` as it was (``mlflow.set_tracking_uri`` exports it)."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
@@ -251,7 +252,7 @@ class RunTracker:
         model with its pickle format. Our own artifacts (checkpoints, tensors) stay pickle-free."""
         import torch
 
-        with _fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False):
+        with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False):
             self.mlflow.pytorch.log_model(
                 model.cpu(), name=name, serialization_format="pickle",
                 code_paths=[str(Path(__file__).resolve().parent)],

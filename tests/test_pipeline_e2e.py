@@ -175,7 +175,9 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
     from pipeline.inference import load_mlflow_run, load_run
 
     run_id = (root / "models" / "swimmer" / "psrnn" / "s0" / "run_id").read_text().strip()
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     logged = load_mlflow_run(run_id, tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before, "load_mlflow_run must not leave its URI set"
     local = load_run(root, "swimmer", "psrnn", 0)
     assert (logged.dataset, logged.variant, logged.seed, logged.epoch) == ("swimmer", "psrnn", 0, local.epoch)
     assert logged.features == local.features and np.array_equal(logged.std, local.std)
