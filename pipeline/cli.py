@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="discrete data: feed back symbols drawn from the predicted distribution (default: "
                                 "the most likely symbol)")
             d.add_argument("--sample-seed", type=int, default=0, help="seed of --sample's draws (default 0)")
+        else:
+            d.add_argument("--block-rows", type=int, default=65536,
+                           help="rows filtered and written at a time (one Parquet row group each; default 65536): "
+                                "memory does not grow with the input beyond the input itself")
         d.add_argument("--initial", action="store_true",
                        help="use the run's initial (epoch 0: 2SR or random) weights instead of the trained ones")
         d.add_argument("--symbol-column", default="symbol", help="discrete data: the input's symbol column")
@@ -202,7 +206,8 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
 
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = predict_file(run, Path(args.input), Path(args.output), symbol_column=args.symbol_column,
-                           unknown=args.unknown, probabilities=args.probabilities, device=args.device)
+                           unknown=args.unknown, probabilities=args.probabilities, device=args.device,
+                           block_rows=args.block_rows)
     m = summary["metrics"]
     shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v) or "no next observation to score"
     dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""

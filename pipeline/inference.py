@@ -16,16 +16,19 @@ after that row's observation, of the next one.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 UNKNOWN_RULES = ("error", "drop", "map")
 UNK_SYMBOL = "<unk>"   # the symbol PTB's unknown: map appends to its vocabulary
 PREDICT_META_KEY = b"psrnn_predict"
+DEFAULT_BLOCK_ROWS = 1 << 16   # rows predict_file filters and writes at a time: memory flat in the input size
+_EVAL_CHUNK = 2048             # steps per model call, as pipeline.train.evaluate
 
 
 @dataclass
@@ -87,11 +90,12 @@ class TrainedRun:
         if unknown not in UNKNOWN_RULES:
             raise ValueError(f"unknown={unknown!r}: expected one of {UNKNOWN_RULES}")
         lookup = {v: i for i, v in enumerate(self.vocab)}
-        text = [str(v.item() if isinstance(v, np.generic) else v) for v in values]
-        index = np.array([lookup.get(t, -1) for t in text], dtype=np.int64)
+        codes, distinct = _factorize(values)
+        text = [str(v.item() if isinstance(v, np.generic) else v) for v in distinct]
+        index = np.array([lookup.get(t, -1) for t in text], dtype=np.int64)[codes]
         keep = index >= 0
         if not keep.all():
-            unseen = sorted({t for t, k in zip(text, keep) if not k})
+            unseen = sorted({t for t in text if t not in lookup})
             shown = ", ".join(repr(u) for u in unseen[:10]) + (f", ... ({len(unseen)} in all)" if len(unseen) > 10
                                                                 else "")
             if unknown == "error":
@@ -186,11 +190,9 @@ class TrainedRun:
         self.model.eval()
         with torch.no_grad():
             for e in encoded:   # filter each trajectory alone: its own final state
-                state = self.model.init_state(1)
-                for s in range(0, len(e), 2048):
-                    x = e[s:s + 2048]
-                    out, state = self.model(as_input(x[:, None] if self.discrete else x[:, None, :]), state)
-                last_out.append(out[-1, 0])
+                for _, out, state in _filter_alone(self.model, e, DEFAULT_BLOCK_ROWS, dev):
+                    pass
+                last_out.append(out[-1])
                 states.append(state)
             # then all trajectories side by side, one step at a time
             state = tuple(torch.cat(parts, dim=0) for parts in zip(*states))
@@ -217,9 +219,77 @@ class TrainedRun:
         return [(v, None) for v in by_step]
 
 
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+    """``values`` as codes into their distinct values: ``distinct[codes] == values``. A hash table in pyarrow for
+    the types it converts (millions of symbols in well under a second); values it cannot take (mixed types in
+    one object column) go through a Python dict."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        encoded = pc.dictionary_encode(pa.array(values))
+        if encoded.null_count == 0:
+            return (np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64),
+                    encoded.dictionary.to_pylist())
+    except (pa.ArrowException, TypeError, ValueError):
+        pass
+    table: dict[Any, int] = {}
+    codes = np.array([table.setdefault(v, len(table)) for v in values.tolist()], dtype=np.int64)
+    return codes, list(table)
+
+
 def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
     if not encoded or any(len(e) == 0 for e in encoded):
         raise ValueError("every trajectory needs at least one observation")
+
+
+def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any) -> Iterator[tuple[int, Any, Any]]:
+    """Filter one trajectory (model units) from the initial state, alone, in blocks of ``block_rows`` steps:
+    yields ``(start, outputs, state)`` per block, outputs (n, output_dim) on ``device`` and the state after the
+    block's last step. The model runs 2048 steps at a time, as the pipeline's evaluation does (same numbers)."""
+    import torch
+
+    from pipeline.train import flush_denormal
+
+    discrete = model.config.discrete
+    dtype = next(model.parameters()).dtype
+    state = model.init_state(1)
+    with torch.no_grad(), flush_denormal():
+        for start in range(0, len(encoded), block_rows):
+            end = min(start + block_rows, len(encoded))
+            pieces = []
+            for s in range(start, end, _EVAL_CHUNK):
+                x = torch.as_tensor(encoded[s:min(s + _EVAL_CHUNK, end)], device=device)
+                x = x[:, None].long() if discrete else x[:, None, :].to(dtype)
+                out, state = model(x, state)
+                pieces.append(out[:, 0])
+            yield start, torch.cat(pieces), state
+
+
+def _filtered_blocks(model: Any, encoded: Sequence[np.ndarray], *, block_rows: int, device: Any
+                     ) -> Iterator[tuple[int, int, np.ndarray]]:
+    """The outputs of ``model`` filtering every trajectory of ``encoded`` from its initial state, in trajectory
+    order and in pieces that bound memory: yields ``(k, start, outputs)``, rows ``start …`` of trajectory k.
+
+    Consecutive short trajectories are filtered side by side in one batch (as the pipeline evaluates them), as
+    many as keep the padded batch within ``block_rows`` steps; a trajectory longer than that is filtered alone,
+    its state carried from one block of ``block_rows`` steps to the next."""
+    from pipeline.train import predict
+
+    k = 0
+    while k < len(encoded):
+        if len(encoded[k]) > block_rows:
+            for start, out, _ in _filter_alone(model, encoded[k], block_rows, device):
+                yield k, start, out.cpu().numpy()
+            k += 1
+            continue
+        end, longest = k + 1, len(encoded[k])
+        while end < len(encoded) and max(longest, len(encoded[end])) * (end + 1 - k) <= block_rows:
+            longest = max(longest, len(encoded[end]))
+            end += 1
+        for j, out in enumerate(predict(model, encoded[k:end], chunk=_EVAL_CHUNK, device=device)):
+            yield k + j, 0, out
+        k = end
 
 
 def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial: bool = False) -> TrainedRun:
@@ -303,7 +373,7 @@ def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:
 @dataclass
 class _Input:
     rows: Any                  # pipeline.data.custom.Rows
-    ids: list[np.ndarray]      # per kept trajectory: its id, once per kept row
+    ids: np.ndarray            # per kept trajectory: its id
     steps: list[np.ndarray]    # per kept trajectory: the step of each kept row
     encoded: list[np.ndarray]  # per kept trajectory: the observations in model units
     dropped: int               # rows of unknown symbols left out
@@ -321,13 +391,15 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
                      symbol_column=symbol_column, min_length=1)
     ids_out, steps_out, encoded = [], [], []
     dropped = 0
+    if run.discrete:   # every symbol of the file at once: one error lists every unknown symbol
+        try:
+            all_index, all_keep = run._symbol_indices(rows.values, unknown)
+        except ValueError as exc:
+            raise ValueError(f"{input_path}: column {symbol_column!r}: {exc}") from None
     for k, g in enumerate(rows.groups):
         position = np.arange(len(g), dtype=np.int64)   # the step when the input has no step column
         if run.discrete:
-            try:
-                index, keep = run._symbol_indices(rows.values[g], unknown)
-            except ValueError as exc:
-                raise ValueError(f"{input_path}: column {symbol_column!r}: {exc}") from None
+            index, keep = all_index[g], all_keep[g]
             dropped += int((~keep).sum())
             g, enc, position = g[keep], index[keep], position[keep]
             if len(g) == 0:
@@ -338,11 +410,12 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
             except ValueError as exc:
                 raise ValueError(f"{input_path}: trajectory {rows.ids[k]!r}: {exc}") from None
         encoded.append(enc)
-        ids_out.append(np.repeat(rows.ids[k:k + 1], len(g)))
+        ids_out.append(k)
         steps_out.append(rows.steps[g] if rows.steps is not None else position)
     if not encoded:
         raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
-    return _Input(rows=rows, ids=ids_out, steps=steps_out, encoded=encoded, dropped=dropped)
+    return _Input(rows=rows, ids=rows.ids[np.asarray(ids_out, dtype=np.int64)], steps=steps_out, encoded=encoded,
+                  dropped=dropped)
 
 
 def _feature_columns(run: TrainedRun, predicted: np.ndarray) -> dict[str, Any]:
@@ -368,16 +441,22 @@ def _write_table(run: TrainedRun, input_path: Path, output_path: Path, columns: 
 
     from pipeline.io import atomic_path
 
-    meta = {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
+    table = pa.table(columns)
+    with atomic_path(output_path) as tmp, pq.ParquetWriter(tmp, table.schema, store_schema=False) as writer:
+        writer.write_table(table)   # written as predict_file writes: the same column types read back
+        writer.add_key_value_metadata({PREDICT_META_KEY: json.dumps(_output_meta(run, input_path, info))})
+
+
+def _output_meta(run: TrainedRun, input_path: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """The schema metadata ``psrnn_predict`` of an output: the run, the input file, the vocabulary or features."""
+    return {"dataset": run.dataset, "variant": run.variant, "seed": run.seed, "epoch": run.epoch, "kind": run.kind,
             "input": input_path.name, **({"vocab": run.vocab} if run.discrete else {"features": run.features}),
             **info}
-    table = pa.table(columns).replace_schema_metadata({PREDICT_META_KEY: json.dumps(meta).encode()})
-    with atomic_path(output_path) as tmp:
-        pq.write_table(table, tmp)
 
 
 def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, symbol_column: str = "symbol",
-                 unknown: str = "error", probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
+                 unknown: str = "error", probabilities: bool = False, device: str = "cpu",
+                 block_rows: int = DEFAULT_BLOCK_ROWS) -> dict[str, Any]:
     """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
     (Parquet, written to a temporary file and renamed), and return a summary (rows, trajectories, dropped rows,
     metrics over the steps that have a next observation).
@@ -391,42 +470,115 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
       probability), ``next_bits`` (−log₂ of the probability given to the observed next symbol; null on each
       trajectory's last row, and their mean is the BPC) and, with ``probabilities``, ``probabilities`` (a list in
       the order of the ``vocab`` of the schema metadata ``psrnn_predict``).
-    """
+
+    The predictions are made and written ``block_rows`` rows at a time (one Parquet row group each), so memory
+    does not grow with the input beyond the input itself: the 5.1M characters of the full PTB train file stream
+    through like the 125k of its test split. The summary also sits in the schema metadata ``psrnn_predict``."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
 
-    from pipeline.train import evaluate_and_predict, resolve_device
+    from pipeline.io import atomic_path
+    from pipeline.metrics import MetricSums
+    from pipeline.train import resolve_device
 
+    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1:
+        raise ValueError(f"block_rows={block_rows!r}: expected a positive integer")
     input_path, output_path = Path(input_path), Path(output_path)
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
-    rows, ids_out, steps_out, encoded, dropped = data.rows, data.ids, data.steps, data.encoded, data.dropped
-    run.model.to(resolve_device(device))
-    metrics, outputs = evaluate_and_predict(run.model, encoded)
-    columns: dict[str, Any] = {"trajectory": pa.array(np.concatenate(ids_out).tolist()),
-                               "step": pa.array(np.concatenate(steps_out).astype(np.int64))}
+    encoded = data.encoded
+    dev = resolve_device(device)
+    run.model.to(dev)
+    dtype = next(run.model.parameters()).dtype
+    ids = pa.array(data.ids.tolist())                  # one per kept trajectory, taken once per row
+    fields = [pa.field("trajectory", ids.type), pa.field("step", pa.int64())]
     if run.discrete:
-        probs = [run.decode(o) for o in outputs]
-        best = np.concatenate([p.argmax(axis=1) for p in probs])
-        symbols = _symbol_values(run.vocab, rows.values)
-        columns["predicted"] = pa.array(symbols[best].tolist())
-        columns["probability"] = pa.array(np.concatenate([p.max(axis=1) for p in probs]))
-        bits = []
-        for p, e in zip(probs, encoded):
-            b = np.full(len(e), np.nan)
-            b[:-1] = -np.log2(np.maximum(p[np.arange(len(e) - 1), e[1:]], np.finfo(np.float64).tiny))
-            bits.append(b)
-        nb = np.concatenate(bits)
-        columns["next_bits"] = pa.array(nb, mask=np.isnan(nb))
+        symbols = pa.array(_symbol_values(run.vocab, data.rows.values).tolist())   # typed like the input column
+        fields += [pa.field("predicted", symbols.type), pa.field("probability", pa.float64()),
+                   pa.field("next_bits", pa.float64())]
         if probabilities:
-            columns["probabilities"] = _probability_lists(np.concatenate(probs))
+            fields.append(pa.field("probabilities", pa.list_(pa.float32(), len(run.vocab))))
     else:
-        columns.update(_feature_columns(run, np.concatenate([run.decode(o) for o in outputs])))
-        metrics["mse_data_units"] = run._mse_data_units(outputs, encoded)
+        fields += [pa.field(f"predicted_{name}", pa.float64()) for name in run.features]
+    schema = pa.schema(fields)
+    sums = MetricSums(discrete=False)       # continuous: the MSE as pipeline.train.evaluate computes it
+    sq_data_units, n_data_units = 0.0, 0   # continuous: the one-step errors in the data's units
+    bits_sum, correct = 0.0, 0              # discrete: the BPC and accuracy, from the log-probabilities written
+
+    def block_table(pieces: list[tuple[int, int, np.ndarray]]) -> Any:
+        """The output rows of filtered pieces (k, start, outputs): rows start … of trajectory k, as one table."""
+        nonlocal sq_data_units, n_data_units, bits_sum, correct
+        out = np.concatenate([o for _, _, o in pieces])
+        n = len(out)
+        traj = np.repeat(np.array([k for k, _, _ in pieces], dtype=np.int64), [len(o) for _, _, o in pieces])
+        steps = np.concatenate([data.steps[k][start:start + len(o)] for k, start, o in pieces]).astype(np.int64)
+        # the next observation of every row, and whether there is one (not on a trajectory's last row)
+        target = np.zeros((n, *encoded[0].shape[1:]), dtype=encoded[0].dtype)
+        scored = np.zeros(n, dtype=bool)
+        row = 0
+        for k, start, o in pieces:
+            m = min(len(o), len(encoded[k]) - 1 - start)
+            target[row:row + m] = encoded[k][start + 1:start + 1 + m]
+            scored[row:row + m] = True
+            row += len(o)
+        # the metrics in the pipeline's arithmetic (pipeline.train.evaluate: float64 log-softmax of the outputs)
+        t, mask = torch.as_tensor(target), torch.as_tensor(scored)
+        columns = [ids.take(pa.array(traj)), pa.array(steps)]
+        if run.discrete:
+            logp = torch.log_softmax(torch.as_tensor(out).double(), dim=-1)
+            rows = torch.arange(n)
+            best = logp.argmax(dim=-1)
+            bits = (-logp[rows, t] / math.log(2)).numpy()
+            bits_sum += float(bits[scored].sum())
+            correct += int((best == t)[mask].sum())
+            columns += [symbols.take(pa.array(best.numpy())), pa.array(logp[rows, best].exp().numpy()),
+                        pa.array(bits, mask=~scored)]
+            if probabilities:
+                columns.append(_probability_lists(logp.exp().numpy()))
+        else:
+            sums.add(torch.as_tensor(out), t.to(dtype), mask)
+            predicted = run.decode(out)
+            sq_data_units += float(((predicted[scored] - run.decode(target[scored])) ** 2).sum())
+            n_data_units += int(scored.sum()) * predicted.shape[1]
+            columns += [pa.array(predicted[:, j]) for j in range(predicted.shape[1])]
+        return pa.Table.from_arrays(columns, schema=schema)
+
     n_rows = int(sum(len(e) for e in encoded))
-    summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": dropped,
-               "predicted_steps": int(sum(len(e) - 1 for e in encoded)),
-               "metrics": {k: float(v) for k, v in metrics.items()}}
-    _write_table(run, input_path, output_path, columns, summary)
+    summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": data.dropped,
+               "predicted_steps": int(sum(len(e) - 1 for e in encoded))}
+    with atomic_path(output_path) as tmp:
+        # The summary (metrics) is known only at the end: it goes into the file's key-value metadata, which
+        # pyarrow shows as the schema metadata when the Arrow schema is not stored beside it (store_schema=False;
+        # the one type that then reads back differently is ``probabilities``: a list, not a fixed-size list).
+        with pq.ParquetWriter(tmp, schema, store_schema=False) as writer:
+            pending: list[tuple[int, int, np.ndarray]] = []   # short trajectories, gathered to about block_rows
+            pending_rows = 0
+            for piece in _filtered_blocks(run.model, encoded, block_rows=block_rows, device=dev):
+                pending.append(piece)
+                pending_rows += len(piece[2])
+                if pending_rows >= block_rows:
+                    writer.write_table(block_table(pending), row_group_size=block_rows)
+                    pending, pending_rows = [], 0
+            if pending:
+                writer.write_table(block_table(pending), row_group_size=block_rows)
+            scored_rows = summary["predicted_steps"]
+            if run.discrete:
+                metrics = ({"bpc": bits_sum / scored_rows, "accuracy": correct / scored_rows} if scored_rows
+                           else {"bpc": float("nan"), "accuracy": float("nan")})
+            else:
+                metrics = sums.result()
+                metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")
+            summary["metrics"] = {k: float(v) for k, v in metrics.items()}
+            writer.add_key_value_metadata({PREDICT_META_KEY: json.dumps(_output_meta(run, input_path, summary))})
     return summary
+
+
+def _step_spacing(steps: np.ndarray) -> int:
+    """The spacing of a trajectory's steps: the median difference of consecutive steps (at least 1; 1 for a single
+    row), so that forecasts continue a trajectory sampled every 5 steps at +5, +10, …"""
+    if len(steps) < 2:
+        return 1
+    return max(1, int(round(float(np.median(np.diff(steps.astype(np.int64)))))))
 
 
 def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, steps: int,
@@ -436,7 +588,8 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     of every trajectory of ``input_path`` (the input schema of :func:`predict_file`) to ``output_path``.
 
     One row per trajectory and horizon h = 1 … ``steps``: ``trajectory``, ``horizon`` (h), ``step`` (the input's
-    last step + h, or the position T - 1 + h when the input has no step column), then ``predicted_<feature>``
+    last step + h × the trajectory's step spacing, the median difference of its steps, e.g. 5 for steps 0, 5, 10,
+    …; or the position T - 1 + h when the input has no step column), then ``predicted_<feature>``
     (continuous, in the input's units) or ``predicted`` (the symbol fed back, typed like the input column) and
     ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete)."""
     import pyarrow as pa
@@ -446,9 +599,9 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
-        "trajectory": pa.array(np.concatenate([np.repeat(i[:1], steps) for i in data.ids]).tolist()),
+        "trajectory": pa.array(np.repeat(data.ids, steps).tolist()),
         "horizon": pa.array(np.tile(horizon, len(result))),
-        "step": pa.array(np.concatenate([int(st[-1]) + horizon for st in data.steps]).astype(np.int64)),
+        "step": pa.array(np.concatenate([int(st[-1]) + horizon * _step_spacing(st) for st in data.steps])),
     }
     if run.discrete:
         chosen = np.concatenate([values for values, _ in result])

@@ -204,6 +204,11 @@ def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
     assert out.column("predicted").to_pylist()[:4] == [int(v) for v in fc[0]]
     np.testing.assert_allclose(np.array(out.column("probabilities").to_pylist())[:4], fc[1], rtol=1e-6)
     assert json.loads(out.schema.metadata[PREDICT_META_KEY])["forecast"]["steps"] == 4
+    # forecasts continue a trajectory at its own step spacing (the median difference of its steps)
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["x"] * 4 + ["y"], "step": [100, 105, 110, 115, 7],
+                                          "symbol": [10, 20, 30, 40, 10]})
+    forecast_file(run, src, tmp_path / "fc.parquet", steps=3)
+    assert pq.read_table(tmp_path / "fc.parquet").column("step").to_pylist() == [120, 125, 130, 8, 9, 10]
 
 
 def test_fit_model_result_forecasts_in_its_own_units():
@@ -216,3 +221,54 @@ def test_fit_model_result_forecasts_in_its_own_units():
         assert s[0] == int(np.argmax(fitted.predict([traj])[0][-1]))
         assert s[1] == int(np.argmax(fitted.predict([np.append(traj, s[0])])[0][-1]))
     assert fitted.model.training   # left as it was
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_predictions_streamed_in_small_blocks_equal_one_block(kind, discrete_run, continuous_run, tmp_path):
+    """predict_file filters and writes ``block_rows`` rows at a time: a trajectory longer than a block carries
+    its state from block to block, short ones are filtered side by side; the file and the metrics are those of
+    one block holding everything, in row groups of at most ``block_rows`` rows."""
+    run, test = discrete_run if kind == "discrete" else continuous_run
+    long = np.concatenate([test[0], test[1], test[2]])
+    trajs = [test[0][:5], long, test[1][:1], test[2][:9], test[2][10:17], test[0][:3], test[1][:12]]
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(trajs)])
+    if kind == "discrete":
+        cols = {"trajectory": ids, "symbol": np.array(run.vocab)[np.concatenate(trajs)]}
+    else:
+        x = np.concatenate(trajs) * run.std + run.mean
+        cols = {"trajectory": ids, "a": x[:, 0], "b": x[:, 1]}
+    src = _write(tmp_path / "in.parquet", cols)
+    opts = {"probabilities": True} if kind == "discrete" else {}
+    whole = predict_file(run, src, tmp_path / "whole.parquet", block_rows=10_000, **opts)
+    small = predict_file(run, src, tmp_path / "small.parquet", block_rows=16, **opts)
+    a, b = pq.read_table(tmp_path / "whole.parquet"), pq.read_table(tmp_path / "small.parquet")
+    groups = pq.ParquetFile(tmp_path / "small.parquet").metadata
+    assert groups.num_row_groups > 4
+    assert all(groups.row_group(i).num_rows <= 16 for i in range(groups.num_row_groups))
+    assert a.column_names == b.column_names and a.num_rows == b.num_rows == len(ids)
+    for name in a.column_names:
+        x, y = a.column(name).to_pylist(), b.column(name).to_pylist()
+        if name in ("trajectory", "step", "predicted"):
+            assert x == y, name
+        else:   # batching short trajectories differently may move the last float32 bit
+            np.testing.assert_allclose(np.array(x, dtype=np.float64), np.array(y, dtype=np.float64),
+                                       rtol=1e-5, atol=1e-7, err_msg=name)
+    assert whole.keys() == small.keys() and whole["metrics"].keys() == small["metrics"].keys()
+    for key, value in whole["metrics"].items():
+        assert small["metrics"][key] == pytest.approx(value, rel=1e-6), key
+    # and the one-block file is the pipeline's filter of every trajectory at once
+    want = evaluate(run.model, [run.encode(t if kind == "continuous" else np.array(run.vocab)[t])
+                                for t in (trajs if kind == "discrete" else [t * run.std + run.mean for t in trajs])])
+    key = "bpc" if kind == "discrete" else "mse"
+    assert whole["metrics"][key] == pytest.approx(want[key], rel=1e-9)
+    assert json.loads(b.schema.metadata[PREDICT_META_KEY])["metrics"] == small["metrics"]
+    with pytest.raises(ValueError, match="block_rows=0: expected a positive integer"):
+        predict_file(run, src, tmp_path / "x.parquet", block_rows=0)
+
+
+def test_cli_block_rows_default_is_the_library_default():
+    from pipeline.cli import build_parser
+    from pipeline.inference import DEFAULT_BLOCK_ROWS
+
+    args = build_parser().parse_args(["predict", "ptb", "psrnn", "0", "in.parquet", "out.parquet"])
+    assert args.block_rows == DEFAULT_BLOCK_ROWS

@@ -114,6 +114,7 @@ def _log_like_refine(root: Path, tmp: Path, *, experiment: str):
     (tmp / "checkpoint.pt").write_bytes(b"not really a checkpoint")
     resumed.log_artifact(tmp / "checkpoint.pt", "checkpoints")
     resumed.log_artifact(tmp / "history.json")
+    resumed.log_dict({"kind": "discrete", "vocab": ["a", "b", "c", "d", "e"], "epoch": 1}, "data_units.json")
     resumed.log_model(model)
     resumed.finish()
     return tracker.run_id, model, history
@@ -144,7 +145,7 @@ def _check_run(uri: str, run_id: str, model, history, *, experiment: str) -> Non
     assert run.data.metrics["final_test_bpc"] == pytest.approx(history[-1]["test"]["bpc"])
 
     top = {a.path: a.is_dir for a in client.list_artifacts(run_id)}
-    assert top == {"checkpoints": True, "history.json": False}, top
+    assert top == {"checkpoints": True, "history.json": False, "data_units.json": False}, top
     assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == ["checkpoints/checkpoint.pt"]
     local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="history.json",
                                                      tracking_uri=uri))
@@ -181,7 +182,21 @@ def test_run_tracker_logs_to_a_real_mlflow_server(mlflow_server, clean_env, tmp_
     run = mlflow.MlflowClient(url).get_run(run_id)
     assert run.info.artifact_uri.startswith("mlflow-artifacts:"), run.info.artifact_uri
     stored = {p.name for p in artifacts.rglob("*") if p.is_file()}
-    assert {"history.json", "checkpoint.pt", "MLmodel"} <= stored, stored
+    assert {"history.json", "checkpoint.pt", "MLmodel", "data_units.json"} <= stored, stored
+
+    # and the model with its units comes back through the server alone (MLFLOW_TRACKING_URI), predicting as logged
+    import numpy as np
+
+    from pipeline.inference import load_mlflow_run
+    from pipeline.train import predict
+
+    served = load_mlflow_run(run_id)
+    assert os.environ["MLFLOW_TRACKING_URI"] == url
+    assert (served.dataset, served.variant, served.seed, served.epoch, served.vocab) == \
+        ("hmm", "gru", 0, 1, ["a", "b", "c", "d", "e"])
+    text = np.array(list("abcdeedcba"), dtype=object)
+    np.testing.assert_allclose(served.predict([text])[0], served.decode(predict(model, [np.array(
+        [0, 1, 2, 3, 4, 4, 3, 2, 1, 0])])[0]), rtol=1e-6)
 
 
 def test_run_tracker_logs_to_the_default_sqlite_store(clean_env, tmp_path):

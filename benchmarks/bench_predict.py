@@ -1,0 +1,217 @@
+"""`psrnn predict` on long inputs: streamed in blocks vs everything in one block (time and peak memory).
+
+``pipeline.inference.predict_file`` filters and writes ``block_rows`` rows at a time (default 65536), so its memory
+should not grow with the input beyond the input itself. Side by side, in fresh subprocesses, on the first N
+characters of the full PTB train file (5.1M characters) written as a custom-schema Parquet file:
+
+* **streamed**: ``predict_file`` with its default ``block_rows``;
+* **one block**: the same function with ``block_rows`` = the number of rows, i.e. every output held in memory
+  before writing (what ``predict_file`` did before it streamed).
+
+Two layouts of the same characters: ``stream`` (one trajectory: a long one is filtered alone, its state carried
+from block to block) and ``lines`` (one trajectory per text line, ~50 characters each: short trajectories are
+filtered side by side). The model is a 2SR-initialised PSRNN of the pipeline's PTB defaults (2000 RFF, state 20,
+window 1) fitted once on the paper's 120780 training characters; ``--probabilities`` adds the 50-symbol
+distribution to every row.
+
+Peak RSS is the child's VmHWM, reset just before the call (input file not yet read), so it is what reading the
+input, filtering and writing the output took. Both implementations write the same file; the script checks that
+their BPCs agree to 1e-6 relative.
+
+    python benchmarks/bench_predict.py            # 1x, 4x, 16x the PTB test length (125k chars), full 5.1M streamed
+    python benchmarks/bench_predict.py --quick    # smoke test: 5k and 20k characters, a small model, 1 repeat
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (PTB_TEST_CHARS, busy_warning, child_report, default_ptb_dir, load_ptb,  # noqa: E402
+                               machine_info, median, peak_rss_mb, reset_peak_rss, rss_mb, run_child, table,
+                               thread_env, write_results)
+
+SCRIPT = Path(__file__).resolve()
+
+
+# ------------------------------------------------------------------------------------------------- child
+
+
+def child_main(spec: dict) -> None:
+    """One predict_file call in this (fresh) process."""
+    import importlib
+
+    import torch
+
+    from pipeline.inference import DEFAULT_BLOCK_ROWS, TrainedRun, predict_file
+    from pipeline.models import ModelConfig, build_model
+
+    # imported before the peak is reset, so that the figures are the call's own
+    for module in ("pyarrow.parquet", "pyarrow.compute", "pipeline.data.custom", "pipeline.metrics", "pipeline.io"):
+        importlib.import_module(module)
+
+    torch.set_num_threads(spec["threads"])
+    saved = torch.load(spec["model"], weights_only=True)
+    model = build_model(ModelConfig(**json.loads(spec["config"])))
+    model.load_state_dict(saved)
+    run = TrainedRun.from_units(model, {"kind": "discrete", "vocab": spec["vocab"]}, dataset="ptb",
+                                variant="psrnn", seed=0, epoch=0)
+    block = spec["rows"] if spec["impl"] == "one_block" else DEFAULT_BLOCK_ROWS
+    out = Path(spec["out"])
+    base = rss_mb()
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    summary = predict_file(run, spec["input"], out, probabilities=spec["probabilities"], block_rows=block)
+    seconds = time.perf_counter() - t0
+    peak = peak_rss_mb()
+    child_report({"seconds": seconds, "peak_rss_mb": peak, "peak_delta_mb": peak - base, "bpc": summary["metrics"]["bpc"],
+                  "rows": summary["rows"], "output_mb": out.stat().st_size / 2**20, "block_rows": block})
+    out.unlink()
+
+
+# ------------------------------------------------------------------------------------------------ parent
+
+
+def _write_inputs(text: list[str], sizes: list[int], layout: str, tmp: Path) -> dict[int, Path]:
+    """The first N characters of ``text`` (lines) as custom-schema Parquet files: one trajectory, or one per line."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chars = np.array(list("".join(text)), dtype=object)
+    line_id = np.repeat(np.arange(len(text)), [len(line) for line in text])
+    paths = {}
+    for n in sizes:
+        if n > len(chars):
+            raise SystemExit(f"asked for {n} characters, the PTB train file has {len(chars)}")
+        traj = np.zeros(n, dtype=np.int64) if layout == "stream" else line_id[:n]
+        paths[n] = tmp / f"{layout}_{n}.parquet"
+        pq.write_table(pa.table({"trajectory": traj, "symbol": chars[:n]}), paths[n])
+    return paths
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--raw-dir", type=Path, default=None, help="PTB raw directory (default: see benchmarks/common.py)")
+    p.add_argument("--sizes", type=int, nargs="*", default=None,
+                   help="input lengths in characters compared side by side (default: 1x, 4x, 16x the PTB test split)")
+    p.add_argument("--streamed-only", type=int, nargs="*", default=None,
+                   help="lengths run streamed only (default: the whole PTB train file, too big to hold in one block "
+                        "comfortably)")
+    p.add_argument("--layouts", nargs="*", default=["stream", "lines"], choices=["stream", "lines"],
+                   help="one trajectory, or one trajectory per text line")
+    p.add_argument("--probabilities", action="store_true", help="also write every symbol's probability")
+    p.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    p.add_argument("--threads", type=int, default=2, help="torch and BLAS threads in the children")
+    p.add_argument("--quick", action="store_true", help="smoke test: small inputs and model, 1 repeat")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child_main(json.loads(args.child))
+        return
+
+    raw_dir = args.raw_dir or default_ptb_dir()
+    if args.quick:
+        sizes, streamed_only, repeats = args.sizes or [5000, 20000], args.streamed_only or [], 1
+    else:
+        sizes = args.sizes or [PTB_TEST_CHARS, 4 * PTB_TEST_CHARS, 16 * PTB_TEST_CHARS]
+        streamed_only = args.streamed_only if args.streamed_only is not None else [-1]
+        repeats = args.repeats
+    warn = busy_warning(args.threads)
+    if warn:
+        print(warn)
+
+    import torch
+
+    from pipeline.api import fit_model
+
+    torch.set_num_threads(args.threads)
+    ptb = load_ptb(raw_dir)                      # the paper's 1001 lines: the model's training data
+    full = (Path(raw_dir) / "full" / "ptb.train.txt").read_text().splitlines(keepends=True)
+    vocab = set(ptb.vocab)
+    text = ["".join(c for c in line if c in vocab) for line in full]
+    total = sum(len(line) for line in text)
+    streamed_only = [total if n == -1 else n for n in streamed_only]
+    n_features = 200 if args.quick else 2000
+    print(f"fitting the model (2SR, {n_features} RFF, state 20) on {len(ptb.train[0])} characters ...", flush=True)
+    fitted = fit_model(ptb.train, model="psrnn", n_features=n_features, horizon=1, epochs=0, device="cpu")
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        model_path = tmp / "model.pt"
+        torch.save(fitted.model.state_dict(), model_path)
+        from dataclasses import asdict
+
+        config = json.dumps(asdict(fitted.model.config))
+        for layout in args.layouts:
+            inputs = _write_inputs(text, sorted(set(sizes + streamed_only)), layout, tmp)
+            for n, path in inputs.items():
+                impls = ["streamed", "one_block"] if n in sizes else ["streamed"]
+                runs: dict[str, list[dict]] = {i: [] for i in impls}
+                for _ in range(repeats):   # interleaved, so background load hits both alike
+                    for impl in impls:
+                        spec = {"impl": impl, "input": str(path), "out": str(tmp / f"out_{impl}.parquet"),
+                                "model": str(model_path), "config": config, "vocab": list(ptb.vocab),
+                                "rows": n, "probabilities": args.probabilities, "threads": args.threads}
+                        runs[impl].append(run_child(SCRIPT, ["--child", json.dumps(spec)],
+                                                    env=thread_env(args.threads)))
+                row = {"layout": layout, "chars": n, "trajectories": int(_count_trajectories(path))}
+                for impl, rs in runs.items():
+                    row[impl] = {"seconds": median([r["seconds"] for r in rs]),
+                                 "peak_rss_mb": median([r["peak_rss_mb"] for r in rs]),
+                                 "peak_delta_mb": median([r["peak_delta_mb"] for r in rs]),
+                                 "chars_per_s": n / median([r["seconds"] for r in rs]),
+                                 "bpc": rs[0]["bpc"], "output_mb": rs[0]["output_mb"], "runs": rs}
+                if "one_block" in row:
+                    a, b = row["streamed"]["bpc"], row["one_block"]["bpc"]
+                    if abs(a - b) > 1e-6 * abs(b):
+                        raise SystemExit(f"{layout} {n}: streamed BPC {a} differs from one-block BPC {b}")
+                    row["time_ratio"] = row["one_block"]["seconds"] / row["streamed"]["seconds"]
+                    row["peak_delta_ratio"] = row["one_block"]["peak_delta_mb"] / row["streamed"]["peak_delta_mb"]
+                results.append(row)
+                _print_row(row)
+
+    headers = ["layout", "characters", "trajectories", "streamed s", "streamed chars/s", "streamed peak Δ MiB",
+               "one block s", "one block peak Δ MiB", "one block / streamed: time", "peak Δ", "BPC"]
+    rows = [[r["layout"], r["chars"], r["trajectories"], r["streamed"]["seconds"], r["streamed"]["chars_per_s"],
+             r["streamed"]["peak_delta_mb"], r.get("one_block", {}).get("seconds", float("nan")),
+             r.get("one_block", {}).get("peak_delta_mb", float("nan")), r.get("time_ratio", float("nan")),
+             r.get("peak_delta_ratio", float("nan")), r["streamed"]["bpc"]] for r in results]
+    print()
+    print(table(headers, rows))
+    payload = {"benchmark": "predict", "machine": machine_info({"threads": args.threads}),
+               "settings": {"repeats": repeats, "n_features": n_features, "probabilities": args.probabilities,
+                            "ptb_train_chars_available": total},
+               "results": results}
+    print(f"\nwritten: {write_results('predict', payload, quick=args.quick)}")
+
+
+def _count_trajectories(path: Path) -> int:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    return len(pc.unique(pq.read_table(path, columns=["trajectory"]).column("trajectory")))
+
+
+def _print_row(row: dict) -> None:
+    s = row["streamed"]
+    line = (f"{row['layout']:>6} {row['chars']:>9,} chars: streamed {s['seconds']:.2f} s, peak Δ "
+            f"{s['peak_delta_mb']:.0f} MiB")
+    if "one_block" in row:
+        o = row["one_block"]
+        line += (f"; one block {o['seconds']:.2f} s, peak Δ {o['peak_delta_mb']:.0f} MiB "
+                 f"(×{row['peak_delta_ratio']:.1f} memory)")
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()
