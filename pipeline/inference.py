@@ -185,25 +185,17 @@ class TrainedRun:
             t = torch.as_tensor(x, device=dev)
             return t.long() if self.discrete else t.to(dtype)
 
-        last_out, states = [], []
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            for e in encoded:   # filter each trajectory alone: its own final state
-                for _, out, state in _filter_alone(self.model, e, DEFAULT_BLOCK_ROWS, dev):
-                    pass
-                last_out.append(out[-1])
-                states.append(state)
+            out, state = _final_states(self.model, encoded, dev)   # (B, output_dim): the forecast of h = 1
             # then all trajectories side by side, one step at a time
-            state = tuple(torch.cat(parts, dim=0) for parts in zip(*states))
-            out = torch.stack(last_out, dim=0)          # (B, output_dim): the forecast of h = 1
             values, probs = [], []
             for _ in range(steps):
                 o = out.double().cpu().numpy()
                 if self.discrete:
                     p = self.decode(o)
-                    nxt = (np.array([rng.choice(p.shape[1], p=row) for row in p]) if sample
-                           else p.argmax(axis=1))
+                    nxt = _draw(p, rng) if sample else p.argmax(axis=1)
                     probs.append(p)
                     values.append(nxt)
                     x = nxt[None, :]
@@ -264,6 +256,47 @@ def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any)
                 out, state = model(x, state)
                 pieces.append(out[:, 0])
             yield start, torch.cat(pieces), state
+
+
+def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tuple[Any, tuple[Any, ...]]:
+    """The last output (N, output_dim) and the state after the last step of every trajectory of ``encoded``, each
+    filtered from the initial state. Trajectories of the same length are filtered side by side (no padding, so
+    every state stops at its own last step), as many at a time as keep a 2048-step call within
+    ``DEFAULT_BLOCK_ROWS`` outputs."""
+    import torch
+
+    from pipeline.train import flush_denormal
+
+    discrete = model.config.discrete
+    dtype = next(model.parameters()).dtype
+    lengths = np.array([len(e) for e in encoded])
+    order = np.argsort(lengths, kind="stable")
+    last: list[Any] = [None] * len(encoded)
+    states: list[Any] = [None] * len(encoded)
+    with torch.no_grad(), flush_denormal():
+        for length in np.unique(lengths):
+            same = order[lengths[order] == length]
+            per_call = max(1, DEFAULT_BLOCK_ROWS // min(int(length), _EVAL_CHUNK))
+            for b in range(0, len(same), per_call):
+                batch = same[b:b + per_call]
+                x = np.stack([encoded[i] for i in batch], axis=1)          # (T, B) or (T, B, m)
+                state = model.init_state(len(batch))
+                for s in range(0, int(length), _EVAL_CHUNK):
+                    xs = torch.as_tensor(x[s:s + _EVAL_CHUNK], device=device)
+                    out, state = model(xs.long() if discrete else xs.to(dtype), state)
+                for j, i in enumerate(batch):
+                    last[i] = out[-1, j]
+                    states[i] = tuple(part[j:j + 1] for part in state)
+    return torch.stack(last), tuple(torch.cat(parts, dim=0) for parts in zip(*states))
+
+
+def _draw(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One symbol per row of the distributions ``p`` (B, V): the draws of ``rng.choice(V, p=row)`` row after row
+    (one uniform each, located in the normalised cumulative sums), without a Python loop over the rows."""
+    cdf = np.cumsum(p, axis=1)
+    cdf /= cdf[:, -1:]
+    u = rng.random(len(p))
+    return np.minimum((cdf <= u[:, None]).sum(axis=1), p.shape[1] - 1)
 
 
 def _filtered_blocks(model: Any, encoded: Sequence[np.ndarray], *, block_rows: int, device: Any

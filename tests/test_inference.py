@@ -272,3 +272,19 @@ def test_cli_block_rows_default_is_the_library_default():
 
     args = build_parser().parse_args(["predict", "ptb", "psrnn", "0", "in.parquet", "out.parquet"])
     assert args.block_rows == DEFAULT_BLOCK_ROWS
+
+
+def test_forecast_of_many_trajectories_equals_each_alone(discrete_run, continuous_run):
+    """Trajectories are filtered side by side in groups of equal length: each still ends at its own last step."""
+    run, test = discrete_run
+    symbols = np.array(run.vocab, dtype=object)
+    trajs = [symbols[t] for t in (test[0][:5], test[1], test[2][:5], test[3][:17], test[0][:1], test[1][:17])]
+    together = run.forecast(trajs, 3)
+    for traj, (values, probs) in zip(trajs, together):
+        alone_values, alone_probs = run.forecast([traj], 3)[0]
+        assert list(values) == list(alone_values)
+        np.testing.assert_allclose(probs, alone_probs, rtol=1e-5, atol=1e-7)
+    crun, ctest = continuous_run
+    raw = [z * crun.std + crun.mean for z in (ctest[0][:9], ctest[1], ctest[2][:9], ctest[0][3:4])]
+    for traj, (values, _) in zip(raw, crun.forecast(raw, 4)):
+        np.testing.assert_allclose(values, crun.forecast([traj], 4)[0][0], rtol=1e-5, atol=1e-6)
