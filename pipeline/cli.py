@@ -204,6 +204,8 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
     """``psrnn predict``: :func:`pipeline.inference.predict_file`, and one line of what was written."""
     from pipeline.inference import load_run, predict_file
 
+    if args.block_rows < 1:   # before loading anything
+        raise ValueError(f"--block-rows {args.block_rows}: expected a positive number of rows")
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = predict_file(run, Path(args.input), Path(args.output), symbol_column=args.symbol_column,
                            unknown=args.unknown, probabilities=args.probabilities, device=args.device,

@@ -266,12 +266,15 @@ def test_predictions_streamed_in_small_blocks_equal_one_block(kind, discrete_run
         predict_file(run, src, tmp_path / "x.parquet", block_rows=0)
 
 
-def test_cli_block_rows_default_is_the_library_default():
-    from pipeline.cli import build_parser
+def test_cli_block_rows_default_is_the_library_default(capsys):
+    from pipeline.cli import build_parser, main
     from pipeline.inference import DEFAULT_BLOCK_ROWS
 
     args = build_parser().parse_args(["predict", "ptb", "psrnn", "0", "in.parquet", "out.parquet"])
     assert args.block_rows == DEFAULT_BLOCK_ROWS
+    assert main(["predict", "ptb", "psrnn", "0", "in.parquet", "out.parquet", "--block-rows", "0"]) == 1
+    assert capsys.readouterr().err.strip() == \
+        "psrnn predict: error: --block-rows 0: expected a positive number of rows"
 
 
 def test_forecast_of_many_trajectories_equals_each_alone(discrete_run, continuous_run):
