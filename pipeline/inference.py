@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -178,13 +179,7 @@ class TrainedRun:
             raise ValueError(f"steps={steps!r}: expected a positive integer")
         dev = resolve_device(device)
         self.model.to(dev)
-        dtype = next(self.model.parameters()).dtype
         rng = np.random.default_rng(seed)
-
-        def as_input(x: np.ndarray) -> torch.Tensor:
-            t = torch.as_tensor(x, device=dev)
-            return t.long() if self.discrete else t.to(dtype)
-
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
@@ -202,7 +197,7 @@ class TrainedRun:
                 else:
                     values.append(self.decode(o))
                     x = o[None, :, :]
-                out, state = self.model(as_input(x), state)
+                out, state = self.model(_model_input(self.model, x, dev), state)
                 out = out[0]
         self.model.train(was_training)
         by_step = np.stack(values, axis=1)                # (B, steps) indices or (B, steps, m) values
@@ -235,6 +230,14 @@ def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
         raise ValueError("every trajectory needs at least one observation")
 
 
+def _model_input(model: Any, x: np.ndarray, device: Any) -> Any:
+    """Observations in model units, (T, B) symbol indices or (T, B, m) features, as the model's input tensor."""
+    import torch
+
+    t = torch.as_tensor(x, device=device)
+    return t.long() if model.config.discrete else t.to(next(model.parameters()).dtype)
+
+
 def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any) -> Iterator[tuple[int, Any, Any]]:
     """Filter one trajectory (model units) from the initial state, alone, in blocks of ``block_rows`` steps:
     yields ``(start, outputs, state)`` per block, outputs (n, output_dim) on ``device`` and the state after the
@@ -243,17 +246,14 @@ def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any)
 
     from pipeline.train import flush_denormal
 
-    discrete = model.config.discrete
-    dtype = next(model.parameters()).dtype
     state = model.init_state(1)
     with torch.no_grad(), flush_denormal():
         for start in range(0, len(encoded), block_rows):
             end = min(start + block_rows, len(encoded))
             pieces = []
             for s in range(start, end, _EVAL_CHUNK):
-                x = torch.as_tensor(encoded[s:min(s + _EVAL_CHUNK, end)], device=device)
-                x = x[:, None].long() if discrete else x[:, None, :].to(dtype)
-                out, state = model(x, state)
+                x = encoded[s:min(s + _EVAL_CHUNK, end)]
+                out, state = model(_model_input(model, x[:, None], device), state)   # batch of one
                 pieces.append(out[:, 0])
             yield start, torch.cat(pieces), state
 
@@ -267,8 +267,6 @@ def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tup
 
     from pipeline.train import flush_denormal
 
-    discrete = model.config.discrete
-    dtype = next(model.parameters()).dtype
     lengths = np.array([len(e) for e in encoded])
     order = np.argsort(lengths, kind="stable")
     last: list[Any] = [None] * len(encoded)
@@ -282,8 +280,7 @@ def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tup
                 x = np.stack([encoded[i] for i in batch], axis=1)          # (T, B) or (T, B, m)
                 state = model.init_state(len(batch))
                 for s in range(0, int(length), _EVAL_CHUNK):
-                    xs = torch.as_tensor(x[s:s + _EVAL_CHUNK], device=device)
-                    out, state = model(xs.long() if discrete else xs.to(dtype), state)
+                    out, state = model(_model_input(model, x[s:s + _EVAL_CHUNK], device), state)
                 for j, i in enumerate(batch):
                     last[i] = out[-1, j]
                     states[i] = tuple(part[j:j + 1] for part in state)
@@ -470,14 +467,31 @@ def _write_table(run: TrainedRun, input_path: Path, output_path: Path, columns: 
     """``columns`` as Parquet at ``output_path`` (a temporary file, renamed), with the run, the input, the
     vocabulary or features and ``info`` in the schema metadata ``psrnn_predict``."""
     import pyarrow as pa
+
+    table = pa.table(columns)
+    with _output_writer(output_path, table.schema) as writer:
+        writer.write_table(table)
+        _add_output_meta(writer, run, input_path, info)
+
+
+@contextmanager
+def _output_writer(output_path: Path, schema: Any) -> Iterator[Any]:
+    """A Parquet writer of ``schema`` into a temporary file renamed to ``output_path`` when the block ends.
+
+    The Arrow schema is not stored in the file (``store_schema=False``): predict_file knows its summary only after
+    the last row group, and key-value metadata added at close (:func:`_add_output_meta`) reads back as the schema
+    metadata only then. The one type that reads back differently is ``probabilities``: a list, not a fixed-size
+    list."""
     import pyarrow.parquet as pq
 
     from pipeline.io import atomic_path
 
-    table = pa.table(columns)
-    with atomic_path(output_path) as tmp, pq.ParquetWriter(tmp, table.schema, store_schema=False) as writer:
-        writer.write_table(table)   # written as predict_file writes: the same column types read back
-        writer.add_key_value_metadata({PREDICT_META_KEY: json.dumps(_output_meta(run, input_path, info))})
+    with atomic_path(output_path) as tmp, pq.ParquetWriter(tmp, schema, store_schema=False) as writer:
+        yield writer
+
+
+def _add_output_meta(writer: Any, run: TrainedRun, input_path: Path, info: dict[str, Any]) -> None:
+    writer.add_key_value_metadata({PREDICT_META_KEY: json.dumps(_output_meta(run, input_path, info))})
 
 
 def _output_meta(run: TrainedRun, input_path: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -508,10 +522,8 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     does not grow with the input beyond the input itself: the 5.1M characters of the full PTB train file stream
     through like the 125k of its test split. The summary also sits in the schema metadata ``psrnn_predict``."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
     import torch
 
-    from pipeline.io import atomic_path
     from pipeline.metrics import MetricSums
     from pipeline.train import resolve_device
 
@@ -573,36 +585,32 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             predicted = run.decode(out)
             sq_data_units += float(((predicted[scored] - run.decode(target[scored])) ** 2).sum())
             n_data_units += int(scored.sum()) * predicted.shape[1]
-            columns += [pa.array(predicted[:, j]) for j in range(predicted.shape[1])]
+            columns += list(_feature_columns(run, predicted).values())
         return pa.Table.from_arrays(columns, schema=schema)
 
     n_rows = int(sum(len(e) for e in encoded))
     summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": data.dropped,
                "predicted_steps": int(sum(len(e) - 1 for e in encoded))}
-    with atomic_path(output_path) as tmp:
-        # The summary (metrics) is known only at the end: it goes into the file's key-value metadata, which
-        # pyarrow shows as the schema metadata when the Arrow schema is not stored beside it (store_schema=False;
-        # the one type that then reads back differently is ``probabilities``: a list, not a fixed-size list).
-        with pq.ParquetWriter(tmp, schema, store_schema=False) as writer:
-            pending: list[tuple[int, int, np.ndarray]] = []   # short trajectories, gathered to about block_rows
-            pending_rows = 0
-            for piece in _filtered_blocks(run.model, encoded, block_rows=block_rows, device=dev):
-                pending.append(piece)
-                pending_rows += len(piece[2])
-                if pending_rows >= block_rows:
-                    writer.write_table(block_table(pending), row_group_size=block_rows)
-                    pending, pending_rows = [], 0
-            if pending:
+    with _output_writer(output_path, schema) as writer:
+        pending: list[tuple[int, int, np.ndarray]] = []   # short trajectories, gathered to about block_rows
+        pending_rows = 0
+        for piece in _filtered_blocks(run.model, encoded, block_rows=block_rows, device=dev):
+            pending.append(piece)
+            pending_rows += len(piece[2])
+            if pending_rows >= block_rows:
                 writer.write_table(block_table(pending), row_group_size=block_rows)
-            scored_rows = summary["predicted_steps"]
-            if run.discrete:
-                metrics = ({"bpc": bits_sum / scored_rows, "accuracy": correct / scored_rows} if scored_rows
-                           else {"bpc": float("nan"), "accuracy": float("nan")})
-            else:
-                metrics = sums.result()
-                metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")
-            summary["metrics"] = {k: float(v) for k, v in metrics.items()}
-            writer.add_key_value_metadata({PREDICT_META_KEY: json.dumps(_output_meta(run, input_path, summary))})
+                pending, pending_rows = [], 0
+        if pending:
+            writer.write_table(block_table(pending), row_group_size=block_rows)
+        scored_rows = summary["predicted_steps"]
+        if run.discrete:
+            metrics = ({"bpc": bits_sum / scored_rows, "accuracy": correct / scored_rows} if scored_rows
+                       else {"bpc": float("nan"), "accuracy": float("nan")})
+        else:
+            metrics = sums.result()
+            metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")
+        summary["metrics"] = {k: float(v) for k, v in metrics.items()}
+        _add_output_meta(writer, run, input_path, summary)   # the metrics, known only now
     return summary
 
 
