@@ -235,16 +235,45 @@ def _forecast(args: argparse.Namespace, root: Path) -> None:
 
 def _check(args: argparse.Namespace, params, root: Path) -> None:
     """``psrnn check``: params.yaml is valid (it was parsed before dispatch); a custom dataset's file is read and
-    checked against the params too, as its preprocess stage will; spectral work no variant uses is noted."""
+    checked against the params too, as its preprocess stage will, and dvc.yaml must have the stage that prepares
+    it; spectral work no variant uses is noted, and so are sections that ``datasets`` leaves out."""
+    selected = [params.datasets[name] for name in params.selected]
     if "custom" in params.datasets:
         from pipeline.workflow.data import check_custom
 
         print(check_custom(params, root))
-    print(f"{args.params or root / 'params.yaml'}: valid ({len(params.datasets)} datasets, "
-          f"{sum(len(d.variants) for d in params.datasets.values())} model variants, seeds {list(params.seeds)})")
-    for dp in params.datasets.values():
+    if "custom" in params.selected:
+        _check_custom_stage(root)
+    print(f"{args.params or root / 'params.yaml'}: valid ({len(selected)} dataset{'' if len(selected) == 1 else 's'}: "
+          f"{', '.join(params.selected)}; "
+          f"{sum(len(d.variants) for d in selected)} model variants, seeds {list(params.seeds)})")
+    for dp in selected:
         for note in dp.unused_spectral_work():
             print(f"note: {note}")
+    left_out = [name for name in params.datasets if name not in params.selected]
+    if left_out:
+        print(f"note: {', '.join(left_out)} {'has a section' if len(left_out) == 1 else 'have sections'} but "
+              f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
+              "(built-in data are still prepared)")
+
+
+def _check_custom_stage(root: Path) -> None:
+    """``datasets`` lists ``custom``: dvc.yaml, where there is one, must prepare its file (the
+    ``preprocess_custom`` stage ships commented out), else ``dvc repro`` stops later on a missing
+    ``data/prepared/custom.parquet``."""
+    import yaml
+
+    path = root / "dvc.yaml"
+    if not path.exists():   # params checked outside a DVC project
+        return
+    try:
+        stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read it to check for the preprocess_custom stage: "
+                         f"{' '.join(str(exc).split())[:200]}") from None
+    if "preprocess_custom" not in stages:
+        raise ValueError(f"datasets: lists custom, but {path} has no preprocess_custom stage to prepare its file; "
+                         "uncomment that stage (README, 'Adding your own dataset')")
 
 
 def _project_files() -> set[str]:

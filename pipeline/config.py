@@ -12,6 +12,8 @@ once the data exist (the preprocess stage).
 Layout of ``params.yaml``::
 
     seeds: [0, 1]                # every run seed: RFF draws, 2SR, CP, model init, trajectory order
+    datasets: [ptb, ...]         # the datasets trained and reported (dvc.yaml's stages iterate over it);
+                                 # absent: every dataset with a section
     data: {mirror: ...}          # where raw files are copied from when offline (env PSRNN_DATA_MIRROR wins)
     tracking: {experiment_prefix: psrnn, log_model: true}
     report: {...}
@@ -153,6 +155,7 @@ class Params:
     tracking: dict[str, Any]
     report: dict[str, Any]
     raw: dict[str, Any]
+    selected: list[str] = field(default_factory=list)   # ``datasets``: trained and reported, in this order
 
     def dataset(self, name: str) -> DatasetParams:
         if name not in self.datasets:
@@ -706,7 +709,7 @@ def _check_report(report: Any) -> dict[str, Any]:
 def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ParamsError(f"{source}: expected a mapping at the top level, got {_describe(raw)}")
-    allowed = {"seeds", "data", "tracking", "report", *DATASETS}
+    allowed = {"seeds", "datasets", "data", "tracking", "report", *DATASETS}
     for k in raw:
         if k not in allowed:
             raise ParamsError(f"{k}: unknown key in {source} (expected one of {sorted(allowed)})")
@@ -800,7 +803,28 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         datasets[name] = dp
     if not datasets:
         raise ParamsError(f"{source}: no dataset section (expected some of {DATASETS})")
-    return Params(seeds=seeds, data_mirror=mirror, datasets=datasets, tracking=tracking, report=report, raw=raw)
+    selected = _selected_datasets(raw, datasets)
+    return Params(seeds=seeds, data_mirror=mirror, datasets=datasets, tracking=tracking, report=report, raw=raw,
+                  selected=selected)
+
+
+def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) -> list[str]:
+    """``datasets``: the datasets dvc.yaml trains and the report shows, each with its section; absent, every
+    dataset that has one (in the order of DATASETS)."""
+    if "datasets" not in raw:
+        return list(datasets)
+    names = raw["datasets"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ParamsError(f"datasets: expected a non-empty list of dataset names, got {_describe(names)}")
+    for name in names:
+        if name not in DATASETS:
+            raise ParamsError(f"datasets: unknown dataset {name!r}; expected some of {list(DATASETS)}")
+        if name not in datasets:
+            raise ParamsError(f"datasets: {name!r} has no section in params.yaml; expected a {name}: section "
+                              "(source, two_stage, kf, variants, model, train)")
+    if len(set(names)) != len(names):
+        raise ParamsError(f"datasets: duplicated dataset in {names}")
+    return list(names)
 
 
 def _duplicate_keys(node: Any, path: str, source: str, seen_nodes: set[int]) -> None:

@@ -127,8 +127,9 @@ def _load_curve(path: Path, notes: list[str], root: Path) -> dict | None:
     return {"history": history}
 
 
-def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """All runs found under ``root`` (sorted by dataset, variant, seed) and notes on what is missing or unreadable."""
+def _collect(root: Path, datasets: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """All runs found under ``root`` (sorted by dataset, variant, seed), of ``datasets`` only when given, and
+    notes on what is missing or unreadable."""
     root = Path(root)
     notes: list[str] = []
     histories: dict[tuple[str, str], Path] = {}
@@ -143,6 +144,8 @@ def _collect(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
     runs = []
     for dataset, run in sorted(set(histories) | set(metrics)):
+        if datasets is not None and dataset not in datasets:
+            continue
         hist_obj = _load_curve(histories[(dataset, run)], notes, root) if (dataset, run) in histories else None
         met_obj = _load_json(metrics[(dataset, run)], notes, root) if (dataset, run) in metrics else None
         if hist_obj is None and met_obj is None:
@@ -726,16 +729,18 @@ def _merge_config(figures: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
     return cfg
 
 
-def write_report(root: Path, out_dir: Path, *, figures: dict | None = None) -> dict[str, list[str]]:
+def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
+                 datasets: Sequence[str] | None = None) -> dict[str, list[str]]:
     """Write ``out_dir/figures/*.png``, ``out_dir/results.md`` and ``out_dir/summary.json`` from the run outputs
-    under ``root``.
+    under ``root``: of every dataset found there, or of ``datasets`` only (params ``datasets``: the outputs of a
+    dataset taken off that list stay in the workspace, since no stage owns them any more, and are left out).
 
     Returns ``{"written": [...], "skipped": [...]}``: paths relative to ``out_dir`` (POSIX), in a fixed order. A
     skipped figure's stale PNG from an earlier report is removed so the directory reflects this report only.
     """
     root, out_dir = Path(root), Path(out_dir)
     cfg = _merge_config(figures)
-    runs, notes = _collect(root)
+    runs, notes = _collect(root, datasets)
     grouped = _group(runs)
     out_fig = out_dir / "figures"
     written: list[str] = []

@@ -4,6 +4,7 @@ import copy
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -439,9 +440,74 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(": valid (6 datasets, 33 model variants, seeds [0, 1])")
+    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 33 model variants, "
+                           "seeds [0, 1])")
     assert out[1:] == [
         "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "
         "the deeper layers is learned for nothing",
         "note: mocap.kf is set but no variant is kf: its linear 2SR is learned for nothing (mocap.kf: null skips it)"]
     assert parse_params(copy.deepcopy(defaults)).dataset("ptb").unused_spectral_work() == []
+
+
+def test_datasets_selects_what_is_trained_and_names_the_key(defaults):
+    p = parse_params(copy.deepcopy(defaults))
+    assert p.selected == ["ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm"]
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["hmm", "ptb"]
+    assert parse_params(raw).selected == ["hmm", "ptb"]   # the order given; every section is still validated
+    del raw["datasets"]
+    del raw["lgssm"]
+    assert parse_params(raw).selected == ["ptb", "swimmer", "mocap", "handwriting", "hmm"]   # absent: every section
+    for value, message in [
+        (["ptb", "weather"], r"^datasets: unknown dataset 'weather'; expected some of \['ptb'"),
+        (["ptb", "custom"], r"^datasets: 'custom' has no section in params\.yaml; expected a custom: section"),
+        (["ptb", "ptb"], r"^datasets: duplicated dataset in \['ptb', 'ptb'\]"),
+        ([], r"^datasets: expected a non-empty list of dataset names, got "),
+        ("ptb", r"^datasets: expected a non-empty list of dataset names, got a string 'ptb'"),
+    ]:
+        raw = copy.deepcopy(defaults)
+        raw["datasets"] = value
+        with pytest.raises(ParamsError, match=message):
+            parse_params(raw)
+
+
+def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(defaults, tmp_path, capsys,
+                                                                              monkeypatch):
+    """`psrnn check` notes sections that `datasets` leaves out, and refuses `custom` in `datasets` while dvc.yaml
+    still has its preprocess_custom stage commented out (dvc repro would stop later on a missing file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["hmm", "lgssm"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": valid (2 datasets: hmm, lgssm; 11 model variants, seeds [0, 1])")
+    assert out[1] == ("note: ptb, swimmer, mocap, handwriting have sections but are not in datasets: not trained or "
+                      "reported (built-in data are still prepared)")
+
+    rng = np.random.default_rng(0)
+    pq.write_table(pa.table({"trajectory": np.repeat(np.arange(10), 40), "x": rng.normal(size=400)}),
+                   tmp_path / "mine.parquet")
+    raw["custom"] = _custom(test_fraction=0.2)
+    raw["custom"]["source"]["path"] = "mine.parquet"
+    raw["datasets"] = ["hmm", "custom"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    dvc_yaml = (ROOT / "dvc.yaml").read_text()
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml)   # as shipped: preprocess_custom commented out
+    assert cli.main(["--root", str(tmp_path), "check"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"psrnn check: error: datasets: lists custom, but {tmp_path / 'dvc.yaml'} has no "
+                   "preprocess_custom stage to prepare its file; uncomment that stage (README, 'Adding your own "
+                   "dataset')"]
+    uncommented = "\n".join(line.replace("# ", "", 1) if line.startswith(("  # preprocess_custom", "  #   "))
+                             else line for line in dvc_yaml.split("\n"))
+    (tmp_path / "dvc.yaml").write_text(uncommented)
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("custom: mine.parquet: continuous, 1 feature, 8 train / 2 test trajectories")
+    assert out[1].endswith(": valid (2 datasets: hmm, custom; 7 model variants, seeds [0, 1])")

@@ -314,7 +314,7 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     code, out, err = check()
     assert code == 0 and err == "", err
     assert "custom: series.parquet: continuous, 2 features, 4 train / 2 test trajectories, training lengths 12 to " \
-           "12 steps" in out and ": valid (1 datasets, 2 model variants" in out
+           "12 steps" in out and ": valid (1 dataset: custom; 2 model variants" in out
     code, _, err = check(source={**section["source"], "path": "missing.parquet"})
     assert code == 1 and err == f"psrnn check: error: {tmp_path / 'missing.parquet'}: file not found"
     code, _, err = check(two_stage={**section["two_stage"], "past_window": 6, "future_window": 6})

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 PARAMS = {
     "seeds": [0, 1],
+    "datasets": ["hmm"],
     "data": {"mirror": None},
     "tracking": {"experiment_prefix": "kill", "log_model": False, "log_checkpoints": False},
     "report": {"figures": {}},
@@ -48,18 +49,10 @@ def _project(base: Path, name: str, env: dict[str, str]) -> Path:
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
             shutil.copy2(src, dst)
-    # only the hmm stages: drop the other datasets from the matrices
+    # only the hmm stages (params `datasets` drives the rest): drop the preparation of the downloaded sets
     dvc = yaml.safe_load((root / "dvc.yaml").read_text())
-    stages = {}
-    for k, v in dvc["stages"].items():
-        if k.startswith(("download", "preprocess")):
-            continue
-        if "matrix" in v and "dataset" in v["matrix"]:
-            v["matrix"]["dataset"] = ["hmm"]
-        if isinstance(v.get("foreach"), list):  # synthesize, refine, evaluate: over datasets
-            v["foreach"] = ["hmm"]
-        stages[k] = v
-    dvc["stages"] = stages
+    dvc["stages"] = {k: v for k, v in dvc["stages"].items() if not k.startswith(("download", "preprocess"))}
+    dvc["stages"]["synthesize"]["foreach"] = ["hmm"]
     (root / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
     (root / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "kill test"]):
@@ -76,12 +69,24 @@ def test_sigkill_during_refine_resumes_to_the_same_metrics(tmp_path):
     if shutil.which("dvc") is None:
         pytest.skip("dvc is not installed")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    # the uninterrupted reference runs beside the killed one, one thread each: two processes of two threads on
+    # two cores spin against each other
     env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@example.com")
+               GIT_COMMITTER_EMAIL="t@example.com", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     reference = _project(tmp_path, "reference", env)
-    _repro(reference, env)
-    expected = {s: json.loads((reference / "metrics" / "hmm" / f"psrnn_s{s}.json").read_text()) for s in (0, 1)}
+    ref_log = tmp_path / "reference.log"
+    with open(ref_log, "w") as log:
+        ref_proc = subprocess.Popen(["dvc", "repro"], cwd=reference, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    try:
+        _killed_and_resumed(tmp_path, env, ref_proc, reference)
+    finally:
+        if ref_proc.poll() is None:
+            os.killpg(ref_proc.pid, signal.SIGKILL)
+            ref_proc.wait()
 
+
+def _killed_and_resumed(tmp_path: Path, env: dict[str, str], ref_proc: subprocess.Popen, reference: Path) -> None:
     killed = _project(tmp_path, "killed", env)
     proc = subprocess.Popen(["dvc", "repro"], cwd=killed, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -109,6 +114,8 @@ def test_sigkill_during_refine_resumes_to_the_same_metrics(tmp_path):
     first_ckpt_mtime = (first_seed / "checkpoint.pt").stat().st_mtime_ns
 
     _repro(killed, env)
+    assert ref_proc.wait(timeout=900) == 0, (tmp_path / "reference.log").read_text()[-6000:]
+    expected = {s: json.loads((reference / "metrics" / "hmm" / f"psrnn_s{s}.json").read_text()) for s in (0, 1)}
     for s in (0, 1):
         got = json.loads((killed / "metrics" / "hmm" / f"psrnn_s{s}.json").read_text())
         assert got["test"] == pytest.approx(expected[s]["test"], abs=1e-6)

@@ -47,6 +47,7 @@ def project(tmp_path_factory):
         elif src.exists():
             shutil.copy2(src, dst)
     shutil.copy2(ROOT / "tests" / "fixtures" / "tiny_params.yaml", root / "params.yaml")
+    _add_custom_dataset(root)
     # PYTHONDONTWRITEBYTECODE dropped: the stages write __pycache__ beside their code deps, as on a user's machine
     # (.dvcignore keeps bytecode out of the deps' hashes; the second repro checks it)
     env = {k: v for k, v in os.environ.items()
@@ -60,10 +61,57 @@ def project(tmp_path_factory):
     return root, env, first, trace
 
 
+# The user's own series of the README's "Adding your own dataset": string trajectory ids, no split column, two
+# features in units far from standardised, trajectories of different lengths.
+CUSTOM_SECTION = """
+custom:
+  source: {path: data/my_series.parquet, kind: continuous, test_fraction: 0.25, seed: 0}
+  two_stage: {n_features: 64, state_dim: 6, obs_dim: 6, past_dim: 6, past_window: 3, future_window: 3}
+  kf: {state_dim: 4, past_window: 3, future_window: 3}
+  variants: [psrnn, kf]
+  model: {psrnn_bias_scale: 0.0, factorized_bias_scale: 0.1}
+  train: {epochs: 1, lr: 0.5, clip: 0.25, bptt: 0, batch_size: 4}
+"""
+
+
+def _custom_series() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    ids, temp, flow = [], [], []
+    for i in range(8):
+        t = np.arange(30 + 3 * i)
+        ids += [f"sensor-{chr(97 + i)}"] * len(t)
+        temp.append(250.0 + 20.0 * np.sin(t / 4.0 + i) + rng.normal(0, 1.0, len(t)))
+        flow.append(0.01 * np.cos(t / 6.0) + rng.normal(0, 0.001, len(t)))
+    return {"trajectory": np.array(ids), "temperature": np.concatenate(temp), "flow": np.concatenate(flow)}
+
+
+def _add_custom_dataset(root: Path) -> None:
+    """The README's three steps, as a user does them: the Parquet file (committed with the project), a ``custom``
+    section and ``custom`` in ``datasets`` in params.yaml, and dvc.yaml's ``preprocess_custom`` uncommented."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "data").mkdir()
+    pq.write_table(pa.table(_custom_series()), root / "data" / "my_series.parquet")
+    params = (root / "params.yaml").read_text()
+    params = params.replace("datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm]",
+                            "datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm, custom]")
+    (root / "params.yaml").write_text(params + CUSTOM_SECTION)
+    lines = (root / "dvc.yaml").read_text().split("\n")
+    start = lines.index(next(line for line in lines if line.startswith("  # preprocess_custom:")))
+    end = start
+    while lines[end].startswith("  #"):
+        lines[end] = lines[end].replace("# ", "", 1)
+        end += 1
+    assert end - start > 5, "dvc.yaml: the commented preprocess_custom stage the README tells users to uncomment"
+    (root / "dvc.yaml").write_text("\n".join(lines))
+
+
 def test_repro_produces_metrics_report_and_mlflow_runs(project):
     root, env, first, _ = project
     params = yaml.safe_load((root / "params.yaml").read_text())
-    datasets = [k for k in params if k not in ("seeds", "data", "tracking", "report")]
+    datasets = params["datasets"]
+    assert "custom" in datasets and "preprocess_custom" in first
     expected_runs = {(ds, v, s) for ds in datasets for v in params[ds]["variants"] for s in params["seeds"]}
     for ds, v, s in expected_runs:
         m = json.loads((root / "metrics" / ds / f"{v}_s{s}.json").read_text())
@@ -87,7 +135,8 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
     for fig in ("fig3a.png", "fig3b.png", "fig3c.png", "fig4a.png", "fig4b.png"):
         assert (root / "reports" / "figures" / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = (root / "reports" / "results.md").read_text()
-    assert "## ptb" in results and "## swimmer" in results and "gap to optimal" in results
+    assert "## ptb" in results and "## swimmer" in results and "## custom" in results
+    assert "gap to optimal" in results
 
     from mlflow import MlflowClient
 
@@ -168,6 +217,28 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
         np.testing.assert_allclose(fc.column(f"predicted_{f}").to_numpy()[::3],
                                    pred.column(f"predicted_{f}").to_numpy()[last], rtol=1e-6, atol=1e-9)
 
+    # the user's own test trajectories, picked from their file by their own ids, in their own units
+    prepared = read_dataset(root / "data" / "prepared" / "custom.parquet")
+    test_ids = prepared.meta["trajectory_ids"]["test"]
+    series = _custom_series()
+    keep = np.isin(series["trajectory"], test_ids)
+    pq.write_table(pa.table({k: v[keep] for k, v in series.items()}), tmp_path / "mine.parquet")
+    out = _run(["python", "-m", "pipeline.cli", "predict", "custom", "psrnn", "0", str(tmp_path / "mine.parquet"),
+                str(tmp_path / "mine_pred.parquet")], root, env)
+    want = json.loads((root / "metrics" / "custom" / "psrnn_s0.json").read_text())["test"]["mse"]
+    assert float(re.search(r"one-step mse (\S+),", out).group(1)) == pytest.approx(want, rel=1e-3), out
+    mine = pq.read_table(tmp_path / "mine_pred.parquet").to_pydict()
+    assert sorted(set(mine["trajectory"])) == sorted(test_ids)
+    sq = []
+    for tid in test_ids:
+        rows = [i for i, t in enumerate(mine["trajectory"]) if t == tid]
+        mask = series["trajectory"] == tid
+        truth = np.stack([series[f][mask] for f in ("temperature", "flow")], 1)
+        guess = np.stack([np.asarray(mine[f"predicted_{f}"])[rows] for f in ("temperature", "flow")], 1)
+        sq.append((guess[:-1] - truth[1:]) ** 2)
+    in_units = float(np.mean(np.concatenate(sq)))
+    assert float(re.search(r"mse_data_units (\S+) ", out).group(1)) == pytest.approx(in_units, rel=1e-3), out
+
     ptb = read_dataset(root / "data" / "prepared" / "ptb.parquet")
     text = [ptb.vocab[i] for i in ptb.test[0]]
     pq.write_table(pa.table({"trajectory": np.zeros(len(text), dtype=np.int64), "symbol": text}),
@@ -204,6 +275,8 @@ def _stage_key(record: dict) -> tuple[str, str | None]:
     if stage == "download":
         return ("download_mocap", None) if args[0] == "mocap" else ("download", args[0])
     if stage == "preprocess":
+        if args[0] == "custom":
+            return "preprocess_custom", None
         return ("synthesize" if args[0] in ("hmm", "lgssm") else "preprocess", args[0])
     return stage, (args[0] if args else None)
 
@@ -213,7 +286,7 @@ def test_every_stage_lists_exactly_the_code_it_imports(project):
     `dvc repro`; modules that only validating params.yaml imported do not count, the stage does not run them),
     and every code dep it declares was imported, so a code change reruns exactly the stages it affects."""
     root, _, _, trace = project
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]   # with preprocess_custom uncommented
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert {r["stage"] for r in records} >= {"download", "preprocess", "features", "two_stage", "decompose",
                                              "initialise", "refine", "evaluate", "report"}
@@ -241,15 +314,18 @@ def test_training_code_of_the_fingerprint_is_in_the_refine_deps():
 
 
 def test_one_experiment_reruns_exactly_what_its_params_touch_and_shows_metrics(project):
-    """One `dvc exp run` with three changes (one experiment, to keep the suite short): a training param of hmm
+    """One `dvc exp run` with four changes (one experiment, to keep the suite short): a training param of hmm
     reruns only hmm's refine and evaluate; a `kf` param of lgssm reruns its two_stage (which reads it) and what
     changed downstream, not its features; a variant removed from swimmer goes from models/, metrics/ and the
-    report, and reruns none of swimmer's spectral stages (they do not read the variants)."""
+    report, and reruns none of swimmer's spectral stages (they do not read the variants); a dataset taken off
+    `datasets` runs nothing and leaves the report."""
     root, env, _, _ = project
     before = json.loads((root / "metrics" / "lgssm" / "kf_s0.json").read_text())
     assert (root / "models" / "swimmer" / "gru").is_dir()
+    assert "## handwriting" in (root / "reports" / "results.md").read_text()
     out = _run(["dvc", "exp", "run", "-n", "lr-half", "-S", "hmm.train.lr=0.5", "-S", "lgssm.kf.future_window=2",
-                "-S", "swimmer.variants=[psrnn,kf]"], root, env)
+                "-S", "swimmer.variants=[psrnn,kf]", "-S", "datasets=[ptb,swimmer,mocap,hmm,lgssm,custom]"],
+               root, env)
     ran = _ran(out)
     assert {s for s in ran if "hmm" in s} == {"refine@hmm", "evaluate@hmm"}, ran
     assert {"two_stage@lgssm-0", "initialise@lgssm-0", "refine@lgssm", "evaluate@lgssm", "refine@swimmer",
@@ -261,8 +337,11 @@ def test_one_experiment_reruns_exactly_what_its_params_touch_and_shows_metrics(p
     assert after["initial_test"]["mse"] != before["initial_test"]["mse"]
     assert not (root / "models" / "swimmer" / "gru").exists()
     assert not (root / "metrics" / "swimmer" / "gru_s0.json").exists()
-    swimmer = (root / "reports" / "results.md").read_text().split("## swimmer")[1].split("\n## ")[0]
+    results = (root / "reports" / "results.md").read_text()
+    swimmer = results.split("## swimmer")[1].split("\n## ")[0]
     assert "`gru`" not in swimmer and "`psrnn`" in swimmer
+    assert "## handwriting" not in results and "## custom" in results
+    assert "handwriting" not in json.loads((root / "reports" / "summary.json").read_text())
 
     shown = json.loads(_run(["dvc", "exp", "show", "--json"], root, env))
     text = json.dumps(shown)

@@ -233,3 +233,19 @@ def test_figure_config_overrides(project: Path, tmp_path: Path):
     assert res == {"written": ["results.md", "summary.json"], "skipped": ["figures/fig4b.png"]}
     assert "figures/fig4b.png" in res["skipped"]
     assert "trajectory 99" in (tmp_path / "r2" / "results.md").read_text()
+
+
+def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
+    """params `datasets` without swimmer and hmm: their outputs stay on disk (no stage owns them any more) and are
+    left out of the table, the summary and every figure; fig4a/4b, which draw continuous sets only, are skipped."""
+    out = tmp_path / "reports"
+    result = write_report(project, out, datasets=["ptb"])
+    assert {"figures/fig4a.png", "figures/fig4b.png"} <= set(result["skipped"])
+    assert "figures/ptb_curves.png" in result["written"]
+    assert not {"figures/swimmer_curves.png", "figures/hmm_curves.png"} & set(result["written"])
+    md = (out / "results.md").read_text()
+    assert "## ptb" in md and "## swimmer" not in md and "## hmm" not in md
+    assert set(json.loads((out / "summary.json").read_text())) == {"ptb"}
+    everything = tmp_path / "all"
+    write_report(project, everything)
+    assert set(json.loads((everything / "summary.json").read_text())) == {"ptb", "swimmer", "hmm"}

@@ -113,6 +113,6 @@ def check_custom(params: Params, root: Path) -> str:
     ds = _load_custom(dp, root)
     _check_lengths(dp, ds, kalman=True)
     lengths = [len(t) for t in ds.train]
-    what = f"{ds.obs_dim} symbols" if ds.discrete else f"{ds.obs_dim} features"
+    what = f"{ds.obs_dim} {'symbol' if ds.discrete else 'feature'}{'' if ds.obs_dim == 1 else 's'}"
     return (f"custom: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train / {len(ds.test)} test "
             f"trajectories, training lengths {min(lengths)} to {max(lengths)} steps")

@@ -10,4 +10,4 @@ from pipeline.config import Params
 def report(params: Params, root: Path) -> dict[str, list[str]]:
     from pipeline.report import write_report
 
-    return write_report(root, root / "reports", figures=params.report.get("figures"))
+    return write_report(root, root / "reports", figures=params.report.get("figures"), datasets=params.selected)
