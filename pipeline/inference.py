@@ -350,34 +350,77 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch)
 
 
-def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None) -> TrainedRun:
-    """The final model of an MLflow run of the pipeline (``mlflow.pytorch.load_model`` of its ``model``) with the
-    ``data_units.json`` logged beside it: for a model found in the MLflow UI, on a machine without the
-    workspace. ``tracking_uri`` defaults to ``MLFLOW_TRACKING_URI``, else the project's SQLite store."""
-    import mlflow
+def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickle: bool = False) -> TrainedRun:
+    """The final model of an MLflow run of the pipeline with the ``data_units.json`` logged beside it: for a model
+    found in the MLflow UI, on a machine without the workspace. ``tracking_uri`` defaults to
+    ``MLFLOW_TRACKING_URI``, else the project's SQLite store.
+
+    The model is rebuilt from the run's checkpoint artifact (``checkpoints/checkpoint.pt``: the model config and
+    weights, read with ``torch.load(weights_only=True)``), so that loading executes nothing from the store and
+    does not depend on the class layout of the code that logged it. A run logged without checkpoints
+    (``tracking.log_checkpoints: false``) has only the ``mlflow.pytorch`` model, a pickle that runs code when
+    loaded: that is used only with ``allow_pickle=True``, for a store you trust."""
     from mlflow import MlflowClient
 
-    from pipeline.tracking import fluent_tracking_uri, tracking_uri as default_uri
+    from pipeline.tracking import tracking_uri as default_uri
 
     uri = tracking_uri or default_uri()
     client = MlflowClient(uri)
     run = client.get_run(run_id)
     tags = run.data.tags
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = client.download_artifacts(run_id, "data_units.json", tmp)
-        except Exception as exc:   # MLflow raises its own exception types for a missing artifact
-            raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one): "
-                             f"{' '.join(str(exc).split())[:200]}") from None
-        units = json.loads(Path(local).read_text())
-    models = [m for m in client.search_logged_models(experiment_ids=[run.info.experiment_id])
-              if m.source_run_id == run_id]
+        units_path = _download_artifact(client, run_id, "data_units.json", tmp)
+        if units_path is None:
+            raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one)")
+        units = json.loads(Path(units_path).read_text())
+        ckpt = _download_artifact(client, run_id, "checkpoints/checkpoint.pt", tmp)
+        if ckpt is not None:
+            model = _model_from_checkpoint(Path(ckpt))
+        elif allow_pickle:
+            model = _pickled_model(client, uri, run_id, run.info.experiment_id)
+        else:
+            raise ValueError(f"MLflow run {run_id}: no checkpoints/checkpoint.pt artifact (logged with "
+                             "tracking.log_checkpoints: false?); its mlflow.pytorch model is a pickle that runs code "
+                             "when loaded: pass allow_pickle=True if you trust this store")
+    return TrainedRun.from_units(model, units, dataset=tags.get("dataset", ""), variant=tags.get("variant", ""),
+                                 seed=int(tags.get("seed", -1)), epoch=int(units.get("epoch", -1)))
+
+
+def _download_artifact(client: Any, run_id: str, path: str, dst: str) -> str | None:
+    """A run's artifact downloaded into ``dst``, or None when the run has no such file."""
+    folder, _, name = path.rpartition("/")
+    if name not in {Path(a.path).name for a in client.list_artifacts(run_id, folder or None)}:
+        return None
+    return client.download_artifacts(run_id, path, dst)
+
+
+def _model_from_checkpoint(path: Path) -> Any:
+    """The model of a checkpoint dict of :func:`pipeline.train.fit`: built from its config, then its weights."""
+    from pipeline.models import ModelConfig, build_model
+    from pipeline.train import load_checkpoint
+
+    ck = load_checkpoint(path)
+    if not isinstance(ck.get("model_config"), dict) or not isinstance(ck.get("model"), dict):
+        raise ValueError(f"{path.name}: a checkpoint without model_config and model weights; expected one written "
+                         "by pipeline.train.fit")
+    try:
+        model = build_model(ModelConfig(**ck["model_config"]))
+    except TypeError as exc:   # a config key this version does not know
+        raise ValueError(f"{path.name}: its model_config does not fit this version's ModelConfig ({exc})") from None
+    model.load_state_dict(ck["model"])
+    return model
+
+
+def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> Any:
+    import mlflow
+
+    from pipeline.tracking import fluent_tracking_uri
+
+    models = [m for m in client.search_logged_models(experiment_ids=[experiment_id]) if m.source_run_id == run_id]
     if not models:
         raise ValueError(f"MLflow run {run_id}: no logged model (tracking.log_model was false?)")
     with fluent_tracking_uri(mlflow, uri):
-        model = mlflow.pytorch.load_model(models[-1].model_uri, map_location="cpu")
-    return TrainedRun.from_units(model, units, dataset=tags.get("dataset", ""), variant=tags.get("variant", ""),
-                                 seed=int(tags.get("seed", -1)), epoch=int(units.get("epoch", -1)))
+        return mlflow.pytorch.load_model(models[-1].model_uri, map_location="cpu")
 
 
 # ------------------------------------------------------------------------------------------------ a whole file

@@ -249,7 +249,8 @@ class RunTracker:
         """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
         ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced
         forward, which a recurrent filter over sequences of any length is not; MLflow therefore stores this
-        model with its pickle format. Our own artifacts (checkpoints, tensors) stay pickle-free."""
+        model with its pickle format. Our own artifacts (checkpoints, tensors) stay pickle-free, and
+        ``pipeline.inference.load_mlflow_run`` rebuilds the model from the checkpoint artifact instead."""
         import torch
 
         with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False):

@@ -88,7 +88,7 @@ def mlflow_server(tmp_path_factory):
         stop()
 
 
-def _log_like_refine(root: Path, tmp: Path, *, experiment: str):
+def _log_like_refine(root: Path, tmp: Path, *, experiment: str, checkpoint: bool = True):
     """What workflow.refine logs, through RunTracker; returns (run id, model, history)."""
     from pipeline.api import initialise_model
     from pipeline.models import ModelConfig
@@ -111,8 +111,12 @@ def _log_like_refine(root: Path, tmp: Path, *, experiment: str):
     resumed.log_epoch(history[1])
     resumed.log_metrics({f"final_test_{k}": v for k, v in history[-1]["test"].items()}, step=1)
     (tmp / "history.json").write_text(json.dumps({"history": history}))
-    (tmp / "checkpoint.pt").write_bytes(b"not really a checkpoint")
-    resumed.log_artifact(tmp / "checkpoint.pt", "checkpoints")
+    if checkpoint:   # as pipeline.train.fit writes it (the fields load_mlflow_run reads, and some it does not)
+        from pipeline.train import save_checkpoint
+
+        save_checkpoint(tmp / "checkpoint.pt", {"model": model.state_dict(), "model_config": config.to_dict(),
+                                                "epoch": 1, "history": history})
+        resumed.log_artifact(tmp / "checkpoint.pt", "checkpoints")
     resumed.log_artifact(tmp / "history.json")
     resumed.log_dict({"kind": "discrete", "vocab": ["a", "b", "c", "d", "e"], "epoch": 1}, "data_units.json")
     resumed.log_model(model)
@@ -217,6 +221,35 @@ def test_run_tracker_logs_to_the_default_sqlite_store(clean_env, tmp_path):
     run = mlflow.MlflowClient(uri).get_run(run_id)
     assert (root / "mlruns").resolve() in Path(run.info.artifact_uri).parents, run.info.artifact_uri
     assert not (work / "mlruns").exists()
+
+
+def test_load_mlflow_run_rebuilds_the_model_from_the_checkpoint_and_unpickles_only_when_allowed(clean_env,
+                                                                                               tmp_path):
+    """A run with its checkpoint artifact comes back from the config and weights (torch.load weights_only), not
+    from the pickled mlflow.pytorch model; a run logged without checkpoints is refused unless allow_pickle."""
+    import numpy as np
+
+    from pipeline.inference import load_mlflow_run
+    from pipeline.tracking import tracking_uri
+    from pipeline.train import predict
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    with_ckpt, model, _ = _log_like_refine(root, tmp_path, experiment="psrnn-hmm")
+    uri = tracking_uri(root)
+    text = np.array(list("abcdeedcba"), dtype=object)
+    want = predict(model, [np.array([0, 1, 2, 3, 4, 4, 3, 2, 1, 0])])[0]
+    loaded = load_mlflow_run(with_ckpt, tracking_uri=uri)
+    assert type(loaded.model) is type(model) and loaded.epoch == 1
+    np.testing.assert_allclose(loaded.predict([text])[0], loaded.decode(want), rtol=1e-6)
+
+    (tmp_path / "other").mkdir()
+    without, _, _ = _log_like_refine(root, tmp_path / "other", experiment="psrnn-hmm-nockpt", checkpoint=False)
+    with pytest.raises(ValueError, match=rf"^MLflow run {without}: no checkpoints/checkpoint.pt artifact .*pass "
+                                         "allow_pickle=True if you trust this store$"):
+        load_mlflow_run(without, tracking_uri=uri)
+    pickled = load_mlflow_run(without, tracking_uri=uri, allow_pickle=True)
+    np.testing.assert_allclose(pickled.predict([text])[0], pickled.decode(want), rtol=1e-6)
 
 
 def test_trackers_of_two_roots_log_into_their_own_stores(clean_env, tmp_path):
