@@ -31,6 +31,7 @@ experiment under an exclusive ``flock`` on the store's folder; later writes use 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import urllib.error
@@ -151,6 +152,24 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class _PickleWarningFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Saving pytorch model by Pickle")
+
+
+@contextlib.contextmanager
+def _without_pickle_warning() -> Iterator[None]:
+    """Drop the warning ``mlflow.pytorch.log_model`` prints for every pickle-format model (once per run: 72
+    identical paragraphs in the full run). The format is deliberate (see :meth:`RunTracker.log_model`), the
+    README says what loading it means, and ``load_mlflow_run`` reads the checkpoint instead."""
+    logger, filt = logging.getLogger("mlflow.pytorch"), _PickleWarningFilter()
+    logger.addFilter(filt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(filt)
+
+
 class RunTracker:
     """A thin wrapper around one MLflow run, resumable by id (a killed refine continues its run)."""
 
@@ -253,7 +272,8 @@ class RunTracker:
         ``pipeline.inference.load_mlflow_run`` rebuilds the model from the checkpoint artifact instead."""
         import torch
 
-        with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False):
+        with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False), \
+                _without_pickle_warning():
             self.mlflow.pytorch.log_model(
                 model.cpu(), name=name, serialization_format="pickle",
                 code_paths=[str(Path(__file__).resolve().parent)],
