@@ -368,7 +368,7 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             from pipeline.data.mocap import check_split
 
             try:
-                check_split(trials, source.get("test_trials"))
+                check_split(trials, source.get("test_trials"), warn=False)
             except ValueError as exc:
                 raise ParamsError(f"{key}.trials: {exc}") from None
         if source.get("bones") is not None:

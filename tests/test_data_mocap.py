@@ -470,6 +470,23 @@ def test_check_split(caplog):
     assert any("['16']" in r.getMessage() and "no trial in training" in r.getMessage() for r in caplog.records)
 
 
+def test_params_validation_leaves_the_cross_subject_warning_to_preprocess(caplog):
+    """Every stage validates params.yaml: the warning would be printed once per stage (48 times in the tiny
+    end-to-end run); only prepare_mocap (the preprocess stage) says it."""
+    import copy
+
+    import yaml
+
+    from pipeline.config import parse_params
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    raw = copy.deepcopy(raw)
+    raw["mocap"]["source"]["test_trials"] = ["35_01"]
+    with caplog.at_level("WARNING", logger="pipeline.data.mocap"):
+        parse_params(raw)
+    assert not any("no trial in training" in r.getMessage() for r in caplog.records)
+
+
 def test_prepare_errors(raw, tmp_path):
     with pytest.raises(ValueError, match=r"07_10\.amc: trial 07_10 has 301 frames, fewer than track_length=302"):
         prepare_mocap(raw, track_length=302)

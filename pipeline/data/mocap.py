@@ -473,13 +473,14 @@ def _subject(trial: str) -> str:
     return trial.split("_")[0]
 
 
-def check_split(trials: Sequence[str], test_trials: Sequence[str] | None) -> None:
+def check_split(trials: Sequence[str], test_trials: Sequence[str] | None, *, warn: bool = True) -> None:
     """Validate a mocap trial list and test-trial choice without reading any file; one-line ``ValueError``.
 
     Checks: at least 2 trials, each named ``'<subject>_<trial>'`` with digits (e.g. ``'07_01'``), no duplicates;
     when ``test_trials`` is given (``None`` means "chosen by seed", see :func:`prepare_mocap`): non-empty, no
     duplicates, all in ``trials``, at least one trial left for training. A test trial whose subject has no trial in
-    training is allowed (a cross-subject test is a legitimate experiment) but logged as a warning.
+    training is allowed (a cross-subject test is a legitimate experiment) but logged as a warning (``warn``; params
+    validation, which every stage runs, leaves it to the preprocess stage, so that it is said once).
     """
     trials = list(trials)
     if not trials:
@@ -503,7 +504,7 @@ def check_split(trials: Sequence[str], test_trials: Sequence[str] | None) -> Non
         raise ValueError("mocap test_trials must hold at least one trial and leave one for training")
     seen = {_subject(t) for t in trials if t not in test_trials}
     unseen = sorted({_subject(t) for t in test_trials} - seen)
-    if unseen:
+    if unseen and warn:
         log.warning("mocap test_trials %s: subject(s) %s have no trial in training (a cross-subject test)",
                     test_trials, unseen)  # fmt: skip
 
