@@ -768,6 +768,9 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
     if cfg["per_dataset"] is not None:
         for ds in sorted(grouped):
             record(f"{ds}_curves", _per_dataset(ds, cfg["per_dataset"], grouped[ds], out_fig, notes))
+    for stale in sorted(out_fig.glob("*_curves.png")):   # of a dataset no longer reported (or none at all)
+        if f"figures/{stale.name}" not in written:
+            stale.unlink()
 
     lines = ["# Results", "",
              "Final test metrics per dataset and variant: mean ± sample standard deviation (ddof = 1) over seeds; "

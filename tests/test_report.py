@@ -239,7 +239,10 @@ def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
     """params `datasets` without swimmer and hmm: their outputs stay on disk (no stage owns them any more) and are
     left out of the table, the summary and every figure; fig4a/4b, which draw continuous sets only, are skipped."""
     out = tmp_path / "reports"
-    result = write_report(project, out, datasets=["ptb"])
+    write_report(project, out)
+    assert (out / "figures" / "swimmer_curves.png").is_file()
+    result = write_report(project, out, datasets=["ptb"])   # into the same folder: no stale per-dataset figure
+    assert sorted(p.name for p in (out / "figures").glob("*_curves.png")) == ["ptb_curves.png"]
     assert {"figures/fig4a.png", "figures/fig4b.png"} <= set(result["skipped"])
     assert "figures/ptb_curves.png" in result["written"]
     assert not {"figures/swimmer_curves.png", "figures/hmm_curves.png"} & set(result["written"])
