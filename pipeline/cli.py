@@ -242,8 +242,7 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
         from pipeline.workflow.data import check_custom
 
         print(check_custom(params, root))
-    if "custom" in params.selected:
-        _check_custom_stage(root)
+    _check_dvc_yaml(root, params)
     print(f"{args.params or root / 'params.yaml'}: valid ({len(selected)} dataset{'' if len(selected) == 1 else 's'}: "
           f"{', '.join(params.selected)}; "
           f"{sum(len(d.variants) for d in selected)} model variants, seeds {list(params.seeds)})")
@@ -257,21 +256,26 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
               "(built-in data are still prepared)")
 
 
-def _check_custom_stage(root: Path) -> None:
-    """``datasets`` lists ``custom``: dvc.yaml, where there is one, must prepare its file (the
-    ``preprocess_custom`` stage ships commented out), else ``dvc repro`` stops later on a missing
-    ``data/prepared/custom.parquet``."""
+def _check_dvc_yaml(root: Path, params) -> None:
+    """What dvc.yaml, where there is one, needs of params.yaml: its stages iterate over ``datasets``, so the key
+    must be there (DVC's own message names only the unresolved ``${datasets}``); with ``custom`` listed, the
+    ``preprocess_custom`` stage (shipped commented out) must prepare its file, else ``dvc repro`` stops later on
+    a missing ``data/prepared/custom.parquet``."""
     import yaml
 
     path = root / "dvc.yaml"
     if not path.exists():   # params checked outside a DVC project
         return
     try:
-        stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+        text = path.read_text()
+        stages = (yaml.safe_load(text) or {}).get("stages") or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: cannot read it to check for the preprocess_custom stage: "
+        raise ValueError(f"{path}: cannot read it to check it against params.yaml: "
                          f"{' '.join(str(exc).split())[:200]}") from None
-    if "preprocess_custom" not in stages:
+    if "${datasets}" in text and "datasets" not in params.raw:
+        raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
+                         f"datasets: [{', '.join(params.datasets)}]")
+    if "custom" in params.selected and "preprocess_custom" not in stages:
         raise ValueError(f"datasets: lists custom, but {path} has no preprocess_custom stage to prepare its file; "
                          "uncomment that stage (README, 'Adding your own dataset')")
 

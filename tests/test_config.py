@@ -507,6 +507,14 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     uncommented = "\n".join(line.replace("# ", "", 1) if line.startswith(("  # preprocess_custom", "  #   "))
                              else line for line in dvc_yaml.split("\n"))
     (tmp_path / "dvc.yaml").write_text(uncommented)
+    del raw["datasets"]   # dvc.yaml iterates over it: required there, though the library defaults it
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"psrnn check: error: datasets: required, {tmp_path / 'dvc.yaml'} iterates over it; expected the datasets "
+        "to run, e.g. datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm, custom]")
+    raw["datasets"] = ["hmm", "custom"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("custom: mine.parquet: continuous, 1 feature, 8 train / 2 test trajectories")
