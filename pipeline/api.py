@@ -4,12 +4,14 @@
     >>> fitted = fit_model(train_trajectories, test_trajectories, model="psrnn", epochs=5)
     >>> fitted.history[-1]["test"]          # {"mse": ...} or {"bpc": ..., "accuracy": ...}
     >>> predictions = fitted.predict(test_trajectories)
+    >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one pickle-free file
 
 Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of shape (T,) or (T, m) as continuous.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -92,6 +94,52 @@ class FittedModel:
         out = run.forecast_encoded([_as_input(t, c.discrete) for t in trajectories], steps, sample=sample, seed=seed,
                                    device=str(next(self.model.parameters()).device))
         return [values for values, _ in out]
+
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the fitted model to one file that :func:`load_fitted` reads back: the model's config and weights,
+        the training history and the configs used (``extras``), as plain tensors, numbers, strings, lists and
+        dicts (``torch.save``, read with ``weights_only=True``: no pickled objects, nothing runs on loading).
+        The 2SR statistics (``two_stage``) are not kept: the initial weights they gave are part of the training
+        history's epoch 0, the current ones are in the model. Written to a temporary file and renamed."""
+        from pipeline.train import save_checkpoint
+
+        save_checkpoint(path, {"format": FITTED_FORMAT, "model_config": self.model.config.to_dict(),
+                               "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                               "history": self.history, "extras": self.extras})
+
+
+FITTED_FORMAT = "psrnn-pipeline fitted model v1"
+
+
+def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
+    """A :class:`FittedModel` written by :meth:`FittedModel.save`, its model on ``device``; a file that is not
+    one is a one-line ValueError naming it."""
+    from pipeline.train import load_checkpoint, resolve_device
+
+    ck = load_checkpoint(path)
+    if ck.get("format") != FITTED_FORMAT:
+        raise ValueError(f"{path}: not a fitted model written by FittedModel.save (format "
+                         f"{ck.get('format')!r}, expected {FITTED_FORMAT!r})")
+    model = model_from_checkpoint(ck, str(path))
+    return FittedModel(model=model.to(resolve_device(device)), history=list(ck.get("history") or []),
+                       extras=dict(ck.get("extras") or {}))
+
+
+def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:
+    """The model of a checkpoint dict (of :func:`pipeline.train.fit` or :meth:`FittedModel.save`): built from its
+    ``model_config``, then given its ``model`` weights. ``name`` says which file in errors."""
+    from pipeline.models import build_model
+
+    if not isinstance(ck.get("model_config"), dict) or not isinstance(ck.get("model"), dict):
+        raise ValueError(f"{name}: a checkpoint without model_config and model weights; expected one written by "
+                         "pipeline.train.fit or FittedModel.save")
+    try:
+        model = build_model(ModelConfig(**ck["model_config"]))
+    except TypeError as exc:   # a config key this version does not know
+        raise ValueError(f"{name}: its model_config does not fit this version's ModelConfig ({exc})") from None
+    model.load_state_dict(ck["model"])
+    return model
 
 
 def _as_input(t: np.ndarray, discrete: bool) -> np.ndarray:

@@ -396,19 +396,10 @@ def _download_artifact(client: Any, run_id: str, path: str, dst: str) -> str | N
 
 def _model_from_checkpoint(path: Path) -> Any:
     """The model of a checkpoint dict of :func:`pipeline.train.fit`: built from its config, then its weights."""
-    from pipeline.models import ModelConfig, build_model
+    from pipeline.api import model_from_checkpoint
     from pipeline.train import load_checkpoint
 
-    ck = load_checkpoint(path)
-    if not isinstance(ck.get("model_config"), dict) or not isinstance(ck.get("model"), dict):
-        raise ValueError(f"{path.name}: a checkpoint without model_config and model weights; expected one written "
-                         "by pipeline.train.fit")
-    try:
-        model = build_model(ModelConfig(**ck["model_config"]))
-    except TypeError as exc:   # a config key this version does not know
-        raise ValueError(f"{path.name}: its model_config does not fit this version's ModelConfig ({exc})") from None
-    model.load_state_dict(ck["model"])
-    return model
+    return model_from_checkpoint(load_checkpoint(path), path.name)
 
 
 def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> Any:

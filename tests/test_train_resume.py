@@ -220,3 +220,38 @@ def test_fit_model_windows_and_bptt_defaults(continuous):
         fit_model(ds.train, ds.test, two_stage_options={"obs_dim": 3}, **kw)
     with pytest.raises(ValueError, match="train_options: unknown key.*'momentun'"):
         fit_model(ds.train, ds.test, train_options={"momentun": 0.9}, **kw)
+
+
+@pytest.mark.parametrize("model", ["factorized_psrnn", "kf"])
+def test_fitted_model_saves_to_one_pickle_free_file_and_loads_back(model, continuous, tmp_path):
+    """FittedModel.save / load_fitted: the same predictions, history and configs; the file holds no pickled
+    objects (torch.load weights_only reads it); other files are refused in one line naming them."""
+    import torch
+
+    from pipeline.api import load_fitted
+
+    if model == "kf":
+        data = continuous
+        fitted = fit_model(data.train, data.test, model="kf", state_dim=2, horizon=3, epochs=1, lr=0.05,
+                           batch_size=4)
+    else:
+        data, _ = make_hmm_dataset(n_train=10, n_test=3, length=60, seed=2)
+        fitted = fit_model(data.train, data.test, model=model, rank=5, state_dim=5, obs_dim=5, n_features=100,
+                           horizon=2, epochs=1, bptt=10, batch_size=5)
+    path = tmp_path / "fitted.pt"
+    fitted.save(path)
+    raw = torch.load(path, weights_only=True)
+    assert raw["model_config"]["model"] == model and not list(tmp_path.glob(".*"))
+    again = load_fitted(path)
+    assert again.history == fitted.history and again.extras == fitted.extras
+    assert type(again.model) is type(fitted.model)
+    for a, b in zip(again.predict(data.test), fitted.predict(data.test)):
+        np.testing.assert_array_equal(a, b)
+    assert again.evaluate(data.test) == fitted.evaluate(data.test)
+
+    torch.save({"model": {}, "epoch": 1}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other\.pt: not a fitted model written by FittedModel\.save"):
+        load_fitted(tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(ValueError, match=r"junk\.pt: not a readable checkpoint"):
+        load_fitted(tmp_path / "junk.pt")
