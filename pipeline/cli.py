@@ -253,14 +253,14 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
     if left_out:
         print(f"note: {', '.join(left_out)} {'has a section' if len(left_out) == 1 else 'have sections'} but "
               f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
-              "(built-in data are still prepared)")
+              "(the data are still prepared)")
 
 
 def _check_dvc_yaml(root: Path, params) -> None:
     """What dvc.yaml, where there is one, needs of params.yaml: its stages iterate over ``datasets``, so the key
     must be there (DVC's own message names only the unresolved ``${datasets}``); with ``custom`` listed, the
-    ``preprocess_custom`` stage (shipped commented out) must prepare its file, else ``dvc repro`` stops later on
-    a missing ``data/prepared/custom.parquet``."""
+    ``preprocess_custom`` stage must still be there to prepare its file, else ``dvc repro`` stops later on a
+    missing ``data/prepared/custom.parquet``."""
     import yaml
 
     path = root / "dvc.yaml"
@@ -277,7 +277,7 @@ def _check_dvc_yaml(root: Path, params) -> None:
                          f"datasets: [{', '.join(params.datasets)}]")
     if "custom" in params.selected and "preprocess_custom" not in stages:
         raise ValueError(f"datasets: lists custom, but {path} has no preprocess_custom stage to prepare its file; "
-                         "uncomment that stage (README, 'Adding your own dataset')")
+                         "expected the one dvc.yaml ships with (README, 'Adding your own dataset')")
 
 
 def _project_files() -> set[str]:

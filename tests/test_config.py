@@ -435,6 +435,7 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
 
     monkeypatch.delenv("PSRNN_DEBUG", raising=False)
     raw = copy.deepcopy(defaults)
+    del raw["custom"]   # its file, the shipped example, is not in tmp_path (the test below reads it)
     raw["ptb"]["two_stage"]["layers"] = 3
     raw["mocap"]["variants"] = ["psrnn", "lstm"]  # its kf section stays
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
@@ -457,7 +458,8 @@ def test_datasets_selects_what_is_trained_and_names_the_key(defaults):
     assert parse_params(raw).selected == ["hmm", "ptb"]   # the order given; every section is still validated
     del raw["datasets"]
     del raw["lgssm"]
-    assert parse_params(raw).selected == ["ptb", "swimmer", "mocap", "handwriting", "hmm"]   # absent: every section
+    assert parse_params(raw).selected == ["ptb", "swimmer", "mocap", "handwriting", "hmm", "custom"]   # absent:
+    # every section
     for value, message in [
         (["ptb", "weather"], r"^datasets: unknown dataset 'weather'; expected some of \['ptb'"),
         (["ptb", "custom"], r"^datasets: 'custom' has no section in params\.yaml; expected a custom: section"),
@@ -466,6 +468,7 @@ def test_datasets_selects_what_is_trained_and_names_the_key(defaults):
         ("ptb", r"^datasets: expected a non-empty list of dataset names, got a string 'ptb'"),
     ]:
         raw = copy.deepcopy(defaults)
+        del raw["custom"]
         raw["datasets"] = value
         with pytest.raises(ParamsError, match=message):
             parse_params(raw)
@@ -473,40 +476,39 @@ def test_datasets_selects_what_is_trained_and_names_the_key(defaults):
 
 def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(defaults, tmp_path, capsys,
                                                                               monkeypatch):
-    """`psrnn check` notes sections that `datasets` leaves out, and refuses `custom` in `datasets` while dvc.yaml
-    still has its preprocess_custom stage commented out (dvc repro would stop later on a missing file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """`psrnn check` reads the custom section's file (the shipped example), notes sections that `datasets` leaves
+    out, requires `datasets` where dvc.yaml iterates over it, and refuses `custom` in `datasets` when dvc.yaml
+    has lost its preprocess_custom stage (dvc repro would stop later on a missing file)."""
+    import shutil
 
     from pipeline import cli
 
     monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    (tmp_path / "examples").mkdir()
+    shutil.copy2(ROOT / "examples" / "custom_series.parquet", tmp_path / "examples")
     raw = copy.deepcopy(defaults)
     raw["datasets"] = ["hmm", "lgssm"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(": valid (2 datasets: hmm, lgssm; 11 model variants, seeds [0, 1])")
-    assert out[1] == ("note: ptb, swimmer, mocap, handwriting have sections but are not in datasets: not trained or "
-                      "reported (built-in data are still prepared)")
+    assert out[0] == ("custom: examples/custom_series.parquet: continuous, 2 features, 20 train / 5 test "
+                      "trajectories, training lengths 120 to 120 steps")
+    assert out[1].endswith(": valid (2 datasets: hmm, lgssm; 11 model variants, seeds [0, 1])")
+    assert out[2:] == ["note: ptb, swimmer, mocap, handwriting, custom have sections but are not in datasets: not "
+                       "trained or reported (the data are still prepared)"]
 
-    rng = np.random.default_rng(0)
-    pq.write_table(pa.table({"trajectory": np.repeat(np.arange(10), 40), "x": rng.normal(size=400)}),
-                   tmp_path / "mine.parquet")
-    raw["custom"] = _custom(test_fraction=0.2)
-    raw["custom"]["source"]["path"] = "mine.parquet"
     raw["datasets"] = ["hmm", "custom"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     dvc_yaml = (ROOT / "dvc.yaml").read_text()
-    (tmp_path / "dvc.yaml").write_text(dvc_yaml)   # as shipped: preprocess_custom commented out
+    stages = yaml.safe_load(dvc_yaml)
+    del stages["stages"]["preprocess_custom"]
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"psrnn check: error: datasets: lists custom, but {tmp_path / 'dvc.yaml'} has no "
-                   "preprocess_custom stage to prepare its file; uncomment that stage (README, 'Adding your own "
-                   "dataset')"]
-    uncommented = "\n".join(line.replace("# ", "", 1) if line.startswith(("  # preprocess_custom", "  #   "))
-                             else line for line in dvc_yaml.split("\n"))
-    (tmp_path / "dvc.yaml").write_text(uncommented)
+                   "preprocess_custom stage to prepare its file; expected the one dvc.yaml ships with (README, "
+                   "'Adding your own dataset')"]
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml)   # as shipped
     del raw["datasets"]   # dvc.yaml iterates over it: required there, though the library defaults it
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
@@ -517,5 +519,17 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("custom: mine.parquet: continuous, 1 feature, 8 train / 2 test trajectories")
-    assert out[1].endswith(": valid (2 datasets: hmm, custom; 7 model variants, seeds [0, 1])")
+    assert out[1].endswith(": valid (2 datasets: hmm, custom; 11 model variants, seeds [0, 1])")
+
+
+def test_example_custom_file_is_what_its_script_writes(tmp_path):
+    """examples/custom_series.parquet, the custom section's file as shipped, is reproducible from its script."""
+    import importlib.util
+
+    import pyarrow.parquet as pq
+
+    spec = importlib.util.spec_from_file_location("custom_series", ROOT / "examples" / "custom_series.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.main(tmp_path / "series.parquet")
+    assert pq.read_table(written).equals(pq.read_table(ROOT / "examples" / "custom_series.parquet"))

@@ -62,18 +62,8 @@ def project(tmp_path_factory):
 
 
 # The user's own series of the README's "Adding your own dataset": string trajectory ids, no split column, two
-# features in units far from standardised, trajectories of different lengths.
-CUSTOM_SECTION = """
-custom:
-  source: {path: data/my_series.parquet, kind: continuous, test_fraction: 0.25, seed: 0}
-  two_stage: {n_features: 64, state_dim: 6, obs_dim: 6, past_dim: 6, past_window: 3, future_window: 3}
-  kf: {state_dim: 4, past_window: 3, future_window: 3}
-  variants: [psrnn, kf]
-  model: {psrnn_bias_scale: 0.0, factorized_bias_scale: 0.1}
-  train: {epochs: 1, lr: 0.5, clip: 0.25, bptt: 0, batch_size: 4}
-"""
-
-
+# features in units far from standardised, trajectories of different lengths. tiny_params.yaml's custom section
+# names it.
 def _custom_series() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
     ids, temp, flow = [], [], []
@@ -86,25 +76,18 @@ def _custom_series() -> dict[str, np.ndarray]:
 
 
 def _add_custom_dataset(root: Path) -> None:
-    """The README's three steps, as a user does them: the Parquet file (committed with the project), a ``custom``
-    section and ``custom`` in ``datasets`` in params.yaml, and dvc.yaml's ``preprocess_custom`` uncommented."""
+    """The README's steps, as a user takes them: the Parquet file (committed with the project), the ``custom``
+    section pointing at it (tiny_params.yaml has it) and ``custom`` added to ``datasets``; dvc.yaml unchanged."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (root / "data").mkdir()
     pq.write_table(pa.table(_custom_series()), root / "data" / "my_series.parquet")
     params = (root / "params.yaml").read_text()
+    assert "datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm]" in params
     params = params.replace("datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm]",
                             "datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm, custom]")
-    (root / "params.yaml").write_text(params + CUSTOM_SECTION)
-    lines = (root / "dvc.yaml").read_text().split("\n")
-    start = lines.index(next(line for line in lines if line.startswith("  # preprocess_custom:")))
-    end = start
-    while lines[end].startswith("  #"):
-        lines[end] = lines[end].replace("# ", "", 1)
-        end += 1
-    assert end - start > 5, "dvc.yaml: the commented preprocess_custom stage the README tells users to uncomment"
-    (root / "dvc.yaml").write_text("\n".join(lines))
+    (root / "params.yaml").write_text(params)
 
 
 def test_repro_produces_metrics_report_and_mlflow_runs(project):
@@ -286,7 +269,7 @@ def test_every_stage_lists_exactly_the_code_it_imports(project):
     `dvc repro`; modules that only validating params.yaml imported do not count, the stage does not run them),
     and every code dep it declares was imported, so a code change reruns exactly the stages it affects."""
     root, _, _, trace = project
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]   # with preprocess_custom uncommented
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert {r["stage"] for r in records} >= {"download", "preprocess", "features", "two_stage", "decompose",
                                              "initialise", "refine", "evaluate", "report"}
