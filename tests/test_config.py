@@ -4,7 +4,6 @@ import copy
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
