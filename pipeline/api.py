@@ -95,7 +95,6 @@ class FittedModel:
                                    device=str(next(self.model.parameters()).device))
         return [values for values, _ in out]
 
-
     def save(self, path: str | os.PathLike) -> None:
         """Write the fitted model to one file that :func:`load_fitted` reads back: the model's config and weights,
         the training history and the configs used (``extras``), as plain tensors, numbers, strings, lists and

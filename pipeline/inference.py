@@ -238,10 +238,11 @@ def _model_input(model: Any, x: np.ndarray, device: Any) -> Any:
     return t.long() if model.config.discrete else t.to(next(model.parameters()).dtype)
 
 
-def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any) -> Iterator[tuple[int, Any, Any]]:
-    """Filter one trajectory (model units) from the initial state, alone, in blocks of ``block_rows`` steps:
-    yields ``(start, outputs, state)`` per block, outputs (n, output_dim) on ``device`` and the state after the
-    block's last step. The model runs 2048 steps at a time, as the pipeline's evaluation does (same numbers)."""
+def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any
+                  ) -> Iterator[tuple[int, np.ndarray]]:
+    """Filter one trajectory (model units) from the initial state, alone, in blocks of ``block_rows`` steps, the
+    state carried from block to block: yields ``(start, outputs)`` per block, outputs (n, output_dim). The model
+    runs 2048 steps at a time, as the pipeline's evaluation does (same numbers)."""
     import torch
 
     from pipeline.train import flush_denormal
@@ -255,7 +256,7 @@ def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any)
                 x = encoded[s:min(s + _EVAL_CHUNK, end)]
                 out, state = model(_model_input(model, x[:, None], device), state)   # batch of one
                 pieces.append(out[:, 0])
-            yield start, torch.cat(pieces), state
+            yield start, torch.cat(pieces).cpu().numpy()
 
 
 def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -309,8 +310,8 @@ def _filtered_blocks(model: Any, encoded: Sequence[np.ndarray], *, block_rows: i
     k = 0
     while k < len(encoded):
         if len(encoded[k]) > block_rows:
-            for start, out, _ in _filter_alone(model, encoded[k], block_rows, device):
-                yield k, start, out.cpu().numpy()
+            for start, out in _filter_alone(model, encoded[k], block_rows, device):
+                yield k, start, out
             k += 1
             continue
         end, longest = k + 1, len(encoded[k])
@@ -362,7 +363,9 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     loaded: that is used only with ``allow_pickle=True``, for a store you trust."""
     from mlflow import MlflowClient
 
+    from pipeline.api import model_from_checkpoint
     from pipeline.tracking import tracking_uri as default_uri
+    from pipeline.train import load_checkpoint
 
     uri = tracking_uri or default_uri()
     client = MlflowClient(uri)
@@ -374,8 +377,8 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
             raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one)")
         units = json.loads(Path(units_path).read_text())
         ckpt = _download_artifact(client, run_id, "checkpoints/checkpoint.pt", tmp)
-        if ckpt is not None:
-            model = _model_from_checkpoint(Path(ckpt))
+        if ckpt is not None:   # config and weights, torch.load(weights_only=True)
+            model = model_from_checkpoint(load_checkpoint(ckpt), Path(ckpt).name)
         elif allow_pickle:
             model = _pickled_model(client, uri, run_id, run.info.experiment_id)
         else:
@@ -392,14 +395,6 @@ def _download_artifact(client: Any, run_id: str, path: str, dst: str) -> str | N
     if name not in {Path(a.path).name for a in client.list_artifacts(run_id, folder or None)}:
         return None
     return client.download_artifacts(run_id, path, dst)
-
-
-def _model_from_checkpoint(path: Path) -> Any:
-    """The model of a checkpoint dict of :func:`pipeline.train.fit`: built from its config, then its weights."""
-    from pipeline.api import model_from_checkpoint
-    from pipeline.train import load_checkpoint
-
-    return model_from_checkpoint(load_checkpoint(path), path.name)
 
 
 def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> Any:
