@@ -127,8 +127,10 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
 
 def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:
     """The model of a checkpoint dict (of :func:`pipeline.train.fit` or :meth:`FittedModel.save`): built from its
-    ``model_config``, then given its ``model`` weights. ``name`` says which file in errors."""
+    ``model_config``, then given its trained weights (:func:`pipeline.train.trained_weights`: the last epoch's,
+    or the best epoch's with ``restore_best``). ``name`` says which file in errors."""
     from pipeline.models import build_model
+    from pipeline.train import trained_weights
 
     if not isinstance(ck.get("model_config"), dict) or not isinstance(ck.get("model"), dict):
         raise ValueError(f"{name}: a checkpoint without model_config and model weights; expected one written by "
@@ -137,7 +139,7 @@ def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:
         model = build_model(ModelConfig(**ck["model_config"]))
     except TypeError as exc:   # a config key this version does not know
         raise ValueError(f"{name}: its model_config does not fit this version's ModelConfig ({exc})") from None
-    model.load_state_dict(ck["model"])
+    model.load_state_dict(trained_weights(ck))
     return model
 
 
@@ -162,6 +164,7 @@ def fit_model(
     train: Sequence[np.ndarray],
     test: Sequence[np.ndarray] | None = None,
     *,
+    valid: Sequence[np.ndarray] | None = None,
     model: str = "psrnn",
     state_dim: int = 20,
     obs_dim: int = 20,
@@ -198,20 +201,24 @@ def fit_model(
       35 for discrete data, 0 (whole sequences) for continuous data.
     * ``epochs``, ``lr``, ``batch_size``, ``clip``, ``device``, ``seed`` go to :class:`pipeline.train.TrainConfig`;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
-      ``max_loss``, ``eval_train``) or overrides these.
+      ``max_loss``, ``eval_train``; the schedule ``monitor``, ``lr_decay``, ``patience``, ``restore_best``) or
+      overrides these. ``valid``: trajectories held out for the schedule and the best epoch (scored after every
+      epoch, like ``test``); without them the schedule monitors the training metrics.
     * ``decoder_input``: ``"all"`` lets the decoder of a multilayer PSRNN read every layer's state (skip
       connections; the ``psrnn_<L>layer_skip`` variants), ``"top"`` (default, the paper's) the top layer's alone.
     * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean state; default 0 for ``psrnn``, 0.1 for
       ``factorized_psrnn``.
 
     ``extras`` of the result holds the configs used: ``train_config``, ``windows`` (past/future) and
-    ``two_stage_config`` (PSRNNs initialised by 2SR).
+    ``two_stage_config`` (PSRNNs initialised by 2SR); and ``best_epoch`` and ``stopped_early`` (the reason, or
+    None) of training.
     """
     from pipeline.train import TrainConfig, fit
 
     discrete, input_dim = infer_kind(train)
     train = [_as_input(t, discrete) for t in train]
     test = [_as_input(t, discrete) for t in (test or train)]
+    valid = [_as_input(t, discrete) for t in valid] if valid else None
     if model == "factorized_psrnn" and rank is None:
         raise ValueError("factorized_psrnn needs a rank")
     if bias_scale is None:
@@ -243,7 +250,8 @@ def fit_model(
     net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
     tcfg = TrainConfig(**{"epochs": epochs, "lr": lr, "bptt": bptt, "batch_size": batch_size, "clip": clip,
                           "device": device, "seed": seed, **(train_options or {})})
-    result = fit(net, train, test, tcfg)
+    result = fit(net, train, test, tcfg, valid=valid)
     return FittedModel(model=net, history=result.history, two_stage=tsm or lss,
                        extras={"train_config": asdict(tcfg), "windows": windows,
-                               "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None})
+                               "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
+                               "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})

@@ -493,6 +493,10 @@ _FIELD_RULES[KalmanParams] = {
 }
 
 
+# the built-in sets with no validation split (PTB has one; a custom file has one when its `split` column says so)
+_WITHOUT_VALID = frozenset({"swimmer", "mocap", "handwriting", "hmm", "lgssm"})
+
+
 def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = None) -> TrainConfig:
     """``section`` as a :class:`TrainConfig` (no seed: it is the run's). For a variant's override, ``section``
     is ``train`` merged with the override and ``key`` names the override; a bad value of ``train`` itself was
@@ -776,6 +780,12 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                 raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "
                                   "{lr: 0.1}")
             train_overrides[vname] = _train_config({**tr_section, **changes}, okey, shown=set(changes))
+        if name in _WITHOUT_VALID:
+            for tkey, tcfg in ((f"{key}.train", tr), *((f"{key}.train.overrides.{v}", c)
+                                                      for v, c in train_overrides.items())):
+                if tcfg.monitor == "valid":
+                    raise ParamsError(f"{tkey}.monitor: 'valid', but {name} has no validation split; expected "
+                                      "'auto' (train), 'train' or 'test'")
         dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
                            layers=layers, train_overrides=train_overrides)
         if dp.discrete and any(v.family == "kf" for v in variants):

@@ -327,7 +327,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     """The trained model of run (``dataset``, ``variant``, ``seed``) of the project at ``root``, or with
     ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory."""
     from pipeline.data.schema import read_dataset
-    from pipeline.train import load_checkpoint
+    from pipeline.train import load_checkpoint, trained_epoch, trained_weights
     from pipeline.workflow.evaluate import finished_checkpoint
     from pipeline.workflow.initialise import load_initial
     from pipeline.workflow.paths import artifact_dir, prepared_path
@@ -346,8 +346,8 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     epoch = 0
     if not initial:
         ck = load_checkpoint(finished_checkpoint(root, dataset, variant, seed))
-        model.load_state_dict(ck["model"])
-        epoch = int(ck["epoch"])
+        model.load_state_dict(trained_weights(ck))
+        epoch = trained_epoch(ck)
     return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch)
 
 

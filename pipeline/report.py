@@ -177,6 +177,8 @@ def _collect(root: Path, datasets: Sequence[str] | None = None) -> tuple[list[di
             "n_params": src.get("n_params"),
             "best_epoch": (met_obj or {}).get("best_epoch"),
             "epochs": (met_obj or {}).get("epochs"),
+            "model_epoch": (met_obj or {}).get("model_epoch"),
+            "stopped_early": (met_obj or {}).get("stopped_early"),
             "history": history if isinstance(history, list) else None,
             "test": test if isinstance(test, dict) else None,
             "initial_test": initial if isinstance(initial, dict) else None,
@@ -190,7 +192,8 @@ def _collect(root: Path, datasets: Sequence[str] | None = None) -> tuple[list[di
 def collect_runs(root: Path) -> list[dict[str, Any]]:
     """Every run (history and/or metrics file) under ``root``, one dict per ``<dataset>/<variant>_s<seed>``.
 
-    Keys: dataset, run, variant, family, seed, kind, n_params, best_epoch, epochs, history (list of epoch entries or
+    Keys: dataset, run, variant, family, seed, kind, n_params, best_epoch, epochs (trained), model_epoch (whose
+    weights were scored), stopped_early (the reason, or None), history (list of epoch entries or
     None), test / initial_test (metric dicts or None), bayes_optimal (dict or None), predictions_path (Path or None).
     """
     return _collect(Path(root))[0]
@@ -660,6 +663,18 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     lines += ["| " + " | ".join(cells) + " |" for _, _, cells in rows]
     lines.append("")
+    scheduled = []
+    for _, v, _ in rows:
+        for r in by_variant[v]:
+            parts = []
+            if r.get("stopped_early"):
+                parts.append(f"stopped early after epoch {r['epochs']}")
+            if isinstance(r.get("model_epoch"), int) and r["model_epoch"] != r.get("epochs"):
+                parts.append(f"scored with epoch {r['model_epoch']}'s weights")
+            if parts and r["test"] is not None:
+                scheduled.append(f"`{_md(v)}` seed {r['seed']} " + " and ".join(parts))
+    if scheduled:
+        lines += ["Schedule (`train.patience`, `train.restore_best`): " + "; ".join(scheduled) + ".", ""]
     return lines
 
 

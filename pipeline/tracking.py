@@ -246,14 +246,20 @@ class RunTracker:
             self.client.log_batch(self.run_id, metrics=items)
 
     def log_epoch(self, entry: Mapping[str, Any]) -> None:
-        """Per-epoch metrics as ``train_bpc``, ``test_mse``... at step = epoch (0 = the initialisation)."""
+        """Per-epoch metrics as ``train_bpc``, ``test_mse``..., ``epoch_seconds`` and ``lr`` at step = epoch
+        (0 = the initialisation)."""
         metrics = {}
         for split in ("train", "valid", "test"):
             for k, v in (entry.get(split) or {}).items():
                 metrics[f"{split}_{k}"] = v
         if "seconds" in entry:
             metrics["epoch_seconds"] = entry["seconds"]
+        if "lr" in entry:   # the learning rate of the epoch's updates (train.lr_decay lowers it)
+            metrics["lr"] = entry["lr"]
         self.log_metrics(metrics, step=int(entry["epoch"]))
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
 
     def logged_steps(self, metric: str) -> set[int]:
         return {m.step for m in self.client.get_metric_history(self.run_id, metric)}

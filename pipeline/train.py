@@ -10,6 +10,10 @@
 * A loss or gradient that is not finite (or a loss above ``train.max_loss``) stops training with
   :class:`TrainingDiverged`, naming the epoch and step; the last good checkpoint is kept untouched.
 * A checkpoint is resumed only if its model and train configs match (:data:`RESUMABLE_CHANGES` may differ).
+* Every epoch is scored on one split (``monitor``: valid when there is one, else train): the best epoch, and, when
+  asked, a learning rate multiplied by ``lr_decay`` after each epoch that does not improve on the best, a stop
+  after ``patience`` such epochs in a row, and the best epoch's weights as the trained model (``restore_best``).
+  The decayed rate lives in the optimiser state and a stop in the checkpoint, so both resume exactly.
 * Subnormal floats are flushed to zero while :func:`fit`, :func:`evaluate` and :func:`predict` run (products of
   small gradients through long recurrences reach them, ~20x slower on CPU); the previous mode is restored after.
 """
@@ -185,11 +189,15 @@ def check_resumable(checkpoint_path: str | os.PathLike, ck: dict[str, Any], mode
     """Raise a one-line ValueError naming the keys in which checkpoint and run differ (except
     :data:`RESUMABLE_CHANGES`): resuming them would silently continue another run."""
     differing = []
+    # a key a checkpoint lacks was added to TrainConfig after it was written: it trained with the default
+    train_defaults = asdict(TrainConfig())
     for section, theirs, ours, free in (("model", ck.get("model_config"), model_config, frozenset()),
                                         ("train", ck.get("train_config"), train_config, RESUMABLE_CHANGES)):
         if not isinstance(theirs, dict):
             differing.append(f"{section} config missing")
             continue
+        if section == "train":
+            theirs = {**{k: v for k, v in train_defaults.items() if k in ours}, **theirs}
         for key in sorted(set(theirs) | set(ours)):
             if key in free:
                 continue
@@ -247,11 +255,15 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
     discrete = model.config.discrete
     dtype = next(model.parameters()).dtype
     metric = primary_metric(discrete)
-    select_on = "valid" if valid else "test"
+    select_on = cfg.monitored_split(bool(valid))
+    if select_on == "test" and cfg.scheduled:
+        log.warning("train.monitor: the test split drives the learning-rate decay, early stopping or "
+                    "restore_best; the test metrics are then not held out")
     optimizer = _make_optimizer(model, cfg)
     history: list[dict[str, Any]] = []
     best_metric, best_epoch, start_epoch = math.inf, 0, 1
     best_state: dict[str, torch.Tensor] | None = None
+    stopped: str | None = None
 
     if checkpoint_path is not None and resume and Path(checkpoint_path).exists():
         ck = load_checkpoint(checkpoint_path, map_location=device)
@@ -261,6 +273,13 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         history = list(ck["history"])
         best_metric, best_epoch = ck["best_metric"], ck["best_epoch"]
         best_state = ck.get("best_model")
+        stopped = ck.get("stopped_early")
+        if "monitor" not in (ck.get("train_config") or {}):
+            # written before `monitor` existed, when data without a valid split picked the best epoch on test:
+            # the best on today's split, from the scores in the history (the weights only where it is the same)
+            scores = [(e[select_on][metric], e["epoch"]) for e in history if math.isfinite(e[select_on][metric])]
+            best_metric, best_epoch = min(scores, key=lambda t: t[0]) if scores else (math.inf, 0)
+            best_state = best_state if best_epoch == ck["best_epoch"] else None
         start_epoch = ck["epoch"] + 1
         _set_rng_state(ck["rng"])
         log.info("resumed from %s at epoch %d", checkpoint_path, ck["epoch"])
@@ -283,15 +302,18 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "model_config": model.config.to_dict(), "train_config": asdict(cfg), "epoch": epoch,
             "best_metric": best_metric, "best_epoch": best_epoch, "best_model": best_state,
-            "history": history, "rng": _rng_state(),
+            "stopped_early": stopped, "history": history, "rng": _rng_state(),
         })
 
-    def consider(entry: dict[str, Any]) -> None:
+    def consider(entry: dict[str, Any]) -> bool:
+        """Keep the epoch if it is the best so far; whether it is."""
         nonlocal best_metric, best_epoch, best_state
         value = entry[select_on][metric]
         if math.isfinite(value) and value < best_metric:
             best_metric, best_epoch = value, entry["epoch"]
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            return True
+        return False
 
     if not history:
         entry = run_eval(0, 0.0)
@@ -303,6 +325,9 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
 
     single = len(train) == 1
     for epoch in range(start_epoch, cfg.epochs + 1):
+        if stopped:   # a run stopped early stays stopped, also when train.epochs is raised
+            break
+        lr = float(optimizer.param_groups[0]["lr"])
         t0 = time.perf_counter()
         order = None
         if cfg.shuffle and not single:
@@ -336,16 +361,41 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
                 raise TrainingDiverged(_diverged(epoch, step, "gradient norm", float(gnorm), checkpoint_path))
             optimizer.step()
         entry = run_eval(epoch, time.perf_counter() - t0)
+        entry["lr"] = lr
         test_value = entry["test"][metric]
         if not math.isfinite(test_value):
             raise TrainingDiverged(_diverged(epoch, n_windows, f"test {metric}", test_value, checkpoint_path))
         history.append(entry)
-        consider(entry)
+        if not consider(entry):
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * cfg.lr_decay
+            if cfg.patience and epoch - best_epoch >= cfg.patience:
+                stopped = (f"{select_on} {metric} did not improve for {cfg.patience} epochs (best "
+                           f"{best_metric:.6g} at epoch {best_epoch}); stopped after epoch {epoch}")
         checkpoint(epoch)
         if on_epoch:
             on_epoch(entry)
         log.info("epoch %d: %s", epoch, {k: v for k, v in entry.items() if k != "epoch"})
-    return FitResult(history=history, best_metric=best_metric, best_epoch=best_epoch)
+        if stopped:
+            log.info("early stop: %s", stopped)
+    if cfg.restore_best and best_state is not None:
+        model.load_state_dict(best_state)
+    return FitResult(history=history, best_metric=best_metric, best_epoch=best_epoch, stopped_early=stopped)
+
+
+def _keeps_best(ck: dict[str, Any]) -> bool:
+    return bool((ck.get("train_config") or {}).get("restore_best")) and ck.get("best_model") is not None
+
+
+def trained_weights(ck: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint of :func:`fit` gives as the trained model: its last epoch's, or with
+    ``restore_best`` its best epoch's (the last epoch's stay in ``model``, from which training resumes)."""
+    return ck["best_model"] if _keeps_best(ck) else ck["model"]
+
+
+def trained_epoch(ck: dict[str, Any]) -> int:
+    """The epoch of :func:`trained_weights`."""
+    return int(ck["best_epoch"] if _keeps_best(ck) else ck["epoch"])
 
 
 def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *,

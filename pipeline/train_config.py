@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+MONITORS = ("auto", "valid", "train", "test")
+
+
 @dataclass
 class TrainConfig:
     epochs: int = 10
@@ -20,6 +23,13 @@ class TrainConfig:
     seed: int = 0
     eval_train: bool = True       # also evaluate on the training set after every epoch
     max_loss: float = 1e6         # a training loss above this counts as exploded
+    # The schedule (all off by default: the paper trains at a fixed rate for a fixed number of epochs). Each
+    # epoch is scored on the `monitor` split; an epoch "improves" when its primary metric (BPC or MSE) is below
+    # the best so far, epoch 0 (the initialisation) included.
+    monitor: str = "auto"         # "auto" (valid when the data have it, else train), "valid", "train", "test"
+    lr_decay: float = 1.0         # lr x this after every epoch that does not improve (0.25: word_language_model)
+    patience: int = 0             # stop after this many epochs in a row without improvement; 0 = never stop
+    restore_best: bool = False    # the trained model is the best epoch's weights, not the last epoch's
 
     def validate(self) -> None:
         if self.epochs < 0:
@@ -34,3 +44,26 @@ class TrainConfig:
             raise ValueError(f"train.batch_size: expected >= 1, got {self.batch_size}")
         if self.clip < 0:
             raise ValueError(f"train.clip: expected >= 0, got {self.clip}")
+        if self.monitor not in MONITORS:
+            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got {self.monitor!r}")
+        if not 0 < self.lr_decay <= 1:
+            raise ValueError(f"train.lr_decay: expected a factor in (0, 1] (1 = a fixed learning rate), got "
+                             f"{self.lr_decay}")
+        if self.patience < 0:
+            raise ValueError(f"train.patience: expected >= 0 (0 = never stop early), got {self.patience}")
+        if self.monitor == "train" and not self.eval_train:
+            raise ValueError("train.monitor: 'train' needs eval_train: true (the train split is scored only then)")
+
+    def monitored_split(self, has_valid: bool) -> str:
+        """The split that scores epochs: ``monitor``, with "auto" resolved (valid, else train, else test)."""
+        if self.monitor == "auto":
+            return "valid" if has_valid else ("train" if self.eval_train else "test")
+        if self.monitor == "valid" and not has_valid:
+            raise ValueError("train.monitor: 'valid', but the data have no validation split; expected 'auto', "
+                             "'train' or 'test'")
+        return self.monitor
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the monitored metric changes training (lr decay, early stopping) or the model kept."""
+        return self.lr_decay != 1 or self.patience > 0 or self.restore_best

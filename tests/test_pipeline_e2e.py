@@ -103,8 +103,15 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
         assert m["test"][key] > 0 and m["initial_test"][key] > 0
         history = json.loads((root / "models" / ds / v / f"s{s}" / "history.json").read_text())
         assert [h["epoch"] for h in history["history"]] == list(range(params[ds]["train"]["epochs"] + 1))
-        # the final metrics of evaluate agree with the last epoch of refine
-        assert m["test"][key] == pytest.approx(history["history"][-1]["test"][key], rel=1e-6)
+        # the final metrics of evaluate agree with the epoch of refine whose weights they score: the last, or
+        # with restore_best the best on the monitored split (PTB: valid)
+        restore = params[ds]["train"].get("overrides", {}).get(v, {}).get("restore_best", False)
+        scored = history["best_epoch"] if restore else params[ds]["train"]["epochs"]
+        assert m["model_epoch"] == scored and m["stopped_early"] is None
+        if restore:
+            valid = [h["valid"]["bpc"] for h in history["history"]]
+            assert scored == valid.index(min(valid))
+        assert m["test"][key] == pytest.approx(history["history"][scored]["test"][key], rel=1e-6)
         assert m["run_id"] == history["run_id"]
         assert (root / "predictions" / ds / f"{v}_s{s}.parquet").is_file()
     assert json.loads((root / "metrics" / "hmm" / "psrnn_s0.json").read_text())["bayes_optimal"]["bpc"] > 0

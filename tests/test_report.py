@@ -18,7 +18,7 @@ FAMILY = {"psrnn_2layer": "psrnn", "factorized_psrnn_r60": "factorized_psrnn",
 
 def _write_run(root: Path, dataset: str, variant: str, seed: int, kind: str, curve: list[float], *,
                accuracy: list[float] | None = None, bayes: dict | None = None, n_params: int = 1000,
-               history: bool = True, metrics: bool = True) -> None:
+               history: bool = True, metrics: bool = True, extra: dict | None = None) -> None:
     key = "bpc" if kind == "discrete" else "mse"
 
     def m(i: int) -> dict:
@@ -40,7 +40,8 @@ def _write_run(root: Path, dataset: str, variant: str, seed: int, kind: str, cur
         p = root / "metrics" / dataset / f"{run}.json"
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps({**common, "epochs": len(curve) - 1, "best_epoch": len(curve) - 1,
-                                 "test": m(len(curve) - 1), "initial_test": m(0), "bayes_optimal": bayes}))
+                                 "test": m(len(curve) - 1), "initial_test": m(0), "bayes_optimal": bayes,
+                                 **(extra or {})}))
 
 
 def _write_predictions(root: Path, dataset: str, run: str, rng: np.random.Generator) -> None:
@@ -250,3 +251,15 @@ def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
     md = (out / "results.md").read_text()
     assert "## ptb" in md and "## swimmer" not in md and "## hmm" not in md
     assert set(json.loads((out / "summary.json").read_text())) == {"ptb"}
+
+
+def test_the_table_names_runs_stopped_early_or_scored_at_their_best_epoch(tmp_path: Path):
+    root = tmp_path / "project"
+    _write_run(root, "lgssm", "gru", 0, "continuous", [1.0, 0.5, 0.6, 0.7],
+               extra={"stopped_early": "valid mse did not improve for 2 epochs", "model_epoch": 1})
+    _write_run(root, "lgssm", "gru", 1, "continuous", [1.0, 0.5, 0.6, 0.4], extra={"model_epoch": 3})
+    _write_run(root, "lgssm", "lstm", 0, "continuous", [1.0, 0.9, 0.8, 0.75], extra={"model_epoch": 2})
+    write_report(root, tmp_path / "reports")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("Schedule (`train.patience`, `train.restore_best`): `gru` seed 0 stopped early after epoch 3 and "
+            "scored with epoch 1's weights; `lstm` seed 0 scored with epoch 2's weights.\n") in md

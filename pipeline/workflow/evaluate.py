@@ -31,9 +31,10 @@ def finished_checkpoint(root: Path, dataset: str, variant: str, seed: int) -> Pa
 
 def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
                  ds: SequenceDataset | None = None) -> dict[str, Any]:
-    """Final test metrics of one trained model (the last epoch), its epoch-0 metrics, its MLflow run id, and the
+    """Final test metrics of one trained model (the last epoch's weights, or the best epoch's with
+    ``train.restore_best``: ``model_epoch`` says which), its epoch-0 metrics, its MLflow run id, and the
     one-step test predictions of the initial and final model."""
-    from pipeline.train import evaluate_and_predict, load_checkpoint
+    from pipeline.train import evaluate_and_predict, load_checkpoint, trained_epoch, trained_weights
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
@@ -42,13 +43,15 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     ck = load_checkpoint(ckpt)
     initial = load_initial(root, dataset, variant_name, seed)
     final = copy.deepcopy(initial)
-    final.load_state_dict(ck["model"])
+    final.load_state_dict(trained_weights(ck))
     history = read_json(ckpt.parent / "history.json")
     initial_test, initial_pred = evaluate_and_predict(initial, ds.test)
     final_test, final_pred = evaluate_and_predict(final, ds.test)
     result = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
               "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
-              "best_epoch": ck["best_epoch"], "run_id": history.get("run_id"),
+              "best_epoch": ck["best_epoch"], "stopped_early": ck.get("stopped_early"),
+              "model_epoch": trained_epoch(ck),
+              "run_id": history.get("run_id"),
               "test": final_test, "initial_test": initial_test,
               "bayes_optimal": ds.meta.get("bayes_optimal")}
     name = run_name(variant_name, seed)

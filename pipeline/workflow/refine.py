@@ -180,7 +180,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     import torch
 
     from pipeline.tracking import RunTracker, git_commit
-    from pipeline.train import fit, load_checkpoint
+    from pipeline.train import fit, load_checkpoint, trained_weights
 
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
@@ -244,11 +244,16 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         raise
     history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
                "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
-               "best_metric": result.best_metric, "run_id": tracker.run_id, "history": result.history}
+               "best_metric": result.best_metric, "stopped_early": result.stopped_early, "run_id": tracker.run_id,
+               "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
     last = result.history[-1]
+    if tcfg.restore_best:   # the trained model is the best epoch's (pipeline.train.trained_weights)
+        last = next(e for e in result.history if e["epoch"] == result.best_epoch)
     tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
+    if result.stopped_early:
+        tracker.set_tag("stopped_early", result.stopped_early)
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(history_file)
@@ -257,7 +262,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     tracker.log_dict({**ds.units(), "dataset": dataset, "variant": variant_name, "seed": seed,
                       "epoch": int(last["epoch"])}, "data_units.json")
     if params.tracking.get("log_model", True):
-        model.load_state_dict(load_checkpoint(ckpt)["model"])
+        model.load_state_dict(trained_weights(load_checkpoint(ckpt)))
         tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
     tracker.finish()
     write_text(done_file, fingerprint + "\n")

@@ -1,0 +1,185 @@
+"""The training schedule: learning-rate decay when the monitored metric stops improving, early stopping, the best
+epoch's weights as the trained model; each resumes exactly, and bad settings are one-line errors."""
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.api import fit_model, initialise_model, model_from_checkpoint
+from pipeline.config import ParamsError, parse_params
+from pipeline.data.synthetic import make_lgssm_dataset
+from pipeline.models.common import ModelConfig
+from pipeline.train import (TrainConfig, check_resumable, evaluate, fit, load_checkpoint, trained_epoch,
+                            trained_weights)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data():
+    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=16, n_test=4, length=40, seed=0)
+    return ds.train[:12], ds.train[12:], ds.test     # train, valid, test
+
+
+def _gru():
+    return initialise_model(ModelConfig(model="gru", discrete=False, input_dim=2, output_dim=2, state_dim=6,
+                                        obs_dim=4, init="xavier"), seed=0)
+
+
+# lr 5 overshoots now and then, so the validation MSE improves, stalls, decays the rate and stops within 15 epochs
+SCHEDULE = dict(lr=5.0, bptt=0, batch_size=4, device="cpu", lr_decay=0.5, patience=2)
+
+
+def _replay(history, cfg, split):
+    """The schedule recomputed from the scores alone: the learning rate of every epoch and where training stops."""
+    best, best_epoch, lr, rates, stop = history[0][split]["mse"], 0, cfg.lr, [], None
+    for entry in history[1:]:
+        rates.append(lr)
+        if entry[split]["mse"] < best:
+            best, best_epoch = entry[split]["mse"], entry["epoch"]
+        else:
+            lr *= cfg.lr_decay
+            if entry["epoch"] - best_epoch >= cfg.patience:
+                stop = entry["epoch"]
+                break
+    return rates, best_epoch, stop
+
+
+def test_lr_decays_after_each_epoch_without_improvement_and_training_stops_after_patience(data):
+    train, valid, test = data
+    cfg = TrainConfig(epochs=15, **SCHEDULE)
+    result = fit(_gru(), train, test, cfg, valid=valid)
+    history = result.history
+    rates, best_epoch, stop = _replay(history, cfg, "valid")
+    assert [e["lr"] for e in history[1:]] == pytest.approx(rates, rel=1e-12)
+    assert len(set(rates)) >= 3, "the setting must decay the rate more than once to test anything"
+    assert stop is not None and history[-1]["epoch"] == stop < cfg.epochs
+    assert result.best_epoch == best_epoch and result.stopped_early.startswith("valid mse did not improve for 2")
+    assert result.best_metric == min(e["valid"]["mse"] for e in history)
+
+
+def test_without_a_schedule_the_rate_stays_and_every_epoch_runs(data):
+    train, valid, test = data
+    result = fit(_gru(), train, test, TrainConfig(epochs=6, lr=5.0, bptt=0, batch_size=4, device="cpu"),
+                 valid=valid)
+    assert [e["lr"] for e in result.history[1:]] == [5.0] * 6 and result.stopped_early is None
+    assert any(b["valid"]["mse"] >= a["valid"]["mse"] for a, b in zip(result.history, result.history[1:]))
+
+
+def test_monitor_picks_the_split_auto_is_valid_else_train(data):
+    train, valid, test = data
+    cfg = TrainConfig(epochs=6, **SCHEDULE)
+    for split, kwargs, monitor in (("train", {}, "auto"), ("test", {"valid": valid}, "test")):
+        result = fit(_gru(), train, test, TrainConfig(**{**asdict(cfg), "monitor": monitor}), **kwargs)
+        rates, best_epoch, _ = _replay(result.history, cfg, split)
+        assert [e["lr"] for e in result.history[1:]] == pytest.approx(rates[:len(result.history) - 1])
+        assert result.best_epoch == best_epoch
+    with pytest.raises(ValueError, match="train.monitor: 'valid', but the data have no validation split"):
+        fit(_gru(), train, test, TrainConfig(epochs=1, monitor="valid", device="cpu"))
+
+
+def test_restore_best_gives_the_best_epoch_and_a_stopped_run_stays_stopped(data, tmp_path):
+    train, valid, test = data
+    ckpt = tmp_path / "ck.pt"
+    cfg = TrainConfig(epochs=15, restore_best=True, **SCHEDULE)
+    model = _gru()
+    result = fit(model, train, test, cfg, valid=valid, checkpoint_path=ckpt)
+    last = result.history[-1]["epoch"]
+    assert result.stopped_early and result.best_epoch < last
+    best = result.history[result.best_epoch]
+    assert evaluate(model, valid)["mse"] == pytest.approx(best["valid"]["mse"], rel=1e-9)
+    ck = load_checkpoint(ckpt)
+    assert ck["epoch"] == last and trained_epoch(ck) == result.best_epoch
+    rebuilt = model_from_checkpoint(ck, str(ckpt))   # as pipeline.inference and the MLflow loader build it
+    assert evaluate(rebuilt, test)["mse"] == pytest.approx(best["test"]["mse"], rel=1e-9)
+    assert all(torch.equal(a, b) for a, b in zip(trained_weights(ck).values(), model.state_dict().values()))
+    # more epochs do not restart a stopped run
+    again = fit(_gru(), train, test, TrainConfig(**{**asdict(cfg), "epochs": 30}), valid=valid,
+                checkpoint_path=ckpt)
+    assert again.history == result.history and again.stopped_early == result.stopped_early
+
+
+def test_resume_with_a_decayed_rate_equals_one_uninterrupted_run(data, tmp_path):
+    train, valid, test = data
+    cfg = TrainConfig(epochs=5, **{**SCHEDULE, "patience": 0})
+    whole = _gru()
+    straight = fit(whole, train, test, cfg, valid=valid)
+    assert straight.history[3]["lr"] < cfg.lr, "the rate must have decayed before the break"
+    ckpt = tmp_path / "ck.pt"
+    first = _gru()
+    fit(first, train, test, TrainConfig(**{**asdict(cfg), "epochs": 3}), valid=valid, checkpoint_path=ckpt)
+    resumed = _gru()
+    result = fit(resumed, train, test, cfg, valid=valid, checkpoint_path=ckpt)
+    assert [e.get("lr") for e in result.history] == [e.get("lr") for e in straight.history]
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+NEW_KEYS = ("monitor", "lr_decay", "patience", "restore_best")
+
+
+def test_a_checkpoint_from_before_the_schedule_keys_still_resumes(data, tmp_path):
+    cfg = asdict(TrainConfig())
+    old = {k: v for k, v in cfg.items() if k not in NEW_KEYS}
+    check_resumable("old.pt", {"model_config": {}, "train_config": old}, {}, cfg)
+    with pytest.raises(ValueError, match=r"train.lr_decay \(1.0 in the checkpoint, 0.5 now\)"):
+        check_resumable("old.pt", {"model_config": {}, "train_config": old}, {}, {**cfg, "lr_decay": 0.5})
+    # such a checkpoint picked its best epoch on test (no valid split); resumed, the best is today's, on train
+    train, _, test = data
+    ckpt = tmp_path / "old.pt"
+    tcfg = TrainConfig(epochs=3, lr=5.0, bptt=0, batch_size=4, device="cpu")
+    fit(_gru(), train, test, tcfg, checkpoint_path=ckpt)
+    ck = load_checkpoint(ckpt)
+    ck["train_config"] = {k: v for k, v in ck["train_config"].items() if k not in NEW_KEYS}
+    ck["best_epoch"], ck["best_metric"] = 1, ck["history"][1]["test"]["mse"]   # not train's best (epoch 3)
+    torch.save({k: v for k, v in ck.items() if k != "stopped_early"}, ckpt)
+    result = fit(_gru(), train, test, TrainConfig(**{**asdict(tcfg), "epochs": 5}), checkpoint_path=ckpt)
+    on_train = [e["train"]["mse"] for e in result.history]
+    assert len(result.history) == 6 and result.best_epoch == on_train.index(min(on_train)) == 3
+    assert result.best_metric == min(on_train)
+
+
+def _defaults():
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"lr_decay": 0.0}, r"ptb\.train\.lr_decay: expected a factor in \(0, 1\]"),
+    ({"lr_decay": 1.5}, r"ptb\.train\.lr_decay: expected a factor in \(0, 1\]"),
+    ({"patience": -1}, r"ptb\.train\.patience: expected >= 0"),
+    ({"monitor": "val"}, r"ptb\.train\.monitor: expected one of \['auto', 'valid', 'train', 'test'\]"),
+    ({"monitor": "train", "eval_train": False}, r"ptb\.train\.monitor: 'train' needs eval_train: true"),
+])
+def test_bad_schedule_params_name_their_key(changes, message):
+    p = _defaults()
+    p["ptb"]["train"].update(changes)
+    with pytest.raises(ParamsError, match=message):
+        parse_params(p)
+
+
+def test_monitoring_a_validation_split_a_dataset_lacks_is_refused():
+    p = _defaults()
+    p["ptb"]["train"]["monitor"] = "valid"          # PTB has one
+    p["swimmer"]["train"]["overrides"] = {"psrnn": {"monitor": "valid", "patience": 2}}
+    with pytest.raises(ParamsError, match=r"^swimmer\.train\.overrides\.psrnn\.monitor: 'valid', but swimmer has "
+                                          "no validation split"):
+        parse_params(p)
+    p["swimmer"]["train"]["overrides"] = {"psrnn": {"monitor": "train", "patience": 2}}
+    parsed = parse_params(p)
+    assert parsed.dataset("ptb").train.monitor == "valid"
+    assert parsed.dataset("swimmer").train_config("psrnn").patience == 2
+
+
+def test_fit_model_takes_a_validation_split_and_reports_the_stop(data):
+    train, valid, test = data
+    fitted = fit_model(train, test, valid=valid, model="gru", state_dim=6, obs_dim=4, epochs=15, lr=5.0,
+                       batch_size=4, device="cpu", train_options={"lr_decay": 0.5, "patience": 2})
+    assert fitted.extras["stopped_early"] and len(fitted.history) < 16
+    assert all("valid" in e for e in fitted.history)
+    assert fitted.extras["best_epoch"] == min(range(len(fitted.history)),
+                                              key=lambda e: fitted.history[e]["valid"]["mse"])
+    assert math.isfinite(fitted.history[-1]["test"]["mse"])
