@@ -268,7 +268,8 @@ _SOURCE_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "lgssm": {"state_dim": (int,), "obs_dim": (int,), "n_train": (int,), "n_test": (int,), "length": (int,),
               "process_noise": (float, int), "obs_noise": (float, int), "seed": (int,)},
     "custom": {"path": (str,), "kind": (str,), "features": (list, type(None)), "symbol_column": (str,),
-               "test_fraction": (float, int), "seed": (int,), "normalize": (bool,), "min_length": (int,)},
+               "test_fraction": (float, int), "valid_fraction": (float, int), "seed": (int,), "normalize": (bool,),
+               "min_length": (int,)},
 }
 
 #: keys of ``swimmer.source`` that only one mode reads (the other would silently ignore them)
@@ -310,6 +311,13 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         if "test_fraction" in source:
             _check_number(f"{key}.test_fraction", source["test_fraction"], low=0.0, low_open=True, high=1.0,
                           high_open=True)
+        if "valid_fraction" in source:
+            _check_number(f"{key}.valid_fraction", source["valid_fraction"], low=0.0, low_open=False, high=1.0,
+                          high_open=True)
+            test_fraction = source.get("test_fraction", 0.2)
+            if source["valid_fraction"] + test_fraction >= 1:
+                raise ParamsError(f"{key}.valid_fraction: {source['valid_fraction']} + test_fraction "
+                                  f"{test_fraction} leaves nothing to train on; expected a sum below 1")
         if source.get("features") is not None:
             if source["kind"] == "discrete":
                 raise ParamsError(f"{key}.features: only used with kind 'continuous' (discrete data reads "

@@ -54,6 +54,10 @@ def test_default_and_tiny_params_are_valid(defaults):
     (lambda p: p.update(seeds=[0, 0]), r"seeds: duplicated"),
     (lambda p: p["tracking"].update(log_model="yes"), r"tracking\.log_model: expected bool"),
     (lambda p: p["ptb"]["train"].update(optimizer="rmsprop"), r"ptb\.train.*optimizer"),
+    (lambda p: p["custom"]["source"].update(valid_fraction=1.0),
+     r"^custom\.source\.valid_fraction: expected a finite number in \[0, 1\)"),
+    (lambda p: p["custom"]["source"].update(valid_fraction=0.9),
+     r"^custom\.source\.valid_fraction: 0\.9 \+ test_fraction 0\.2 leaves nothing to train on"),
 ])
 def test_bad_params_name_the_key(defaults, mutate, key):
     raw = copy.deepcopy(defaults)

@@ -109,6 +109,34 @@ def test_at_least_one_trajectory_each_side(tmp_path: Path, fraction: float) -> N
     assert len(ds.train) >= 1 and len(ds.test) >= 1 and len(ds.train) + len(ds.test) == 3
 
 
+def test_valid_fraction_holds_out_training_trajectories_and_keeps_the_test_draw(tmp_path: Path) -> None:
+    cols = _continuous(n_traj=10)
+    cols["a"] = cols["a"] + 50.0 * (cols["trajectory"] % 3)     # trajectories differ: the train stats must too
+    path = _write(tmp_path, cols)
+    plain = load_custom(path, kind="continuous", test_fraction=0.2, seed=1)
+    ds = load_custom(path, kind="continuous", test_fraction=0.2, valid_fraction=0.3, seed=1)
+    ids, before = ds.meta["trajectory_ids"], plain.meta["trajectory_ids"]
+    assert (len(ids["train"]), len(ids["valid"]), len(ids["test"])) == (5, 3, 2)
+    assert ids["test"] == before["test"] and sorted(ids["train"] + ids["valid"]) == before["train"]
+    assert ds.meta["split_source"] == "random (test_fraction=0.2, valid_fraction=0.3, seed=1)"
+    # standardised with the mean and std of the train split alone
+    raw = {k: cols["a"][cols["trajectory"] == k] for k in ids["train"]}
+    mean = np.concatenate(list(raw.values())).mean()
+    assert ds.meta["normalization"]["mean"][0] == pytest.approx(mean)
+    assert ds.valid[0][:, 0] * ds.meta["normalization"]["std"][0] + mean == pytest.approx(
+        cols["a"][cols["trajectory"] == ids["valid"][0]])
+    small = load_custom(path, kind="continuous", test_fraction=0.2, valid_fraction=0.01, seed=1)
+    assert len(small.valid) == 1                                   # a fraction > 0 holds out at least one
+    with pytest.raises(ValueError, match=r"10 trajectories: 2 for test and 8 for valid .* leave none to train on"):
+        load_custom(path, kind="continuous", test_fraction=0.2, valid_fraction=0.79)
+    with pytest.raises(ValueError, match=r"valid_fraction=0\.8: expected a number >= 0 with test_fraction \+ "
+                                         r"valid_fraction < 1"):
+        load_custom(path, kind="continuous", test_fraction=0.2, valid_fraction=0.8)
+    cols["split"] = np.where(cols["trajectory"] < 102, "test", "train")
+    with pytest.raises(ValueError, match=r"has a 'split' column, which decides the splits; valid_fraction=0\.3"):
+        load_custom(_write(tmp_path, cols, name="split.parquet"), kind="continuous", valid_fraction=0.3)
+
+
 def test_split_column_with_valid(tmp_path: Path) -> None:
     cols = _continuous(n_traj=3)
     cols["split"] = np.repeat(["test", "train", "valid"], 5)
@@ -315,6 +343,8 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     assert code == 0 and err == "", err
     assert "custom: series.parquet: continuous, 2 features, 4 train / 2 test trajectories, training lengths 12 to " \
            "12 steps" in out and ": valid (1 dataset: custom; 2 model variants" in out
+    code, out, err = check(source={**section["source"], "valid_fraction": 0.2})
+    assert code == 0 and "3 train / 1 valid / 2 test trajectories" in out, err
     code, _, err = check(source={**section["source"], "path": "missing.parquet"})
     assert code == 1 and err == f"psrnn check: error: {tmp_path / 'missing.parquet'}: file not found"
     code, _, err = check(two_stage={**section["two_stage"], "past_window": 6, "future_window": 6})

@@ -11,7 +11,9 @@ column             type                            meaning
 ``split``          string (optional)               ``train``, ``valid`` or ``test``; the same for every row of a
                                                    trajectory. Absent: whole trajectories are drawn for test with
                                                    ``test_fraction`` (deterministic given ``seed``; at least one
-                                                   trajectory on each side), the rest is train, no valid.
+                                                   trajectory on each side), then for valid with
+                                                   ``valid_fraction`` (default 0: no valid split), the rest is
+                                                   train.
 ``symbol``         integer, string or bool         ``kind="discrete"``: the observation. The name is set by
                                                    ``symbol_column``. Vocabulary = sorted distinct TRAIN values;
                                                    valid/test values absent from train are an error.
@@ -265,6 +267,7 @@ def load_custom(
     features: list[str] | None = None,
     symbol_column: str = "symbol",
     test_fraction: float = 0.2,
+    valid_fraction: float = 0.0,
     seed: int = 0,
     normalize: bool = True,
     min_length: int = 2,
@@ -272,6 +275,9 @@ def load_custom(
     """Load, check and split the Parquet file ``path`` (schema in the module docstring)."""
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
+    if not 0.0 <= float(valid_fraction) < 1.0 or float(test_fraction) + float(valid_fraction) >= 1.0:
+        raise ValueError(f"valid_fraction={valid_fraction!r}: expected a number >= 0 with test_fraction + "
+                         f"valid_fraction < 1 (test_fraction={test_fraction!r})")
     rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
                      with_split=True)
     path, uniq, groups, values, value_columns = rows.path, rows.ids, rows.groups, rows.values, rows.columns
@@ -281,6 +287,9 @@ def load_custom(
         return ValueError(f"{path}: {what}")
 
     n_traj = len(uniq)
+    if has_split and valid_fraction:
+        raise fail(f"has a 'split' column, which decides the splits; valid_fraction={valid_fraction!r} is not "
+                   "used with it: remove valid_fraction, or mark validation trajectories with split 'valid'")
     if has_split:
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
         if unknown:
@@ -298,10 +307,18 @@ def load_custom(
         if n_traj < 2:
             raise fail(f"only {n_traj} trajectory; at least 2 are needed to make non-empty train and test splits")
         n_test = min(max(int(round(test_fraction * n_traj)), 1), n_traj - 1)
+        # the test draw does not depend on valid_fraction: adding a valid split moves train trajectories only
+        n_valid = max(int(round(valid_fraction * n_traj)), 1) if valid_fraction else 0
+        if n_test + n_valid >= n_traj:
+            raise fail(f"{n_traj} trajectories: {n_test} for test and {n_valid} for valid (test_fraction="
+                       f"{test_fraction}, valid_fraction={valid_fraction}) leave none to train on; expected a "
+                       "smaller valid_fraction or more trajectories")
         perm = np.random.default_rng(seed).permutation(n_traj)
         split_of = np.full(n_traj, "train", dtype=object)
         split_of[perm[:n_test]] = "test"
-        split_source = f"random (test_fraction={test_fraction}, seed={seed})"
+        split_of[perm[n_test:n_test + n_valid]] = "valid"
+        split_source = (f"random (test_fraction={test_fraction}, "
+                        + (f"valid_fraction={valid_fraction}, " if n_valid else "") + f"seed={seed})")
     for s in ("train", "test"):
         if not (split_of == s).any():
             raise fail(f"split {s!r} is empty (no trajectory has split == {s!r}); expected at least one")

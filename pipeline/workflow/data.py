@@ -114,5 +114,6 @@ def check_custom(params: Params, root: Path) -> str:
     _check_lengths(dp, ds, kalman=True)
     lengths = [len(t) for t in ds.train]
     what = f"{ds.obs_dim} {'symbol' if ds.discrete else 'feature'}{'' if ds.obs_dim == 1 else 's'}"
-    return (f"custom: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train / {len(ds.test)} test "
+    valid = f" / {len(ds.valid)} valid" if ds.valid else ""
+    return (f"custom: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train{valid} / {len(ds.test)} test "
             f"trajectories, training lengths {min(lengths)} to {max(lengths)} steps")
