@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initialise", "refine", "evaluate",
           "report", "check", "predict", "forecast")
@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
     d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
     sub.add_parser("report", help="figures and results.md from every run's outputs")
+    d = sub.add_parser("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "
+                                           "shipped preprocess_custom, renamed); append it with >> dvc.yaml")
+    d.add_argument("name", help="the dataset: custom_<name>, a section of params.yaml")
     for name, text, out in (
             ("predict", "one-step predictions of a trained run on new trajectories (a Parquet file in the schema "
                         "of a custom dataset); not a DVC stage",
@@ -175,6 +178,9 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
     if stage in ("predict", "forecast"):
         (_predict if stage == "predict" else _forecast)(args, root)
         return 0
+    if stage == "custom-stage":
+        print(_custom_stage_text(root, params, args.name), end="")
+        return 0
     module = {"check": None, "download": "data", "preprocess": "data", "features": "spectral",
               "two_stage": "spectral", "decompose": "spectral", "initialise": "initialise", "refine": "refine",
               "evaluate": "evaluate", "report": "report"}[stage]
@@ -237,11 +243,14 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
     """``psrnn check``: params.yaml is valid (it was parsed before dispatch); a custom dataset's file is read and
     checked against the params too, as its preprocess stage will, and dvc.yaml must have the stage that prepares
     it; spectral work no variant uses is noted, and so are sections that ``datasets`` leaves out."""
-    selected = [params.datasets[name] for name in params.selected]
-    if "custom" in params.datasets:
-        from pipeline.workflow.data import check_custom
+    from pipeline.config import is_custom
 
-        print(check_custom(params, root))
+    selected = [params.datasets[name] for name in params.selected]
+    for name in params.datasets:
+        if is_custom(name):
+            from pipeline.workflow.data import check_custom
+
+            print(check_custom(params, root, name))
     _check_dvc_yaml(root, params)
     print(f"{args.params or root / 'params.yaml'}: valid ({len(selected)} dataset{'' if len(selected) == 1 else 's'}: "
           f"{', '.join(params.selected)}; "
@@ -258,10 +267,13 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
 
 def _check_dvc_yaml(root: Path, params) -> None:
     """What dvc.yaml, where there is one, needs of params.yaml: its stages iterate over ``datasets``, so the key
-    must be there (DVC's own message names only the unresolved ``${datasets}``); with ``custom`` listed, the
-    ``preprocess_custom`` stage must still be there to prepare its file, else ``dvc repro`` stops later on a
-    missing ``data/prepared/custom.parquet``."""
+    must be there (DVC's own message names only the unresolved ``${datasets}``); every dataset of your own that
+    ``datasets`` lists needs its ``preprocess_<name>`` stage (``preprocess_custom`` ships with dvc.yaml, one for
+    ``custom_<name>`` is a copy of it), else ``dvc repro`` stops later on a missing
+    ``data/prepared/<name>.parquet``; a copy must name the new dataset everywhere it named ``custom``."""
     import yaml
+
+    from pipeline.config import is_custom
 
     path = root / "dvc.yaml"
     if not path.exists():   # params checked outside a DVC project
@@ -275,9 +287,68 @@ def _check_dvc_yaml(root: Path, params) -> None:
     if "${datasets}" in text and "datasets" not in params.raw:
         raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
                          f"datasets: [{', '.join(params.datasets)}]")
-    if "custom" in params.selected and "preprocess_custom" not in stages:
-        raise ValueError(f"datasets: lists custom, but {path} has no preprocess_custom stage to prepare its file; "
-                         "expected the one dvc.yaml ships with (README, 'Adding your own dataset')")
+    for name in params.selected:
+        if not is_custom(name):
+            continue
+        stage = stages.get(f"preprocess_{name}")
+        if not isinstance(stage, dict):
+            shipped = ("the one dvc.yaml ships with" if name == "custom" else
+                       f"the one `python -m pipeline.cli custom-stage {name} >> dvc.yaml` appends")
+            raise ValueError(f"datasets: lists {name}, but {path} has no preprocess_{name} stage to prepare its "
+                             f"file; expected {shipped} (README, 'Adding your own dataset')")
+        if name != "custom" and isinstance(stages.get("preprocess_custom"), dict):
+            wanted = custom_stage(stages["preprocess_custom"], name)
+            for field in ("cmd", "deps", "params", "outs"):
+                if stage.get(field) != wanted[field]:
+                    raise ValueError(f"{path}: stage preprocess_{name}: {field} is {stage.get(field)!r}; expected "
+                                     f"{wanted[field]!r}, as `python -m pipeline.cli custom-stage {name}` prints it")
+
+
+def custom_stage(template: dict, name: str) -> dict:
+    """The ``preprocess_<name>`` stage of a ``custom_<name>`` dataset: the shipped ``preprocess_custom`` stage
+    (``template``) with the dataset renamed where it is named (the command's argument, the file dep, the params,
+    the output), its code deps unchanged."""
+    def renamed(entry: Any) -> Any:
+        if entry == "${custom.source.path}":
+            return f"${{{name}.source.path}}"
+        if isinstance(entry, str) and entry.startswith("custom."):
+            return name + entry[len("custom"):]
+        if entry == "data/prepared/custom.parquet":
+            return f"data/prepared/{name}.parquet"
+        return entry
+
+    stage = {k: v for k, v in template.items()}
+    stage["cmd"] = f"python stages/preprocess.py {name}"
+    for field in ("deps", "params", "outs"):
+        stage[field] = [renamed(e) for e in template.get(field) or []]
+    return stage
+
+
+def _custom_stage_text(root: Path, params, name: str) -> str:
+    """``psrnn custom-stage``: the stage as YAML indented to go under ``stages:`` at the end of dvc.yaml."""
+    import yaml
+
+    from pipeline.config import is_custom
+
+    if name == "custom" or not is_custom(name):
+        raise ValueError(f"{name}: expected custom_<name> (lower-case letters, digits, underscores); custom itself "
+                         "has its stage in dvc.yaml already")
+    if name not in params.datasets:
+        raise ValueError(f"{name}: no section in params.yaml; add it first (the keys of custom: source, two_stage, "
+                         "kf, variants, model, train)")
+    path = root / "dvc.yaml"
+    text = path.read_text() if path.exists() else ""
+    stages = (yaml.safe_load(text) or {}).get("stages") or {}
+    if not isinstance(stages.get("preprocess_custom"), dict):
+        raise ValueError(f"{path}: no preprocess_custom stage to copy; expected the dvc.yaml this project ships")
+    if f"preprocess_{name}" in stages:
+        raise ValueError(f"{path}: has a preprocess_{name} stage already")
+    body = yaml.safe_dump({f"preprocess_{name}": custom_stage(stages["preprocess_custom"], name)},
+                          sort_keys=False, default_flow_style=False)
+    lines = [f"  # {name}: your file {params.dataset(name).source['path']} (README, 'Adding your own dataset')"]
+    lines += ["  " + line if line else line for line in body.splitlines()]
+    # a blank line first; the stage goes under `stages:`, dvc.yaml's only top-level key, so appending is enough
+    return ("\n" if text.endswith("\n") else "\n\n") + "\n".join(lines) + "\n"
 
 
 def _project_files() -> set[str]:

@@ -17,7 +17,7 @@ Layout of ``params.yaml``::
     data: {mirror: ...}          # where raw files are copied from when offline (env PSRNN_DATA_MIRROR wins)
     tracking: {experiment_prefix: psrnn, log_model: true}
     report: {...}
-    <dataset>:                   # ptb, swimmer, mocap, handwriting, hmm, lgssm, custom
+    <dataset>:                   # ptb, swimmer, mocap, handwriting, hmm, lgssm, custom, custom_<name>
       source: {...}              # options of the data source (see pipeline.data.<source>)
       two_stage: {...}           # TwoStageConfig fields, without seed, and ``layers`` (2SR depths learned)
       kf: {...} | null           # linear 2SR of the Kalman filter (continuous data); null: none
@@ -44,6 +44,24 @@ from pipeline.two_stage import TwoStageConfig
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
+#: your own datasets: ``custom`` and any number more named ``custom_<name>`` (lower-case letters, digits and
+#: underscores, safe in file paths, DVC stage names and MLflow experiment names), each a Parquet file
+CUSTOM_NAME = re.compile(r"custom(_[a-z0-9]+)*")
+
+
+def is_custom(name: str) -> bool:
+    """Whether ``name`` is a dataset of your own (``custom`` or ``custom_<name>``), read by pipeline.data.custom."""
+    return bool(CUSTOM_NAME.fullmatch(name))
+
+
+def _dataset_names(keys: typing.Iterable[str]) -> list[str]:
+    """The dataset sections among ``keys``: the built-in ones in the order of DATASETS, then ``custom_<name>`` in
+    the order given."""
+    keys = list(keys)
+    return [n for n in DATASETS if n in keys] + [k for k in keys if k not in DATASETS and is_custom(k)]
+
+
+_ALLOWED_DATASETS = f"{', '.join(DATASETS)} or custom_<name> (lower-case letters, digits, underscores)"
 DOWNLOADED = ("ptb", "swimmer", "mocap", "handwriting")
 _VARIANT = re.compile(r"^(psrnn(_(?P<layers>\d+)layer(?P<skip>_skip)?)?(?P<random>_random)?"
                       r"|factorized_psrnn_r(?P<rank>\d+)"
@@ -116,7 +134,7 @@ class DatasetParams:
 
     @property
     def discrete(self) -> bool:
-        if self.name == "custom":
+        if is_custom(self.name):
             return self.source.get("kind") == "discrete"
         return self.name in DISCRETE_DATASETS
 
@@ -290,7 +308,7 @@ _POSITIVE_INT_KEYS = ("n_", "length", "track_length", "lines", "cem_", "min_leng
 def _check_source(name: str, source: Any) -> dict[str, Any]:
     key = f"{name}.source"
     source = _mapping(source, key)
-    schema = _SOURCE_SCHEMA[name]
+    schema = _SOURCE_SCHEMA["custom" if is_custom(name) else name]
     for k, v in source.items():
         if k not in schema:
             raise _unknown(key, k, schema)
@@ -302,7 +320,7 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             raise ParamsError(f"{key}.{k}: expected a positive integer, got {v}")
         if k == "seed" and v < 0:
             raise ParamsError(f"{key}.seed: expected a non-negative integer, got {v}")
-    if name == "custom":
+    if is_custom(name):
         if "path" not in source:
             raise ParamsError(f"{key}.path: required (the Parquet file with your data)")
         if not source["path"]:
@@ -423,7 +441,7 @@ def _known_obs_dim(name: str, source: dict[str, Any]) -> int | None:
 
         bones = source.get("bones")
         return 3 * len(bones if bones is not None else DEFAULT_BONES)
-    if name == "custom" and source.get("kind") == "continuous" and source.get("features"):
+    if is_custom(name) and source.get("kind") == "continuous" and source.get("features"):
         return len(source["features"])
     return None
 
@@ -723,8 +741,9 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         raise ParamsError(f"{source}: expected a mapping at the top level, got {_describe(raw)}")
     allowed = {"seeds", "datasets", "data", "tracking", "report", *DATASETS}
     for k in raw:
-        if k not in allowed:
-            raise ParamsError(f"{k}: unknown key in {source} (expected one of {sorted(allowed)})")
+        if k not in allowed and not (isinstance(k, str) and is_custom(k)):
+            raise ParamsError(f"{k}: unknown key in {source} (expected one of {sorted(allowed)}, or custom_<name> "
+                              "for another dataset of your own: lower-case letters, digits, underscores)")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
         raise ParamsError(f"seeds: expected a non-empty list of non-negative integers, got {_describe(seeds)}")
@@ -749,9 +768,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     report = _check_report(raw.get("report"))
 
     datasets: dict[str, DatasetParams] = {}
-    for name in DATASETS:
-        if name not in raw:
-            continue
+    for name in _dataset_names(raw):
         key = name
         section = raw[name]
         if not isinstance(section, dict):
@@ -820,7 +837,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                                   f"state_dim {ts.state_dim}")
         datasets[name] = dp
     if not datasets:
-        raise ParamsError(f"{source}: no dataset section (expected some of {DATASETS})")
+        raise ParamsError(f"{source}: no dataset section (expected some of {_ALLOWED_DATASETS})")
     selected = _selected_datasets(raw, datasets)
     return Params(seeds=seeds, data_mirror=mirror, datasets=datasets, tracking=tracking, report=report, raw=raw,
                   selected=selected)
@@ -828,15 +845,15 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
 
 def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) -> list[str]:
     """``datasets``: the datasets dvc.yaml trains and the report shows, each with its section; absent, every
-    dataset that has one (in the order of DATASETS)."""
+    dataset that has one (in the order of DATASETS, then ``custom_<name>`` as given)."""
     if "datasets" not in raw:
         return list(datasets)
     names = raw["datasets"]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ParamsError(f"datasets: expected a non-empty list of dataset names, got {_describe(names)}")
     for name in names:
-        if name not in DATASETS:
-            raise ParamsError(f"datasets: unknown dataset {name!r}; expected some of {list(DATASETS)}")
+        if name not in DATASETS and not is_custom(name):
+            raise ParamsError(f"datasets: unknown dataset {name!r}; expected some of {_ALLOWED_DATASETS}")
         if name not in datasets:
             raise ParamsError(f"datasets: {name!r} has no section in params.yaml; expected a {name}: section "
                               "(source, two_stage, kf, variants, model, train)")

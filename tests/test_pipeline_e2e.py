@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,15 @@ def _add_custom_dataset(root: Path) -> None:
     assert "datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm]" in params
     params = params.replace("datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm]",
                             "datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm, custom]")
-    (root / "params.yaml").write_text(params)
+    # a second dataset of one's own (README, "More than one file of your own"): a custom_<name> section and the
+    # stage `psrnn custom-stage` prints; prepared, not in `datasets` (training it is the same code under its name)
+    section = yaml.safe_load(params)["custom"]
+    section["source"] = {**section["source"], "features": ["flow", "temperature"], "valid_fraction": 0.0}
+    (root / "params.yaml").write_text(params + yaml.safe_dump({"custom_flow": section}, default_flow_style=None))
+    stage = subprocess.run([sys.executable, "-m", "pipeline.cli", "--root", str(root), "custom-stage", "custom_flow"],
+                           cwd=root, capture_output=True, text=True, check=True).stdout
+    with open(root / "dvc.yaml", "a") as f:
+        f.write(stage)
 
 
 def test_repro_produces_metrics_report_and_mlflow_runs(project):
@@ -95,6 +104,11 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
     params = yaml.safe_load((root / "params.yaml").read_text())
     datasets = params["datasets"]
     assert "custom" in datasets and "preprocess_custom" in first
+    from pipeline.data.schema import read_dataset
+
+    flow = read_dataset(root / "data" / "prepared" / "custom_flow.parquet")   # the second file of one's own
+    assert "preprocess_custom_flow" in first and flow.features == ["flow", "temperature"] and len(flow.test) == 2
+    assert not (root / "models" / "custom_flow").exists()
     expected_runs = {(ds, v, s) for ds in datasets for v in params[ds]["variants"] for s in params["seeds"]}
     for ds, v, s in expected_runs:
         m = json.loads((root / "metrics" / ds / f"{v}_s{s}.json").read_text())
@@ -267,7 +281,7 @@ def _stage_key(record: dict) -> tuple[str, str | None]:
     if stage == "download":
         return ("download_mocap", None) if args[0] == "mocap" else ("download", args[0])
     if stage == "preprocess":
-        if args[0] == "custom":
+        if args[0] == "custom" or args[0].startswith("custom_"):   # custom_<name>: a copy of preprocess_custom
             return "preprocess_custom", None
         return ("synthesize" if args[0] in ("hmm", "lgssm") else "preprocess", args[0])
     return stage, (args[0] if args else None)

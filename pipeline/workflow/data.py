@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, user_repo
+from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, is_custom, user_repo
 from pipeline.data.schema import SequenceDataset, write_dataset
 from pipeline.workflow.paths import prepared_path, raw_dir
 
@@ -75,7 +75,7 @@ def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
         from pipeline.data.synthetic import make_lgssm_dataset
 
         ds, _ = make_lgssm_dataset(**src)
-    elif dataset == "custom":
+    elif is_custom(dataset):
         ds = _load_custom(dp, root)
     else:
         raise ParamsError(f"unknown dataset {dataset!r}")
@@ -105,15 +105,16 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
     return load_custom(path if path.is_absolute() else root / path, **src)
 
 
-def check_custom(params: Params, root: Path) -> str:
-    """What ``psrnn check`` adds for a ``custom`` section: the file is read and checked as the preprocess stage
-    reads it (every rule of :mod:`pipeline.data.custom`), then both splits and every window, the Kalman filter's
-    included, against its training trajectories. Nothing is written. Returns a one-line summary."""
-    dp = params.dataset("custom")
+def check_custom(params: Params, root: Path, name: str = "custom") -> str:
+    """What ``psrnn check`` adds for a ``custom`` (or ``custom_<name>``) section: the file is read and checked as
+    the preprocess stage reads it (every rule of :mod:`pipeline.data.custom`), then both splits and every window,
+    the Kalman filter's included, against its training trajectories. Nothing is written. Returns a one-line
+    summary."""
+    dp = params.dataset(name)
     ds = _load_custom(dp, root)
     _check_lengths(dp, ds, kalman=True)
     lengths = [len(t) for t in ds.train]
     what = f"{ds.obs_dim} {'symbol' if ds.discrete else 'feature'}{'' if ds.obs_dim == 1 else 's'}"
     valid = f" / {len(ds.valid)} valid" if ds.valid else ""
-    return (f"custom: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train{valid} / {len(ds.test)} test "
+    return (f"{name}: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train{valid} / {len(ds.test)} test "
             f"trajectories, training lengths {min(lengths)} to {max(lengths)} steps")

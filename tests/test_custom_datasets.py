@@ -1,0 +1,145 @@
+"""Several datasets of your own: `custom_<name>` sections, each prepared by its own copy of the preprocess_custom
+stage (`psrnn custom-stage` prints it, `psrnn check` verifies it); every stage after preprocess takes them by name
+from `datasets`."""
+
+import copy
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline import cli
+from pipeline.config import ParamsError, is_custom, parse_params
+from pipeline.data.schema import read_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def defaults():
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def _sales_section() -> dict:
+    """A discrete dataset of one's own, beside the shipped continuous `custom`."""
+    return {"source": {"path": "data/sales.parquet", "kind": "discrete", "symbol_column": "event",
+                       "test_fraction": 0.25, "valid_fraction": 0.25, "seed": 0},
+            "two_stage": {"n_features": 64, "state_dim": 4, "obs_dim": 3, "past_dim": 4, "past_window": 2,
+                          "future_window": 2},
+            "kf": None, "variants": ["psrnn", "gru"],
+            "model": {"psrnn_bias_scale": 0.0, "factorized_bias_scale": 0.1},
+            "train": {"epochs": 1, "lr": 1.0, "clip": 0.25, "bptt": 10, "batch_size": 4}}
+
+
+def _write_sales(root: Path) -> None:
+    rng = np.random.default_rng(3)
+    events = rng.choice(["buy", "view", "leave"], size=8 * 30)
+    (root / "data").mkdir(exist_ok=True)
+    pq.write_table(pa.table({"trajectory": np.repeat(np.arange(8), 30), "event": events}),
+                   root / "data" / "sales.parquet")
+
+
+def test_custom_names():
+    assert all(is_custom(n) for n in ("custom", "custom_sales", "custom_site_2", "custom_2024"))
+    assert not any(is_custom(n) for n in ("customs", "custom_", "custom-sales", "custom_Sales", "custom__x",
+                                          "my_custom", "ptb"))
+
+
+def test_custom_sections_parse_beside_the_built_in_ones(defaults):
+    raw = copy.deepcopy(defaults)
+    raw["custom_sales"] = _sales_section()
+    raw["datasets"] = ["custom_sales", "hmm", "custom"]
+    p = parse_params(raw)
+    assert list(p.datasets)[-2:] == ["custom", "custom_sales"] and p.selected == ["custom_sales", "hmm", "custom"]
+    assert p.dataset("custom_sales").discrete and not p.dataset("custom").discrete
+    with pytest.raises(ParamsError, match=r"^custom_sales\.source\.path: required"):
+        parse_params({**raw, "custom_sales": {**_sales_section(), "source": {"kind": "discrete"}}})
+    with pytest.raises(ParamsError, match=r"^custom_sales\.source\.lines: unknown key"):
+        bad = _sales_section()
+        bad["source"]["lines"] = 3
+        parse_params({**raw, "custom_sales": bad})
+    with pytest.raises(ParamsError, match=r"^custom-sales: unknown key in params\.yaml .*or custom_<name> for "
+                                          r"another dataset of your own"):
+        parse_params({**raw, "custom-sales": _sales_section()})
+    with pytest.raises(ParamsError, match=r"^datasets: 'custom_stock' has no section in params\.yaml"):
+        parse_params({**raw, "datasets": ["custom_stock"]})
+    with pytest.raises(ParamsError, match=r"^datasets: unknown dataset 'stock'; expected some of .*custom_<name>"):
+        parse_params({**raw, "datasets": ["stock"]})
+
+
+def _project(tmp_path: Path, defaults) -> None:
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    _write_sales(tmp_path)
+    raw = copy.deepcopy(defaults)
+    raw["custom_sales"] = _sales_section()
+    raw["datasets"] = ["hmm", "custom_sales"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def test_custom_stage_prints_the_stage_and_check_wants_it_exact(tmp_path, defaults, capsys, monkeypatch):
+    """`psrnn custom-stage custom_sales >> dvc.yaml` (README) appends the shipped preprocess_custom stage renamed
+    where it names the dataset; `psrnn check` refuses the dataset without it, or with a copy renamed wrongly."""
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    _project(tmp_path, defaults)
+    dvc_yaml = tmp_path / "dvc.yaml"
+    shipped = (ROOT / "dvc.yaml").read_text()
+    dvc_yaml.write_text(shipped)
+
+    def cli_run(*args: str) -> tuple[int, str, str]:
+        code = cli.main(["--root", str(tmp_path), *args])
+        out, err = capsys.readouterr()
+        return code, out, err.strip()
+
+    code, _, err = cli_run("check")
+    assert code == 1 and err == (
+        f"psrnn check: error: datasets: lists custom_sales, but {dvc_yaml} has no preprocess_custom_sales stage "
+        "to prepare its file; expected the one `python -m pipeline.cli custom-stage custom_sales >> dvc.yaml` "
+        "appends (README, 'Adding your own dataset')")
+    code, stage_text, err = cli_run("custom-stage", "custom_sales")
+    assert code == 0, err
+    dvc_yaml.write_text(shipped + stage_text)                       # what `>> dvc.yaml` does
+    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+    template = stages["preprocess_custom"]
+    stage = stages["preprocess_custom_sales"]
+    assert stage["cmd"] == "python stages/preprocess.py custom_sales"
+    assert stage["deps"] == ["${custom_sales.source.path}", *template["deps"][1:]]   # the code deps unchanged
+    assert "pipeline/data/custom.py" in stage["deps"]
+    assert stage["params"] == [p.replace("custom.", "custom_sales.", 1) for p in template["params"]]
+    assert stage["outs"] == ["data/prepared/custom_sales.parquet"]
+    assert list(stages)[:-1] == list(yaml.safe_load(shipped)["stages"])            # the shipped ones untouched
+    code, out, err = cli_run("check")
+    assert code == 0, err
+    assert "custom_sales: data/sales.parquet: discrete, 3 symbols, 4 train / 2 valid / 2 test trajectories" in out
+    assert "valid (2 datasets: hmm, custom_sales;" in out
+
+    # a copy made by replacing every "custom" renames the reader module too: refused, naming the field
+    naive = dvc_yaml.read_text().replace(stage_text, stage_text.replace("data/custom.py", "data/custom_sales.py"))
+    dvc_yaml.write_text(naive)
+    code, _, err = cli_run("check")
+    assert code == 1 and err.startswith(f"psrnn check: error: {dvc_yaml}: stage preprocess_custom_sales: deps is ")
+    assert "'pipeline/data/custom_sales.py'" in err and err.endswith(
+        "as `python -m pipeline.cli custom-stage custom_sales` prints it")
+
+    dvc_yaml.write_text(shipped + stage_text)
+    for name, message in (("custom_sales", f"{dvc_yaml}: has a preprocess_custom_sales stage already"),
+                          ("custom", "custom: expected custom_<name>"),
+                          ("custom_stock", "custom_stock: no section in params.yaml; add it first")):
+        code, out, err = cli_run("custom-stage", name)
+        assert code == 1 and out == "" and err.startswith(f"psrnn custom-stage: error: {message}"), err
+
+
+def test_a_custom_dataset_is_prepared_under_its_own_name(tmp_path, defaults):
+    from pipeline.config import load_params
+    from pipeline.workflow.data import prepare
+
+    _project(tmp_path, defaults)
+    params = load_params(tmp_path / "params.yaml")
+    ds = prepare(params, tmp_path, "custom_sales")
+    back = read_dataset(tmp_path / "data" / "prepared" / "custom_sales.parquet")
+    assert back.vocab == ["buy", "leave", "view"] and ds.vocab == back.vocab
+    assert (len(back.train), len(back.valid), len(back.test)) == (4, 2, 2)
+    assert back.meta["source"] == "custom:sales.parquet"
