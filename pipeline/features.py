@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
-import scipy.sparse
 
 
 def median_pairwise_distance(x: np.ndarray, *, max_points: int = 1000, seed: int = 0) -> float:
@@ -112,6 +111,8 @@ class RandomFourierFeatures:
         idx = np.asarray(idx)
         if idx.ndim == 1:
             idx = idx[:, None]
+        import scipy.sparse   # here, not at the top: every stage imports this module to validate params.yaml
+
         freq = self._frequencies_as(dtype)
         n, k = idx.shape
         # the one-hot rows as a sparse matrix times Ω: each output row is written once (k gathered adds of

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import scipy.linalg
 
 from pipeline.features import FeatureMaps, Windows, fit_feature_maps, make_windows
 from pipeline.progress import progress
@@ -286,6 +285,8 @@ def _fix_signs(U: np.ndarray) -> np.ndarray:
 
 def _ridge_solve(gram: np.ndarray, rhs: np.ndarray, lam: float) -> np.ndarray:
     """(G + λI)⁻¹ R, stable for rank-deficient G (λ > 0) and falling back to lstsq when λ = 0."""
+    import scipy.linalg   # here, not at the top: every stage imports this module to validate params.yaml
+
     A = gram + lam * np.eye(gram.shape[0])
     try:
         return scipy.linalg.solve(A, rhs, assume_a="pos")
