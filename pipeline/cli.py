@@ -256,13 +256,13 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
           f"{', '.join(params.selected)}; "
           f"{sum(len(d.variants) for d in selected)} model variants, seeds {list(params.seeds)})")
     for dp in selected:
-        for note in dp.unused_spectral_work():
+        for note in [*dp.unused_spectral_work(), *dp.schedule_notes()]:
             print(f"note: {note}")
     left_out = [name for name in params.datasets if name not in params.selected]
     if left_out:
         print(f"note: {', '.join(left_out)} {'has a section' if len(left_out) == 1 else 'have sections'} but "
               f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
-              "(the data are still prepared)")
+              "(the data are still prepared where dvc.yaml has their preprocess stage)")
 
 
 def _check_dvc_yaml(root: Path, params) -> None:

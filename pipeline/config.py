@@ -158,6 +158,22 @@ class DatasetParams:
                          f"({self.name}.kf: null skips it)")
         return notes
 
+    def schedule_notes(self) -> list[str]:
+        """Early stopping or restore_best that will watch the training metric, on a built-in set without a
+        validation split (not an error: a stall of the training metric is a legitimate signal, but rarely the one
+        meant)."""
+        if self.name not in _WITHOUT_VALID:
+            return []
+        notes = []
+        for key, cfg in ((f"{self.name}.train", self.train),
+                         *((f"{self.name}.train.overrides.{v}", c) for v, c in self.train_overrides.items())):
+            uses = [k for k, on in (("patience", cfg.patience > 0), ("restore_best", cfg.restore_best)) if on]
+            if uses and cfg.monitor == "auto" and cfg.eval_train:
+                verb = "watches" if len(uses) == 1 else "watch"
+                notes.append(f"{key}: {' and '.join(uses)} {verb} the training metric ({self.name} has no "
+                             f"validation split); monitor: train says so, monitor: test uses the test split")
+        return notes
+
     def variant(self, name: str) -> Variant:
         for v in self.variants:
             if v.name == name:

@@ -499,7 +499,8 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
                       "trajectories, training lengths 120 to 120 steps")
     assert out[1].endswith(": valid (2 datasets: hmm, lgssm; 11 model variants, seeds [0, 1])")
     assert out[2:] == ["note: ptb, swimmer, mocap, handwriting, custom have sections but are not in datasets: not "
-                       "trained or reported (the data are still prepared)"]
+                       "trained or reported (the data are still prepared where dvc.yaml has their preprocess "
+                       "stage)"]
 
     raw["datasets"] = ["hmm", "custom"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))

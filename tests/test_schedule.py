@@ -183,3 +183,15 @@ def test_fit_model_takes_a_validation_split_and_reports_the_stop(data):
     assert fitted.extras["best_epoch"] == min(range(len(fitted.history)),
                                               key=lambda e: fitted.history[e]["valid"]["mse"])
     assert math.isfinite(fitted.history[-1]["test"]["mse"])
+
+
+def test_early_stopping_on_the_training_metric_is_noted():
+    p = _defaults()
+    p["swimmer"]["train"]["patience"] = 3
+    p["ptb"]["train"]["patience"] = 3                                   # PTB has a validation split: no note
+    p["hmm"]["train"]["overrides"] = {"psrnn": {"restore_best": True, "monitor": "train"}}   # said: no note
+    parsed = parse_params(p)
+    assert parsed.dataset("swimmer").schedule_notes() == [
+        "swimmer.train: patience watches the training metric (swimmer has no validation split); monitor: train says "
+        "so, monitor: test uses the test split"]
+    assert parsed.dataset("ptb").schedule_notes() == [] and parsed.dataset("hmm").schedule_notes() == []
