@@ -143,3 +143,22 @@ def test_a_custom_dataset_is_prepared_under_its_own_name(tmp_path, defaults):
     assert back.vocab == ["buy", "leave", "view"] and ds.vocab == back.vocab
     assert (len(back.train), len(back.valid), len(back.test)) == (4, 2, 2)
     assert back.meta["source"] == "custom:sales.parquet"
+
+
+def test_check_refuses_monitoring_a_validation_split_the_file_does_not_give(tmp_path, defaults, capsys, monkeypatch):
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["custom"]
+    raw["custom"]["train"]["overrides"]["kf"]["monitor"] = "valid"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "psrnn check: error: custom.train.overrides.kf.monitor: 'valid', but examples/custom_series.parquet gives no "
+        "validation split; expected custom.source.valid_fraction > 0 or 'valid' rows in its split column")
+    raw["custom"]["source"]["valid_fraction"] = 0.2
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    assert "custom: examples/custom_series.parquet: continuous, 2 features, 15 train / 5 valid / 5 test" in \
+        capsys.readouterr().out

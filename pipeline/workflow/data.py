@@ -113,6 +113,12 @@ def check_custom(params: Params, root: Path, name: str = "custom") -> str:
     dp = params.dataset(name)
     ds = _load_custom(dp, root)
     _check_lengths(dp, ds, kalman=True)
+    if not ds.valid:
+        for key, cfg in ((f"{name}.train", dp.train),
+                         *((f"{name}.train.overrides.{v}", c) for v, c in dp.train_overrides.items())):
+            if cfg.monitor == "valid":
+                raise ParamsError(f"{key}.monitor: 'valid', but {dp.source['path']} gives no validation split; "
+                                  f"expected {name}.source.valid_fraction > 0 or 'valid' rows in its split column")
     lengths = [len(t) for t in ds.train]
     what = f"{ds.obs_dim} {'symbol' if ds.discrete else 'feature'}{'' if ds.obs_dim == 1 else 's'}"
     valid = f" / {len(ds.valid)} valid" if ds.valid else ""
