@@ -162,7 +162,7 @@ class DatasetParams:
         """Early stopping or restore_best that will watch the training metric, on a built-in set without a
         validation split (not an error: a stall of the training metric is a legitimate signal, but rarely the one
         meant)."""
-        if self.name not in _WITHOUT_VALID:
+        if _has_valid(self.name, self.source) is not False:
             return []
         notes = []
         for key, cfg in ((f"{self.name}.train", self.train),
@@ -298,9 +298,9 @@ _SOURCE_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "handwriting": {"n_train": (int,), "n_test": (int,), "seed": (int,), "pen_up": (bool,),
                     "digits": (list, type(None))},
     "hmm": {"n_states": (int,), "n_symbols": (int,), "n_train": (int,), "n_test": (int,), "length": (int,),
-            "stickiness": (float, int), "seed": (int,)},
+            "stickiness": (float, int), "seed": (int,), "n_valid": (int,)},
     "lgssm": {"state_dim": (int,), "obs_dim": (int,), "n_train": (int,), "n_test": (int,), "length": (int,),
-              "process_noise": (float, int), "obs_noise": (float, int), "seed": (int,)},
+              "process_noise": (float, int), "obs_noise": (float, int), "seed": (int,), "n_valid": (int,)},
     "custom": {"path": (str,), "kind": (str,), "features": (list, type(None)), "symbol_column": (str,),
                "test_fraction": (float, int), "valid_fraction": (float, int), "seed": (int,), "normalize": (bool,),
                "min_length": (int,)},
@@ -332,7 +332,9 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
         if not isinstance(v, schema[k]):
             raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
-        if _is_int(v) and k.startswith(_POSITIVE_INT_KEYS) and v < 1:
+        if _is_int(v) and k == "n_valid" and v < 0:
+            raise ParamsError(f"{key}.n_valid: expected an integer >= 0 (0: no validation split), got {v}")
+        if _is_int(v) and k.startswith(_POSITIVE_INT_KEYS) and k != "n_valid" and v < 1:
             raise ParamsError(f"{key}.{k}: expected a positive integer, got {v}")
         if k == "seed" and v < 0:
             raise ParamsError(f"{key}.seed: expected a non-negative integer, got {v}")
@@ -535,8 +537,14 @@ _FIELD_RULES[KalmanParams] = {
 }
 
 
-# the built-in sets with no validation split (PTB has one; a custom file has one when its `split` column says so)
-_WITHOUT_VALID = frozenset({"swimmer", "mocap", "handwriting", "hmm", "lgssm"})
+def _has_valid(name: str, source: dict[str, Any]) -> bool | None:
+    """Whether the prepared data will have a validation split: PTB always, the synthetic sets with
+    ``source.n_valid > 0``, the other built-in sets never; None for a custom file (its ``split`` column may say)."""
+    if is_custom(name):
+        return True if source.get("valid_fraction") else None
+    if name in ("hmm", "lgssm"):
+        return source.get("n_valid", 0) > 0
+    return name == "ptb"
 
 
 def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = None) -> TrainConfig:
@@ -821,12 +829,13 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                 raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "
                                   "{lr: 0.1}")
             train_overrides[vname] = _train_config({**tr_section, **changes}, okey, shown=set(changes))
-        if name in _WITHOUT_VALID:
+        if _has_valid(name, src) is False:
             for tkey, tcfg in ((f"{key}.train", tr), *((f"{key}.train.overrides.{v}", c)
                                                       for v, c in train_overrides.items())):
                 if tcfg.monitor == "valid":
+                    hint = f" (or {key}.source.n_valid > 0)" if name in ("hmm", "lgssm") else ""
                     raise ParamsError(f"{tkey}.monitor: 'valid', but {name} has no validation split; expected "
-                                      "'auto' (train), 'train' or 'test'")
+                                      f"'auto' (train), 'train' or 'test'{hint}")
         dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
                            layers=layers, train_overrides=train_overrides)
         if dp.discrete and any(v.family == "kf" for v in variants):

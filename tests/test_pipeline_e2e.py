@@ -117,8 +117,9 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
         assert m["test"][key] > 0 and m["initial_test"][key] > 0
         history = json.loads((root / "models" / ds / v / f"s{s}" / "history.json").read_text())
         assert [h["epoch"] for h in history["history"]] == list(range(params[ds]["train"]["epochs"] + 1))
-        # PTB's validation split, and the custom file's drawn by valid_fraction, are scored every epoch
-        assert all(("valid" in h) == (ds in ("ptb", "custom")) for h in history["history"]), (ds, v)
+        # PTB's validation split, hmm's (source.n_valid) and the custom file's (valid_fraction) are scored
+        # every epoch
+        assert all(("valid" in h) == (ds in ("ptb", "hmm", "custom")) for h in history["history"]), (ds, v)
         # the final metrics of evaluate agree with the epoch of refine whose weights they score: the last, or
         # with restore_best the best on the monitored split (PTB: valid)
         restore = params[ds]["train"].get("overrides", {}).get(v, {}).get("restore_best", False)

@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -195,3 +196,35 @@ def test_early_stopping_on_the_training_metric_is_noted():
         "swimmer.train: patience watches the training metric (swimmer has no validation split); monitor: train says "
         "so, monitor: test uses the test split"]
     assert parsed.dataset("ptb").schedule_notes() == [] and parsed.dataset("hmm").schedule_notes() == []
+
+
+def test_synthetic_sets_draw_a_validation_split_after_train_and_test():
+    from pipeline.data.synthetic import make_hmm_dataset
+
+    base = dict(n_states=3, n_symbols=4, n_train=5, n_test=3, length=30, seed=2)
+    plain, _ = make_hmm_dataset(**base)
+    with_valid, _ = make_hmm_dataset(**base, n_valid=4)
+    assert plain.valid == [] and len(with_valid.valid) == 4
+    for a, b in ((plain.train, with_valid.train), (plain.test, with_valid.test)):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+    assert not any(np.array_equal(v, t) for v in with_valid.valid for t in with_valid.test)
+    assert plain.meta["bayes_optimal"] == with_valid.meta["bayes_optimal"]
+    lg_plain, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=4, n_test=2, length=20, seed=1)
+    lg, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=4, n_test=2, length=20, seed=1, n_valid=2)
+    assert len(lg.valid) == 2 and all(np.array_equal(x, y) for x, y in zip(lg.test, lg_plain.test))
+    with pytest.raises(ValueError, match=r"n_valid=-1; expected an integer >= 0"):
+        make_hmm_dataset(**base, n_valid=-1)
+
+    p = _defaults()
+    p["hmm"]["train"]["monitor"] = "valid"
+    with pytest.raises(ParamsError, match=r"^hmm\.train\.monitor: 'valid', but hmm has no validation split; .*"
+                                          r"\(or hmm\.source\.n_valid > 0\)"):
+        parse_params(p)
+    p["hmm"]["source"]["n_valid"] = 10
+    p["lgssm"]["train"]["patience"] = 2
+    p["lgssm"]["source"]["n_valid"] = 5
+    parsed = parse_params(p)
+    assert parsed.dataset("hmm").train.monitor == "valid" and parsed.dataset("lgssm").schedule_notes() == []
+    p["lgssm"]["source"]["n_valid"] = -1
+    with pytest.raises(ParamsError, match=r"^lgssm\.source\.n_valid: expected an integer >= 0"):
+        parse_params(p)

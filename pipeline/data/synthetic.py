@@ -149,7 +149,7 @@ def _stationary_covariance(A: np.ndarray, Q: np.ndarray) -> np.ndarray:
 def _check_counts(where: str, **counts: int) -> None:
     """Every count an integer >= its minimum (``length`` >= 2: the metrics score o_1 ... o_{T-1})."""
     for name, v in counts.items():
-        low = 2 if name in ("length", "n_symbols") else 0 if name == "seed" else 1
+        low = 2 if name in ("length", "n_symbols") else 0 if name in ("seed", "n_valid") else 1
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
             raise ValueError(f"{where}: {name}={v!r}; expected an integer >= {low}")
 
@@ -161,9 +161,12 @@ def _check_positive(where: str, **values: float) -> None:
 
 
 def make_hmm_dataset(*, n_states: int = 4, n_symbols: int = 6, n_train: int = 100, n_test: int = 20,
-                     length: int = 200, stickiness: float = 0.7, seed: int = 0) -> tuple[SequenceDataset, HMM]:
+                     length: int = 200, stickiness: float = 0.7, seed: int = 0,
+                     n_valid: int = 0) -> tuple[SequenceDataset, HMM]:
+    """Sequences of a random HMM: ``n_train``, ``n_test`` and (drawn after them, so that adding a validation split
+    leaves train and test as they were) ``n_valid``; meta has the true filter's Bayes-optimal test BPC."""
     _check_counts("make_hmm_dataset", n_states=n_states, n_symbols=n_symbols, n_train=n_train, n_test=n_test,
-                  length=length, seed=seed)
+                  length=length, seed=seed, n_valid=n_valid)
     if isinstance(stickiness, bool) or not isinstance(stickiness, (int, float, np.number)) \
             or not 0.0 <= stickiness <= 1.0:
         raise ValueError(f"make_hmm_dataset: stickiness={stickiness!r}; expected a number in [0, 1]")
@@ -171,6 +174,7 @@ def make_hmm_dataset(*, n_states: int = 4, n_symbols: int = 6, n_train: int = 10
     rng = np.random.default_rng(seed + 1)
     train = [hmm.sample(length, rng) for _ in range(n_train)]
     test = [hmm.sample(length, rng) for _ in range(n_test)]
+    valid = [hmm.sample(length, rng) for _ in range(n_valid)]
     uni = np.bincount(np.concatenate(train), minlength=n_symbols) / sum(len(t) for t in train)
     meta = {
         "source": f"synthetic HMM ({n_states} states, {n_symbols} symbols, seed {seed})",
@@ -179,20 +183,24 @@ def make_hmm_dataset(*, n_states: int = 4, n_symbols: int = 6, n_train: int = 10
         "generator": {"initial": hmm.initial.tolist(), "transition": hmm.transition.tolist(),
                       "emission": hmm.emission.tolist()},
     }
-    ds = SequenceDataset(kind="discrete", train=train, test=test, vocab=[str(i) for i in range(n_symbols)], meta=meta)
+    ds = SequenceDataset(kind="discrete", train=train, valid=valid, test=test, vocab=[str(i) for i in range(n_symbols)],
+                         meta=meta)
     return ds, hmm
 
 
 def make_lgssm_dataset(*, state_dim: int = 4, obs_dim: int = 2, n_train: int = 40, n_test: int = 10,
                        length: int = 200, process_noise: float = 0.1, obs_noise: float = 0.1,
-                       seed: int = 0) -> tuple[SequenceDataset, LGSSM]:
+                       seed: int = 0, n_valid: int = 0) -> tuple[SequenceDataset, LGSSM]:
+    """Sequences of a random linear-Gaussian system: ``n_train``, ``n_test`` and (drawn after them) ``n_valid``;
+    meta has the true Kalman filter's Bayes-optimal test MSE."""
     _check_counts("make_lgssm_dataset", state_dim=state_dim, obs_dim=obs_dim, n_train=n_train, n_test=n_test,
-                  length=length, seed=seed)
+                  length=length, seed=seed, n_valid=n_valid)
     _check_positive("make_lgssm_dataset", process_noise=process_noise, obs_noise=obs_noise)
     sys_ = LGSSM.random(state_dim, obs_dim, seed=seed, process_noise=process_noise, obs_noise=obs_noise)
     rng = np.random.default_rng(seed + 1)
     train = [sys_.sample(length, rng) for _ in range(n_train)]
     test = [sys_.sample(length, rng) for _ in range(n_test)]
+    valid = [sys_.sample(length, rng) for _ in range(n_valid)]
     mean = np.concatenate(train).mean(0)
     naive = float(np.mean(np.concatenate([(t[1:] - mean) ** 2 for t in test])))
     meta = {
@@ -201,6 +209,6 @@ def make_lgssm_dataset(*, state_dim: int = 4, obs_dim: int = 2, n_train: int = 4
         "mean_predictor": {"mse": naive},
         "generator": {k: getattr(sys_, k).tolist() for k in ("A", "C", "Q", "R", "P0")},
     }
-    ds = SequenceDataset(kind="continuous", train=train, test=test, features=[f"o{i}" for i in range(obs_dim)],
-                         meta=meta)
+    ds = SequenceDataset(kind="continuous", train=train, valid=valid, test=test,
+                         features=[f"o{i}" for i in range(obs_dim)], meta=meta)
     return ds, sys_
