@@ -158,6 +158,12 @@ class DatasetParams:
                          f"({self.name}.kf: null skips it)")
         return notes
 
+    def train_configs(self) -> list[tuple[str, TrainConfig]]:
+        """Every training setting of the section with the key that names it: ``<ds>.train``, then
+        ``<ds>.train.overrides.<variant>`` for each override."""
+        return [(f"{self.name}.train", self.train),
+                *((f"{self.name}.train.overrides.{v}", c) for v, c in self.train_overrides.items())]
+
     def schedule_notes(self) -> list[str]:
         """Early stopping or restore_best that will watch the training metric, on a built-in set without a
         validation split (not an error: a stall of the training metric is a legitimate signal, but rarely the one
@@ -165,8 +171,7 @@ class DatasetParams:
         if _has_valid(self.name, self.source) is not False:
             return []
         notes = []
-        for key, cfg in ((f"{self.name}.train", self.train),
-                         *((f"{self.name}.train.overrides.{v}", c) for v, c in self.train_overrides.items())):
+        for key, cfg in self.train_configs():
             uses = [k for k, on in (("patience", cfg.patience > 0), ("restore_best", cfg.restore_best)) if on]
             if uses and cfg.monitor == "auto" and cfg.eval_train:
                 verb = "watches" if len(uses) == 1 else "watch"
@@ -829,15 +834,14 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                 raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "
                                   "{lr: 0.1}")
             train_overrides[vname] = _train_config({**tr_section, **changes}, okey, shown=set(changes))
+        dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
+                           layers=layers, train_overrides=train_overrides)
         if _has_valid(name, src) is False:
-            for tkey, tcfg in ((f"{key}.train", tr), *((f"{key}.train.overrides.{v}", c)
-                                                      for v, c in train_overrides.items())):
+            for tkey, tcfg in dp.train_configs():
                 if tcfg.monitor == "valid":
                     hint = f" (or {key}.source.n_valid > 0)" if name in ("hmm", "lgssm") else ""
                     raise ParamsError(f"{tkey}.monitor: 'valid', but {name} has no validation split; expected "
                                       f"'auto' (train), 'train' or 'test'{hint}")
-        dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
-                           layers=layers, train_overrides=train_overrides)
         if dp.discrete and any(v.family == "kf" for v in variants):
             raise ParamsError(f"{key}.variants: kf models continuous data only; remove it for {name}")
         if dp.discrete and kf is not None:

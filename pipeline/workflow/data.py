@@ -114,8 +114,7 @@ def check_custom(params: Params, root: Path, name: str = "custom") -> str:
     ds = _load_custom(dp, root)
     _check_lengths(dp, ds, kalman=True)
     if not ds.valid:
-        for key, cfg in ((f"{name}.train", dp.train),
-                         *((f"{name}.train.overrides.{v}", c) for v, c in dp.train_overrides.items())):
+        for key, cfg in dp.train_configs():
             if cfg.monitor == "valid":
                 raise ParamsError(f"{key}.monitor: 'valid', but {dp.source['path']} gives no validation split; "
                                   f"expected {name}.source.valid_fraction > 0 or 'valid' rows in its split column")
