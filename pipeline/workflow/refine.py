@@ -180,7 +180,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     import torch
 
     from pipeline.tracking import RunTracker, git_commit
-    from pipeline.train import fit, load_checkpoint, trained_weights
+    from pipeline.train import fit, load_checkpoint, trained_epoch, trained_weights
 
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
@@ -248,9 +248,8 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
-    last = result.history[-1]
-    if tcfg.restore_best:   # the trained model is the best epoch's (pipeline.train.trained_weights)
-        last = next(e for e in result.history if e["epoch"] == result.best_epoch)
+    ck = load_checkpoint(ckpt)
+    last = result.history[trained_epoch(ck)]   # the last epoch's, or the best's with restore_best
     tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
     if result.stopped_early:
         tracker.set_tag("stopped_early", result.stopped_early)
@@ -262,7 +261,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     tracker.log_dict({**ds.units(), "dataset": dataset, "variant": variant_name, "seed": seed,
                       "epoch": int(last["epoch"])}, "data_units.json")
     if params.tracking.get("log_model", True):
-        model.load_state_dict(trained_weights(load_checkpoint(ckpt)))
+        model.load_state_dict(trained_weights(ck))
         tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
     tracker.finish()
     write_text(done_file, fingerprint + "\n")
