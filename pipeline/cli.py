@@ -271,19 +271,12 @@ def _check_dvc_yaml(root: Path, params) -> None:
     ``datasets`` lists needs its ``preprocess_<name>`` stage (``preprocess_custom`` ships with dvc.yaml, one for
     ``custom_<name>`` is a copy of it), else ``dvc repro`` stops later on a missing
     ``data/prepared/<name>.parquet``; a copy must name the new dataset everywhere it named ``custom``."""
-    import yaml
-
     from pipeline.config import is_custom
 
     path = root / "dvc.yaml"
     if not path.exists():   # params checked outside a DVC project
         return
-    try:
-        text = path.read_text()
-        stages = (yaml.safe_load(text) or {}).get("stages") or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: cannot read it to check it against params.yaml: "
-                         f"{' '.join(str(exc).split())[:200]}") from None
+    text, stages = _read_dvc_yaml(path)
     if "${datasets}" in text and "datasets" not in params.raw:
         raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
                          f"datasets: [{', '.join(params.datasets)}]")
@@ -304,6 +297,18 @@ def _check_dvc_yaml(root: Path, params) -> None:
                                      f"{wanted[field]!r}, as `python -m pipeline.cli custom-stage {name}` prints it")
 
 
+def _read_dvc_yaml(path: Path) -> tuple[str, dict[str, Any]]:
+    """The text of dvc.yaml and its ``stages`` mapping; an unreadable file is one ValueError naming it."""
+    import yaml
+
+    try:
+        text = path.read_text()
+        return text, (yaml.safe_load(text) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read it to check it against params.yaml: "
+                         f"{' '.join(str(exc).split())[:200]}") from None
+
+
 def custom_stage(template: dict, name: str) -> dict:
     """The ``preprocess_<name>`` stage of a ``custom_<name>`` dataset: the shipped ``preprocess_custom`` stage
     (``template``) with the dataset renamed where it is named (the command's argument, the file dep, the params,
@@ -317,7 +322,7 @@ def custom_stage(template: dict, name: str) -> dict:
             return f"data/prepared/{name}.parquet"
         return entry
 
-    stage = {k: v for k, v in template.items()}
+    stage = dict(template)
     stage["cmd"] = f"python stages/preprocess.py {name}"
     for field in ("deps", "params", "outs"):
         stage[field] = [renamed(e) for e in template.get(field) or []]
@@ -337,8 +342,7 @@ def _custom_stage_text(root: Path, params, name: str) -> str:
         raise ValueError(f"{name}: no section in params.yaml; add it first (the keys of custom: source, two_stage, "
                          "kf, variants, model, train)")
     path = root / "dvc.yaml"
-    text = path.read_text() if path.exists() else ""
-    stages = (yaml.safe_load(text) or {}).get("stages") or {}
+    text, stages = _read_dvc_yaml(path) if path.exists() else ("", {})
     if not isinstance(stages.get("preprocess_custom"), dict):
         raise ValueError(f"{path}: no preprocess_custom stage to copy; expected the dvc.yaml this project ships")
     if f"preprocess_{name}" in stages:
