@@ -67,6 +67,14 @@ class FittedModel:
     two_stage: TwoStageModel | LinearStateSpace | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose weights the model holds: the best one under ``restore_best``, else the last one."""
+        train = self.extras.get("train_config") or {}
+        if train.get("restore_best") and self.extras.get("best_epoch") is not None:
+            return int(self.extras["best_epoch"])
+        return int(self.history[-1]["epoch"]) if self.history else 0
+
     def predict(self, trajectories: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Per trajectory, row t = the prediction of o_{t+1} (logits for discrete data)."""
         from pipeline.train import predict
@@ -88,7 +96,7 @@ class FittedModel:
         c = self.model.config
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
         run = TrainedRun(model=self.model, dataset="", variant=c.model, seed=0,
-                         epoch=int(self.history[-1]["epoch"]) if self.history else 0,
+                         epoch=self.epoch,
                          kind="discrete" if c.discrete else "continuous",
                          mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
         out = run.forecast_encoded([_as_input(t, c.discrete) for t in trajectories], steps, sample=sample, seed=seed,
@@ -129,18 +137,13 @@ def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:
     """The model of a checkpoint dict (of :func:`pipeline.train.fit` or :meth:`FittedModel.save`): built from its
     ``model_config``, then given its trained weights (:func:`pipeline.train.trained_weights`: the last epoch's,
     or the best epoch's with ``restore_best``). ``name`` says which file in errors."""
-    from pipeline.models import build_model
+    from pipeline.models import model_from_config
     from pipeline.train import trained_weights
 
     if not isinstance(ck.get("model_config"), dict) or not isinstance(ck.get("model"), dict):
         raise ValueError(f"{name}: a checkpoint without model_config and model weights; expected one written by "
                          "pipeline.train.fit or FittedModel.save")
-    try:
-        model = build_model(ModelConfig(**ck["model_config"]))
-    except TypeError as exc:   # a config key this version does not know
-        raise ValueError(f"{name}: its model_config does not fit this version's ModelConfig ({exc})") from None
-    model.load_state_dict(trained_weights(ck))
-    return model
+    return model_from_config(ck["model_config"], trained_weights(ck), name)
 
 
 def _as_input(t: np.ndarray, discrete: bool) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.api import fit_model, initialise_model, model_from_checkpoint
+from pipeline.api import fit_model, initialise_model, load_fitted, model_from_checkpoint
 from pipeline.config import ParamsError, parse_params
 from pipeline.data.synthetic import make_lgssm_dataset
 from pipeline.models.common import ModelConfig
@@ -175,15 +175,23 @@ def test_monitoring_a_validation_split_a_dataset_lacks_is_refused():
     assert parsed.dataset("swimmer").train_config("psrnn").patience == 2
 
 
-def test_fit_model_takes_a_validation_split_and_reports_the_stop(data):
+def test_fit_model_takes_a_validation_split_and_reports_the_stop(data, tmp_path):
     train, valid, test = data
     fitted = fit_model(train, test, valid=valid, model="gru", state_dim=6, obs_dim=4, epochs=15, lr=5.0,
-                       batch_size=4, device="cpu", train_options={"lr_decay": 0.5, "patience": 2})
+                       batch_size=4, device="cpu",
+                       train_options={"lr_decay": 0.5, "patience": 2, "restore_best": True})
     assert fitted.extras["stopped_early"] and len(fitted.history) < 16
     assert all("valid" in e for e in fitted.history)
-    assert fitted.extras["best_epoch"] == min(range(len(fitted.history)),
-                                              key=lambda e: fitted.history[e]["valid"]["mse"])
+    best = min(range(len(fitted.history)), key=lambda e: fitted.history[e]["valid"]["mse"])
+    assert fitted.extras["best_epoch"] == best
     assert math.isfinite(fitted.history[-1]["test"]["mse"])
+    # the model holds the best epoch's weights, and says so, also after a save and load
+    assert fitted.epoch == best < fitted.history[-1]["epoch"]
+    assert fitted.evaluate(valid)["mse"] == pytest.approx(fitted.history[best]["valid"]["mse"], rel=1e-9)
+    fitted.save(tmp_path / "m.pt")
+    again = load_fitted(tmp_path / "m.pt")
+    assert again.epoch == best
+    assert again.evaluate(valid)["mse"] == pytest.approx(fitted.history[best]["valid"]["mse"], rel=1e-9)
 
 
 def test_early_stopping_on_the_training_metric_is_noted():

@@ -255,3 +255,14 @@ def test_fitted_model_saves_to_one_pickle_free_file_and_loads_back(model, contin
     (tmp_path / "junk.pt").write_bytes(b"junk")
     with pytest.raises(ValueError, match=r"junk\.pt: not a readable checkpoint"):
         load_fitted(tmp_path / "junk.pt")
+    # a file from another version of the code: a config key this one lacks, or weights of other shapes
+    for i, (change, message) in enumerate([
+            (lambda r: r["model_config"].update(attention_heads=4), r"its model_config does not fit this version.s ModelConfig \(.*attention_heads"),
+            (lambda r: r["model"].update({next(iter(r["model"])): torch.zeros(1, 1, 1)}),
+             rf"its weights do not fit a {model} model of its own config \(.*size mismatch"),
+            (lambda r: r["model"].pop(next(iter(r["model"]))), rf"its weights do not fit a {model} model.*Missing")]):
+        raw = torch.load(path, weights_only=True)
+        change(raw)
+        torch.save(raw, tmp_path / f"v{i}.pt")
+        with pytest.raises(ValueError, match=rf"v{i}\.pt: {message}"):
+            load_fitted(tmp_path / f"v{i}.pt")

@@ -64,12 +64,9 @@ def initialise(params: Params, root: Path, dataset: str, seed: int) -> Path:
 
 
 def load_initial(root: Path, dataset: str, variant: str, seed: int):
-    import torch
+    """The model of ``variant`` with its initial (epoch-0) weights, as the ``initialise`` stage wrote them."""
+    from pipeline.models import model_from_config
 
-    from pipeline.models import ModelConfig, build_model
-
-    arrays, meta = load_npz(artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz")
-    model = build_model(ModelConfig(**meta["model_config"]))
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
-    return model
-
+    path = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
+    arrays, meta = load_npz(path)
+    return model_from_config(meta["model_config"], arrays, str(path))
