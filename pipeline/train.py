@@ -11,7 +11,8 @@
   :class:`TrainingDiverged`, naming the epoch and step; the last good checkpoint is kept untouched.
 * A checkpoint is resumed only if its model and train configs match (:data:`RESUMABLE_CHANGES` may differ).
 * Every epoch is scored on one split (``monitor``: valid when there is one, else train): the best epoch, and, when
-  asked, a learning rate multiplied by ``lr_decay`` after each epoch that does not improve on the best, a stop
+  asked, a learning rate multiplied by ``lr_decay`` after each epoch that does not improve on the best (by more
+  than ``min_delta``), a stop
   after ``patience`` such epochs in a row, and the best epoch's weights as the trained model (``restore_best``).
   The decayed rate lives in the optimiser state and a stop in the checkpoint, so both resume exactly.
 * Subnormal floats are flushed to zero while :func:`fit`, :func:`evaluate` and :func:`predict` run (products of
@@ -237,8 +238,9 @@ def fit(
 ) -> FitResult:
     """Refine ``model`` by BPTT on ``train``; evaluate on ``train``/``valid``/``test`` after every epoch.
 
-    The best epoch is chosen on ``valid`` when given, else on ``test`` (the paper reports test curves; a
-    held-out validation split is the honest choice where the data have one).
+    Each epoch is scored on the split :meth:`TrainConfig.monitored_split` names (``monitor: auto``: ``valid``
+    when given, else ``train``; the test curves the paper reports stay held out): the best epoch, and with
+    ``lr_decay`` / ``patience`` / ``restore_best`` the schedule, go by that score.
     """
     cfg.validate()
     # Products of small gradients through long recurrences reach subnormal floats, which run ~20x slower on CPU.
@@ -309,7 +311,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         """Keep the epoch if it is the best so far; whether it is."""
         nonlocal best_metric, best_epoch, best_state
         value = entry[select_on][metric]
-        if math.isfinite(value) and value < best_metric:
+        if math.isfinite(value) and value < best_metric - cfg.min_delta:
             best_metric, best_epoch = value, entry["epoch"]
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return True
@@ -370,7 +372,8 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * cfg.lr_decay
             if cfg.patience and epoch - best_epoch >= cfg.patience:
-                stopped = (f"{select_on} {metric} did not improve for {cfg.patience} epochs (best "
+                by = f" by more than {cfg.min_delta:g}" if cfg.min_delta else ""
+                stopped = (f"{select_on} {metric} did not improve{by} for {cfg.patience} epochs (best "
                            f"{best_metric:.6g} at epoch {best_epoch}); stopped after epoch {epoch}")
         checkpoint(epoch)
         if on_epoch:

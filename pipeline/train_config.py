@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -25,11 +26,12 @@ class TrainConfig:
     max_loss: float = 1e6         # a training loss above this counts as exploded
     # The schedule (all off by default: the paper trains at a fixed rate for a fixed number of epochs). Each
     # epoch is scored on the `monitor` split; an epoch "improves" when its primary metric (BPC or MSE) is below
-    # the best so far, epoch 0 (the initialisation) included.
+    # the best so far by more than `min_delta`, epoch 0 (the initialisation) included.
     monitor: str = "auto"         # "auto" (valid when the data have it, else train), "valid", "train", "test"
     lr_decay: float = 1.0         # lr x this after every epoch that does not improve (0.25: word_language_model)
     patience: int = 0             # stop after this many epochs in a row without improvement; 0 = never stop
     restore_best: bool = False    # the trained model is the best epoch's weights, not the last epoch's
+    min_delta: float = 0.0        # an improvement smaller than this (bits / MSE units) counts as none
 
     def validate(self) -> None:
         if self.epochs < 0:
@@ -49,6 +51,9 @@ class TrainConfig:
         if not 0 < self.lr_decay <= 1:
             raise ValueError(f"train.lr_decay: expected a factor in (0, 1] (1 = a fixed learning rate), got "
                              f"{self.lr_decay}")
+        if not (self.min_delta >= 0 and math.isfinite(self.min_delta)):
+            raise ValueError(f"train.min_delta: expected a finite number >= 0 (in the monitored metric's units), "
+                             f"got {self.min_delta}")
         if self.patience < 0:
             raise ValueError(f"train.patience: expected >= 0 (0 = never stop early), got {self.patience}")
         if self.monitor == "train" and not self.eval_train:

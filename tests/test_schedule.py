@@ -40,11 +40,11 @@ def _replay(history, cfg, split):
     best, best_epoch, lr, rates, stop = history[0][split]["mse"], 0, cfg.lr, [], None
     for entry in history[1:]:
         rates.append(lr)
-        if entry[split]["mse"] < best:
+        if entry[split]["mse"] < best - cfg.min_delta:
             best, best_epoch = entry[split]["mse"], entry["epoch"]
         else:
             lr *= cfg.lr_decay
-            if entry["epoch"] - best_epoch >= cfg.patience:
+            if cfg.patience and entry["epoch"] - best_epoch >= cfg.patience:
                 stop = entry["epoch"]
                 break
     return rates, best_epoch, stop
@@ -69,6 +69,25 @@ def test_without_a_schedule_the_rate_stays_and_every_epoch_runs(data):
                  valid=valid)
     assert [e["lr"] for e in result.history[1:]] == [5.0] * 6 and result.stopped_early is None
     assert any(b["valid"]["mse"] >= a["valid"]["mse"] for a, b in zip(result.history, result.history[1:]))
+
+
+def test_min_delta_counts_small_improvements_as_none(data):
+    """At a fixed rate training is the same whatever min_delta; only which epoch is best changes: the replay of the
+    scores with the threshold picks it, and here it is not the epoch of the lowest score."""
+    train, valid, test = data
+    base = dict(epochs=12, lr=5.0, bptt=0, batch_size=4, device="cpu", restore_best=True)
+    plain = fit(_gru(), train, test, TrainConfig(**base), valid=valid)
+    scores = [e["valid"]["mse"] for e in plain.history]
+    gains = [best - s for best, s in zip(np.minimum.accumulate(scores), scores[1:]) if s < best]
+    assert len(gains) >= 2, "the run must improve more than once to test anything"
+    cfg = TrainConfig(**base, min_delta=float(np.mean(sorted(gains)[:2])))  # above the smallest gain only
+    model = _gru()
+    thresholded = fit(model, train, test, cfg, valid=valid)
+    untimed = lambda history: [{k: v for k, v in e.items() if k != "seconds"} for e in history]  # noqa: E731
+    assert untimed(thresholded.history) == untimed(plain.history)
+    _, best_epoch, _ = _replay(plain.history, cfg, "valid")
+    assert thresholded.best_epoch == best_epoch != plain.best_epoch == scores.index(min(scores))
+    assert evaluate(model, valid)["mse"] == pytest.approx(scores[best_epoch], rel=1e-9)
 
 
 def test_monitor_picks_the_split_auto_is_valid_else_train(data):
@@ -152,6 +171,7 @@ def _defaults():
     ({"lr_decay": 0.0}, r"ptb\.train\.lr_decay: expected a factor in \(0, 1\]"),
     ({"lr_decay": 1.5}, r"ptb\.train\.lr_decay: expected a factor in \(0, 1\]"),
     ({"patience": -1}, r"ptb\.train\.patience: expected >= 0"),
+    ({"min_delta": -0.1}, r"ptb\.train\.min_delta: expected a finite number >= 0"),
     ({"monitor": "val"}, r"ptb\.train\.monitor: expected one of \['auto', 'valid', 'train', 'test'\]"),
     ({"monitor": "train", "eval_train": False}, r"ptb\.train\.monitor: 'train' needs eval_train: true"),
 ])
