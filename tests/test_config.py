@@ -12,11 +12,6 @@ from pipeline.config import ParamsError, Variant, check_windows, load_params, pa
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def defaults():
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
-
-
 def test_default_and_tiny_params_are_valid(defaults):
     p = parse_params(defaults)
     assert p.dataset("ptb").ranks == [10, 20, 40, 60]

@@ -19,11 +19,6 @@ from pipeline.data.schema import read_dataset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def defaults():
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
-
-
 def _sales_section() -> dict:
     """A discrete dataset of one's own, beside the shipped continuous `custom`."""
     return {"source": {"path": "data/sales.parquet", "kind": "discrete", "symbol_column": "event",

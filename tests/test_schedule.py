@@ -1,14 +1,13 @@
 """The training schedule: learning-rate decay when the monitored metric stops improving, early stopping, the best
 epoch's weights as the trained model; each resumes exactly, and bad settings are one-line errors."""
 
+import copy
 import math
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from pipeline.api import fit_model, initialise_model, load_fitted, model_from_checkpoint
 from pipeline.config import ParamsError, parse_params
@@ -16,8 +15,6 @@ from pipeline.data.synthetic import make_lgssm_dataset
 from pipeline.models.common import ModelConfig
 from pipeline.train import (TrainConfig, check_resumable, evaluate, fit, load_checkpoint, trained_epoch,
                             trained_weights)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +160,6 @@ def test_a_checkpoint_from_before_the_schedule_keys_still_resumes(data, tmp_path
     assert result.best_metric == min(on_train)
 
 
-def _defaults():
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
-
-
 @pytest.mark.parametrize("changes, message", [
     ({"lr_decay": 0.0}, r"ptb\.train\.lr_decay: expected a factor in \(0, 1\]"),
     ({"lr_decay": 1.5}, r"ptb\.train\.lr_decay: expected a factor in \(0, 1\]"),
@@ -175,15 +168,15 @@ def _defaults():
     ({"monitor": "val"}, r"ptb\.train\.monitor: expected one of \['auto', 'valid', 'train', 'test'\]"),
     ({"monitor": "train", "eval_train": False}, r"ptb\.train\.monitor: 'train' needs eval_train: true"),
 ])
-def test_bad_schedule_params_name_their_key(changes, message):
-    p = _defaults()
+def test_bad_schedule_params_name_their_key(changes, message, defaults):
+    p = copy.deepcopy(defaults)
     p["ptb"]["train"].update(changes)
     with pytest.raises(ParamsError, match=message):
         parse_params(p)
 
 
-def test_monitoring_a_validation_split_a_dataset_lacks_is_refused():
-    p = _defaults()
+def test_monitoring_a_validation_split_a_dataset_lacks_is_refused(defaults):
+    p = copy.deepcopy(defaults)
     p["ptb"]["train"]["monitor"] = "valid"          # PTB has one
     p["swimmer"]["train"]["overrides"] = {"psrnn": {"monitor": "valid", "patience": 2}}
     with pytest.raises(ParamsError, match=r"^swimmer\.train\.overrides\.psrnn\.monitor: 'valid', but swimmer has "
@@ -214,8 +207,8 @@ def test_fit_model_takes_a_validation_split_and_reports_the_stop(data, tmp_path)
     assert again.evaluate(valid)["mse"] == pytest.approx(fitted.history[best]["valid"]["mse"], rel=1e-9)
 
 
-def test_early_stopping_on_the_training_metric_is_noted():
-    p = _defaults()
+def test_early_stopping_on_the_training_metric_is_noted(defaults):
+    p = copy.deepcopy(defaults)
     p["swimmer"]["train"]["patience"] = 3
     p["ptb"]["train"]["patience"] = 3                                   # PTB has a validation split: no note
     p["hmm"]["train"]["overrides"] = {"psrnn": {"restore_best": True, "monitor": "train"}}   # said: no note
@@ -226,7 +219,7 @@ def test_early_stopping_on_the_training_metric_is_noted():
     assert parsed.dataset("ptb").schedule_notes() == [] and parsed.dataset("hmm").schedule_notes() == []
 
 
-def test_synthetic_sets_draw_a_validation_split_after_train_and_test():
+def test_synthetic_sets_draw_a_validation_split_after_train_and_test(defaults):
     from pipeline.data.synthetic import make_hmm_dataset
 
     base = dict(n_states=3, n_symbols=4, n_train=5, n_test=3, length=30, seed=2)
@@ -243,7 +236,7 @@ def test_synthetic_sets_draw_a_validation_split_after_train_and_test():
     with pytest.raises(ValueError, match=r"n_valid=-1; expected an integer >= 0"):
         make_hmm_dataset(**base, n_valid=-1)
 
-    p = _defaults()
+    p = copy.deepcopy(defaults)
     p["hmm"]["train"]["monitor"] = "valid"
     with pytest.raises(ParamsError, match=r"^hmm\.train\.monitor: 'valid', but hmm has no validation split; .*"
                                           r"\(or hmm\.source\.n_valid > 0\)"):

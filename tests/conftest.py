@@ -1,0 +1,14 @@
+"""Fixtures shared by the test modules."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def defaults():
+    """The project's params.yaml as loaded, once per session: deep-copy it before changing anything."""
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
