@@ -10,8 +10,10 @@ traceback of every failure."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -280,6 +282,10 @@ def _check_dvc_yaml(root: Path, params) -> None:
     if "${datasets}" in text and "datasets" not in params.raw:
         raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
                          f"datasets: [{', '.join(params.datasets)}]")
+    for key, where in _dvc_yaml_params(stages, params.raw):
+        if _lookup(params.raw, key) is _MISSING:
+            raise ValueError(f"{key}: required, {path} {where}; expected it in params.yaml (the shipped "
+                             "params.yaml has every key dvc.yaml reads)")
     for name in params.selected:
         if not is_custom(name):
             continue
@@ -295,6 +301,81 @@ def _check_dvc_yaml(root: Path, params) -> None:
                 if stage.get(field) != wanted[field]:
                     raise ValueError(f"{path}: stage preprocess_{name}: {field} is {stage.get(field)!r}; expected "
                                      f"{wanted[field]!r}, as `python -m pipeline.cli custom-stage {name}` prints it")
+
+
+_MISSING = object()
+_REFERENCE = re.compile(r"\$\{\s*([^}]+?)\s*\}")
+
+
+def _lookup(raw: Any, key: str) -> Any:
+    """The value of the dotted ``key`` in the params mapping ``raw`` (DVC's reading of a param name), or
+    ``_MISSING``."""
+    for part in key.split("."):
+        if not isinstance(raw, dict) or part not in raw:
+            return _MISSING
+        raw = raw[part]
+    return raw
+
+
+def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
+    """(key, where) for every params.yaml key that the ``stages`` of dvc.yaml read: the ``${...}`` their
+    ``foreach`` / ``matrix`` iterate over or their fields interpolate, and each param they declare, expanded over
+    the iteration (``${item}``, ``${item.<name>}``) as DVC expands it. DVC stops on any of them missing, for every
+    stage of the file, with a message that names the stage rather than the key."""
+    def references(value: Any):
+        if isinstance(value, str):
+            yield from _REFERENCE.findall(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from references(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from references(v)
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, str):
+            whole = _REFERENCE.fullmatch(value.strip())
+            if whole:
+                found = _lookup(raw, whole.group(1))
+                return [] if found is _MISSING else found
+        return value
+
+    for name, stage in stages.items():
+        if not isinstance(stage, dict):
+            continue
+        if "foreach" in stage:
+            items = resolve(stage["foreach"])
+            body = stage.get("do") or {}
+        elif "matrix" in stage:
+            axes = {k: resolve(v) for k, v in (stage["matrix"] or {}).items()}
+            items = [dict(zip(axes, combo)) for combo in itertools.product(*(
+                v if isinstance(v, list) else [v] for v in axes.values()))]
+            body = stage
+        else:
+            items, body = [None], stage
+        for ref in references({k: v for k, v in stage.items() if k in ("foreach", "matrix")}):
+            yield ref, f"iterates over it in stage {name}"
+        for ref in references({k: v for k, v in body.items() if k != "params"}):
+            if not ref.startswith("item"):
+                yield ref, f"interpolates it in stage {name}"
+        if not isinstance(items, (list, dict)):
+            continue
+        declared = [entry for entry in body.get("params") or [] if isinstance(entry, str)]
+        for item in items if isinstance(items, list) else list(items):
+            for entry in declared:
+                key = _REFERENCE.sub(lambda m: _item_value(item, m.group(1)), entry)
+                if "${" not in key:
+                    at = ("" if item is None else f"@{item}" if not isinstance(item, dict)
+                          else "@" + "-".join(str(v) for v in item.values()))   # DVC's name of the stage
+                    yield key, f"declares it as a param of stage {name}{at}"
+
+
+def _item_value(item: Any, ref: str) -> str:
+    if ref == "item":
+        return str(item)
+    if ref.startswith("item.") and isinstance(item, dict) and ref[5:] in item:
+        return str(item[ref[5:]])
+    return "${" + ref + "}"
 
 
 def _read_dvc_yaml(path: Path) -> tuple[str, dict[str, Any]]:

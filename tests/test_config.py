@@ -522,6 +522,51 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     assert out[1].endswith(": valid (2 datasets: hmm, custom; 11 model variants, seeds [0, 1])")
 
 
+@pytest.mark.parametrize("removed, selected, message", [
+    ("seeds", None, "seeds: required, {dvc} iterates over it in stage features"),
+    ("tracking", None, "tracking: required, {dvc} declares it as a param of stage refine@ptb"),
+    ("report", None, "report: required, {dvc} declares it as a param of stage report"),
+    ("mocap.source.trials", None, "mocap.source.trials: required, {dvc} declares it as a param of stage "
+                                  "download_mocap"),
+    ("ptb.model", None, "ptb.model: required, {dvc} declares it as a param of stage initialise@ptb-0"),
+    ("ptb.kf", None, "ptb.kf: required, {dvc} declares it as a param of stage two_stage@ptb-0"),
+    ("ptb.two_stage.past_window", ["hmm"], "ptb.two_stage.past_window: required, {dvc} declares it as a param of "
+                                           "stage preprocess@ptb"),       # prepared whatever `datasets` says
+    ("custom.model", ["hmm", "custom"], "custom.model: required, {dvc} declares it as a param of stage "
+                                        "initialise@custom-0"),
+    ("custom.model", ["hmm"], None),                    # no stage reads it when custom is not trained
+    ("ptb.model", ["hmm"], None),
+])
+def test_check_wants_every_param_dvc_yaml_reads(defaults, tmp_path, capsys, monkeypatch, removed, selected,
+                                                message):
+    """Keys the library would default but dvc.yaml declares as params (or iterates over) are required: `dvc repro`
+    stops on a missing one with a message naming only the stage; `psrnn check` names the key."""
+    import shutil
+
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    (tmp_path / "examples").mkdir()
+    shutil.copy2(ROOT / "examples" / "custom_series.parquet", tmp_path / "examples")
+    shutil.copy2(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    raw = copy.deepcopy(defaults)
+    if selected is not None:
+        raw["datasets"] = selected
+    *parents, last = removed.split(".")
+    section = raw
+    for part in parents:
+        section = section[part]
+    del section[last]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    code = cli.main(["--root", str(tmp_path), "check"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if message is None:
+        assert code == 0 and err == []
+    else:
+        assert code == 1 and err == [f"psrnn check: error: {message.format(dvc=tmp_path / 'dvc.yaml')}; expected it "
+                                     "in params.yaml (the shipped params.yaml has every key dvc.yaml reads)"]
+
+
 def test_example_custom_file_is_what_its_script_writes(tmp_path):
     """examples/custom_series.parquet, the custom section's file as shipped, is reproducible from its script."""
     import importlib.util
