@@ -16,6 +16,7 @@ after that row's observation, of the next one.
 from __future__ import annotations
 
 import json
+import os
 import math
 import tempfile
 from contextlib import contextmanager
@@ -354,7 +355,8 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
 def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickle: bool = False) -> TrainedRun:
     """The final model of an MLflow run of the pipeline with the ``data_units.json`` logged beside it: for a model
     found in the MLflow UI, on a machine without the workspace. ``tracking_uri`` defaults to
-    ``MLFLOW_TRACKING_URI``, else the project's SQLite store.
+    ``MLFLOW_TRACKING_URI``, else the SQLite store of the project around the working directory; a SQLite file that
+    does not exist, or a run the store does not hold, is a one-line error saying which store was asked.
 
     The model is rebuilt from the run's checkpoint artifact (``checkpoints/checkpoint.pt``: the model config and
     weights, read with ``torch.load(weights_only=True)``), so that loading executes nothing from the store and
@@ -367,9 +369,25 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     from pipeline.tracking import tracking_uri as default_uri
     from pipeline.train import load_checkpoint
 
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking import _sqlite_path
+
     uri = tracking_uri or default_uri()
+    where = "tracking_uri" if tracking_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") \
+        else "the default store of the project around the working directory"
+    db = _sqlite_path(uri)
+    if db is not None and not db.is_file():   # MLflow would create an empty store there and then miss the run
+        raise FileNotFoundError(f"{db}: no MLflow store there ({where}); pass tracking_uri= or set "
+                                "MLFLOW_TRACKING_URI to the store that holds the run")
     client = MlflowClient(uri)
-    run = client.get_run(run_id)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise ValueError(f"MLflow run {run_id}: not found in {uri} ({where}); pass tracking_uri= or set "
+                         "MLFLOW_TRACKING_URI to the store that holds it") from None
     tags = run.data.tags
     with tempfile.TemporaryDirectory() as tmp:
         units_path = _download_artifact(client, run_id, "data_units.json", tmp)

@@ -252,6 +252,16 @@ def test_load_mlflow_run_rebuilds_the_model_from_the_checkpoint_and_unpickles_on
     pickled = load_mlflow_run(without, tracking_uri=uri, allow_pickle=True)
     np.testing.assert_allclose(pickled.predict([text])[0], pickled.decode(want), rtol=1e-6)
 
+    # a run the store does not hold, and a store that is not there (not created empty), say which store was asked
+    with pytest.raises(ValueError, match=r"^MLflow run 0123abcd: not found in sqlite:///.*mlflow\.db \(tracking_uri\); "
+                                         "pass tracking_uri= or set MLFLOW_TRACKING_URI"):
+        load_mlflow_run("0123abcd", tracking_uri=uri)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"elsewhere/mlflow\.db: no MLflow store there \(tracking_uri\)"):
+        load_mlflow_run(with_ckpt, tracking_uri=f"sqlite:///{elsewhere / 'mlflow.db'}")
+    assert list(elsewhere.iterdir()) == []
+
 
 def test_trackers_of_two_roots_log_into_their_own_stores(clean_env, tmp_path):
     """One process, two roots: the first tracker (and its log_model) must not redirect the second."""
