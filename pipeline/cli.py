@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None,
                    help="project root (default: $DVC_ROOT in the workspace, else the nearest folder of params.yaml, "
                         "e.g. the experiment's copy in a queued experiment)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log progress at INFO level, wherever the flag is given")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of a failure, wherever the flag is given (also: environment "
                         "variable PSRNN_DEBUG=1)")
@@ -102,15 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--probabilities", action="store_true",
                        help="discrete data: also write every symbol's probability (a list column, vocabulary "
                             "order)")
-        d.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+        d.add_argument("--device", default="auto",
+                       help="auto (default: CUDA when present, as train.device), cpu, cuda or cuda:N")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # --debug counts anywhere, also after the stage name (the stage scripts put the stage name first)
-    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    # --debug and -v count anywhere, also after the stage name (the stage scripts put the stage name first)
+    verbose = ("-v", "--verbose")
+    args = build_parser().parse_args([a for a in argv if a != "--debug" and a not in verbose])
     args.debug = "--debug" in argv
+    args.verbose = any(a in verbose for a in argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from pipeline.config import ParamsError, load_params, project_root

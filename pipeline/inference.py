@@ -102,11 +102,12 @@ class TrainedRun:
                                                                 else "")
             if unknown == "error":
                 raise ValueError(f"{int((~keep).sum())} observations have symbols not in the vocabulary of "
-                                 f"{self.dataset}: {shown}; use unknown 'drop' or 'map'")
+                                 f"{self.dataset}: {shown}; use unknown 'drop' or 'map' (psrnn predict / forecast: "
+                                 "--unknown drop or --unknown map)")
             if unknown == "map":
                 if UNK_SYMBOL not in lookup:
                     raise ValueError(f"unknown='map': the vocabulary of {self.dataset} has no {UNK_SYMBOL!r} symbol "
-                                     f"to map {shown} to; use unknown 'drop'")
+                                     f"to map {shown} to; use unknown 'drop' (psrnn predict / forecast: --unknown drop)")
                 index[~keep] = lookup[UNK_SYMBOL]
                 keep[:] = True
         return index, keep

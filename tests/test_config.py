@@ -578,3 +578,18 @@ def test_example_custom_file_is_what_its_script_writes(tmp_path):
     spec.loader.exec_module(module)
     written = module.main(tmp_path / "series.parquet")
     assert pq.read_table(written).equals(pq.read_table(ROOT / "examples" / "custom_series.parquet"))
+
+
+def test_verbose_and_debug_count_before_or_after_the_stage_name(defaults, tmp_path, monkeypatch):
+    """`psrnn check -v` as well as `psrnn -v check` (the stage scripts put the stage name first)."""
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["hmm"]
+    del raw["custom"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    for argv in (["-v", "check"], ["check", "-v"], ["check", "--verbose", "--debug"]):
+        assert cli.main(["--root", str(tmp_path), *argv]) == 0
+    parser = cli.build_parser()
+    assert parser.parse_args(["predict", "hmm", "psrnn", "0", "in.parquet", "out.parquet"]).device == "auto"

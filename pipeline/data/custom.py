@@ -143,7 +143,8 @@ def read_rows(
 
     require("trajectory", "the trajectory id of each row")
     if kind == "discrete":
-        require(symbol_column, "the discrete observation; set symbol_column to its name")
+        require(symbol_column, "the discrete observation; set symbol_column to its name (psrnn predict / "
+                               "forecast: --symbol-column NAME)")
         if symbol_column in RESERVED:
             raise ValueError(f"symbol_column={symbol_column!r}: that is a reserved column")
         value_columns = [symbol_column]
