@@ -167,13 +167,20 @@ class DatasetParams:
     def schedule_notes(self) -> list[str]:
         """Early stopping or restore_best that will watch the training metric, on a built-in set without a
         validation split (not an error: a stall of the training metric is a legitimate signal, but rarely the one
-        meant)."""
-        if _has_valid(self.name, self.source) is not False:
-            return []
+        meant); and any schedule that the test split drives (allowed, but its test metrics are then not held out,
+        which training warns of only in the refine log)."""
         notes = []
+        no_valid = _has_valid(self.name, self.source) is False
         for key, cfg in self.train_configs():
+            if cfg.monitor == "test" and cfg.scheduled:
+                uses = [k for k, on in (("lr_decay", cfg.lr_decay != 1), ("patience", cfg.patience > 0),
+                                        ("restore_best", cfg.restore_best)) if on]
+                listed = " and ".join([", ".join(uses[:-1]), uses[-1]] if len(uses) > 1 else uses)
+                notes.append(f"{key}: monitor: test lets the test split drive {listed}, so the test "
+                             "metrics of these runs are not held out")
+                continue
             uses = [k for k, on in (("patience", cfg.patience > 0), ("restore_best", cfg.restore_best)) if on]
-            if uses and cfg.monitor == "auto" and cfg.eval_train:
+            if no_valid and uses and cfg.monitor == "auto" and cfg.eval_train:
                 verb = "watches" if len(uses) == 1 else "watch"
                 notes.append(f"{key}: {' and '.join(uses)} {verb} the training metric ({self.name} has no "
                              f"validation split); monitor: train says so, monitor: test uses the test split")

@@ -217,6 +217,14 @@ def test_early_stopping_on_the_training_metric_is_noted(defaults):
         "swimmer.train: patience watches the training metric (swimmer has no validation split); monitor: train says "
         "so, monitor: test uses the test split"]
     assert parsed.dataset("ptb").schedule_notes() == [] and parsed.dataset("hmm").schedule_notes() == []
+    # the test split driving a schedule is noted wherever it is set, with or without a validation split
+    p["ptb"]["train"]["overrides"] = {"lstm": {"monitor": "test", "lr_decay": 0.5, "restore_best": True}}
+    p["mocap"]["train"]["monitor"] = "test"                             # no schedule: nothing to note
+    parsed = parse_params(p)
+    assert parsed.dataset("ptb").schedule_notes() == [
+        "ptb.train.overrides.lstm: monitor: test lets the test split drive lr_decay, patience and "
+        "restore_best, so the test metrics of these runs are not held out"]
+    assert parsed.dataset("mocap").schedule_notes() == []
 
 
 def test_synthetic_sets_draw_a_validation_split_after_train_and_test(defaults):
