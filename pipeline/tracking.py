@@ -261,6 +261,11 @@ class RunTracker:
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 
+    def delete_tag(self, key: str) -> None:
+        """Remove the tag ``key`` of the run, if it has one (a continued run's tag that no longer holds)."""
+        if key in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, key)
+
     def logged_steps(self, metric: str) -> set[int]:
         return {m.step for m in self.client.get_metric_history(self.run_id, metric)}
 

@@ -218,6 +218,8 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                          run_id=previous if reuse_run else None, tags={**tags, "epochs": str(tcfg.epochs)})
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous)
+    if reuse_run and "dvc_exp_name" not in tags:   # an experiment's run continued in the workspace is no longer its
+        tracker.delete_tag("dvc_exp_name")
     write_text(run_id_file, tracker.run_id + "\n")
     config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
                               "model": model.config.to_dict(), "train": asdict(tcfg),
