@@ -6,11 +6,12 @@ its top singular directions (o_t = U_oᵀω_t, h_t = U_hᵀη_t, f_t = U_fᵀφ_
 * stage 1 (ridge, λ = ridge·n):  E[f_t | h_t] = W_fᵀ h_t,   E[s_t ⊗ o_t | h_t] = W_eᵀ h_t
 * stage 2 (ridge, λ = ridge·n):  E[s_t ⊗ o_t | h_t] ≈ Mᵀ E[f_t | h_t]
 * the PSRNN tensor is M reshaped: W[i, j, k] = M[k, (i, j)], so that q_{t+1} ∝ W ×₂ o_t ×₃ q_t (Eq. 5);
-  q₁ is the mean of E[f_t | h_t].
+  q₁ is the normalised mean of E[f_t | h_t]. Below f̂_t = E[f_t | h_t] and ê_t = E[s_t ⊗ o_t | h_t], the
+  stage-1 predictions (s_t stays the shifted future).
 
 Streaming. Only the sufficient statistics are ever held: the projections come from a randomised range finder
 (Halko et al. 2011) whose products ΦᵀΦQ are accumulated chunk by chunk, and stage 1 and 2 need only HᵀH, HᵀF and
-HᵀE (Σ ŝŝᵀ = W_fᵀHᵀH W_f and Σ ŝêᵀ = W_fᵀHᵀH W_e). The last range-finder pass also accumulates these statistics
+HᵀE (Σ f̂f̂ᵀ = W_fᵀHᵀH W_f and Σ f̂êᵀ = W_fᵀHᵀH W_e). The last range-finder pass also accumulates these statistics
 in the range bases Q (they are linear in each projection, and U = QR), so the data are read
 ``power_iterations + 1`` times in all. No T × n_rff matrix is materialised; memory is
 O(chunk·(n_rff + (d + oversample)²) + n_rff·(d + oversample)) besides the data and one (trajectory, t) index per
@@ -352,8 +353,8 @@ def regress_layer(
     lam = cfg.ridge * n
     W_f = _ridge_solve(HH, HF, lam)            # stage 1: history -> future
     W_e = _ridge_solve(HH, HE, lam)            # stage 1: history -> extended future
-    SS = W_f.T @ HH @ W_f                      # Σ ŝ ŝᵀ
-    SE = W_f.T @ HH @ W_e                      # Σ ŝ êᵀ
+    SS = W_f.T @ HH @ W_f                      # Σ f̂ f̂ᵀ
+    SE = W_f.T @ HH @ W_e                      # Σ f̂ êᵀ
     M = _ridge_solve(SS, SE, lam)              # stage 2: E[future] -> E[extended future]
     W = M.reshape(d, d, d_o).transpose(1, 2, 0).copy()   # M[k, i·d_o + j] -> W[i, j, k]
     if cfg.obs_inverse:
