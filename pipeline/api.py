@@ -205,8 +205,8 @@ def fit_model(
     * ``epochs``, ``lr``, ``batch_size``, ``clip``, ``device``, ``seed`` go to :class:`pipeline.train.TrainConfig`;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
       ``max_loss``, ``eval_train``; the schedule ``monitor``, ``lr_decay``, ``patience``, ``min_delta``,
-      ``restore_best``) or overrides these. ``valid``: trajectories held out for the schedule and the best epoch (scored after every
-      epoch, like ``test``); without them the schedule monitors the training metrics.
+      ``restore_best``) or overrides these. ``valid``: trajectories held out for the schedule and the best epoch
+      (scored after every epoch, like ``test``); without them the schedule monitors the training metrics.
     * ``decoder_input``: ``"all"`` lets the decoder of a multilayer PSRNN read every layer's state (skip
       connections; the ``psrnn_<L>layer_skip`` variants), ``"top"`` (default, the paper's) the top layer's alone.
     * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean state; default 0 for ``psrnn``, 0.1 for
