@@ -331,6 +331,8 @@ _KNOWN_LENGTH = {"swimmer": ("length", "pipeline.data.swimmer", "simulate_swimme
                  "mocap": ("track_length", "pipeline.data.mocap", "prepare_mocap")}
 
 _POSITIVE_INT_KEYS = ("n_", "length", "track_length", "lines", "cem_", "min_length", "state_dim", "obs_dim")
+#: integer source keys for which 0 means "none" (checked before the positive prefixes above)
+_NONNEGATIVE_INT_KEYS = {"n_valid": "0: no validation split"}
 
 
 def _check_source(name: str, source: Any) -> dict[str, Any]:
@@ -344,9 +346,10 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
         if not isinstance(v, schema[k]):
             raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
-        if _is_int(v) and k == "n_valid" and v < 0:
-            raise ParamsError(f"{key}.n_valid: expected an integer >= 0 (0: no validation split), got {v}")
-        if _is_int(v) and k.startswith(_POSITIVE_INT_KEYS) and k != "n_valid" and v < 1:
+        if _is_int(v) and k in _NONNEGATIVE_INT_KEYS:
+            if v < 0:
+                raise ParamsError(f"{key}.{k}: expected an integer >= 0 ({_NONNEGATIVE_INT_KEYS[k]}), got {v}")
+        elif _is_int(v) and k.startswith(_POSITIVE_INT_KEYS) and v < 1:
             raise ParamsError(f"{key}.{k}: expected a positive integer, got {v}")
         if k == "seed" and v < 0:
             raise ParamsError(f"{key}.seed: expected a non-negative integer, got {v}")
