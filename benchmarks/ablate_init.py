@@ -111,7 +111,6 @@ def decoder_refit(params, root: Path, runs, seeds) -> list[dict[str, Any]]:
     import torch
 
     from pipeline.metrics import primary_metric
-    from pipeline.models.psrnn import EmbeddingEncoder
     from pipeline.train import evaluate
     from pipeline.two_stage import fit_decoder
     from pipeline.workflow.initialise import initial_model
@@ -123,15 +122,15 @@ def decoder_refit(params, root: Path, runs, seeds) -> list[dict[str, Any]]:
             model, ds = initial_model(params, root, name, variant, seed)
             metric = primary_metric(ds.discrete)
             before = evaluate(model, ds.test)[metric]
+            # the model's own forward with the decoder taken out gives what the decoder reads, per step
+            decoder, model.decoder = model.decoder, torch.nn.Identity()
+            dtype = next(model.parameters()).dtype
             states = []
             with torch.no_grad():
                 for traj in ds.train:
-                    h = (torch.as_tensor(traj)[:, None] if ds.discrete
-                         else torch.as_tensor(traj, dtype=torch.float32)[:, None, :])
-                    for encoder, core, q in zip(model.encoders, model.cores, model.init_state(1)):
-                        h = (core.forward_symbols(encoder.table.weight, h, q) if isinstance(encoder, EmbeddingEncoder)
-                             else core(encoder(h), q))
-                    states.append(h[:, 0].double().numpy())
+                    x = torch.as_tensor(traj)[:, None] if ds.discrete else torch.as_tensor(traj, dtype=dtype)[:, None]
+                    states.append(model(x, model.init_state(1))[0][:, 0].double().numpy())
+            model.decoder = decoder
             dec = fit_decoder(states, ds.train, discrete=ds.discrete, vocab_size=ds.obs_dim if ds.discrete else 0,
                               ridge=params.dataset(name).two_stage.decoder_ridge)
             with torch.no_grad():
@@ -206,12 +205,13 @@ def main(argv=None) -> int:
     if "decoder_refit" in out:
         rows = out["decoder_refit"]
         print("\ndecoder: epoch-0 test BPC / MSE, mean over seeds")
-        print(table(["run", "2SR decoder", "refitted", "difference"],
-                    [[run, mean(rows, "two_stage_decoder", dataset=run.split(":")[0], variant=run.split(":")[1]),
-                      mean(rows, "refitted_decoder", dataset=run.split(":")[0], variant=run.split(":")[1]),
-                      mean(rows, "refitted_decoder", dataset=run.split(":")[0], variant=run.split(":")[1])
-                      - mean(rows, "two_stage_decoder", dataset=run.split(":")[0], variant=run.split(":")[1])]
-                     for run in DECODER_RUNS]))
+        lines = []
+        for run in DECODER_RUNS:
+            name, variant = run.split(":")
+            before, after = (mean(rows, key, dataset=name, variant=variant)
+                             for key in ("two_stage_decoder", "refitted_decoder"))
+            lines.append([run, before, after, after - before])
+        print(table(["run", "2SR decoder", "refitted", "difference"], lines))
     path = write_results("ablate_init", {"machine": machine_info(), **out})
     print(f"\nwritten {path}")
     return 0
