@@ -173,13 +173,12 @@ class DatasetParams:
         no_valid = _has_valid(self.name, self.source) is False
         for key, cfg in self.train_configs():
             if cfg.monitor == "test" and cfg.scheduled:
-                uses = [k for k, on in (("lr_decay", cfg.lr_decay != 1), ("patience", cfg.patience > 0),
-                                        ("restore_best", cfg.restore_best)) if on]
+                uses = cfg.schedule_keys
                 listed = " and ".join([", ".join(uses[:-1]), uses[-1]] if len(uses) > 1 else uses)
                 notes.append(f"{key}: monitor: test lets the test split drive {listed}, so the test "
                              "metrics of these runs are not held out")
                 continue
-            uses = [k for k, on in (("patience", cfg.patience > 0), ("restore_best", cfg.restore_best)) if on]
+            uses = [k for k in cfg.schedule_keys if k != "lr_decay"]   # a plateau decay is not noted
             if no_valid and uses and cfg.monitor == "auto" and cfg.eval_train:
                 verb = "watches" if len(uses) == 1 else "watch"
                 notes.append(f"{key}: {' and '.join(uses)} {verb} the training metric ({self.name} has no "

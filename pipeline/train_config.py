@@ -69,6 +69,13 @@ class TrainConfig:
         return self.monitor
 
     @property
+    def schedule_keys(self) -> list[str]:
+        """The schedule keys set away from their defaults, through which the monitored metric changes training
+        (lr decay, early stopping) or the model kept."""
+        return [k for k, on in (("lr_decay", self.lr_decay != 1), ("patience", self.patience > 0),
+                                ("restore_best", self.restore_best)) if on]
+
+    @property
     def scheduled(self) -> bool:
-        """Whether the monitored metric changes training (lr decay, early stopping) or the model kept."""
-        return self.lr_decay != 1 or self.patience > 0 or self.restore_best
+        """Whether the monitored metric changes training or the model kept (any of :attr:`schedule_keys`)."""
+        return bool(self.schedule_keys)
