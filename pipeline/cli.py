@@ -282,14 +282,15 @@ def _check_dvc_yaml(root: Path, params) -> None:
     path = root / "dvc.yaml"
     if not path.exists():   # params checked outside a DVC project
         return
-    text, stages = _read_dvc_yaml(path)
-    if "${datasets}" in text and "datasets" not in params.raw:
-        raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
-                         f"datasets: [{', '.join(params.datasets)}]")
+    _, stages = _read_dvc_yaml(path)
     for key, where in _dvc_yaml_params(stages, params.raw):
-        if _lookup(params.raw, key) is _MISSING:
-            raise ValueError(f"{key}: required, {path} {where}; expected it in params.yaml (the shipped "
-                             "params.yaml has every key dvc.yaml reads)")
+        if _lookup(params.raw, key) is not _MISSING:
+            continue
+        if key == "datasets":   # the library defaults it (all sections), so say what to write
+            raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
+                             f"datasets: [{', '.join(params.datasets)}]")
+        raise ValueError(f"{key}: required, {path} {where}; expected it in params.yaml (the shipped "
+                         "params.yaml has every key dvc.yaml reads)")
     for name in params.selected:
         if not is_custom(name):
             continue
