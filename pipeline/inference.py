@@ -365,19 +365,16 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     (``tracking.log_checkpoints: false``) has only the ``mlflow.pytorch`` model, a pickle that runs code when
     loaded: that is used only with ``allow_pickle=True``, for a store you trust."""
     from mlflow import MlflowClient
-
-    from pipeline.api import model_from_checkpoint
-    from pipeline.tracking import tracking_uri as default_uri
-    from pipeline.train import load_checkpoint
-
     from mlflow.exceptions import MlflowException
 
-    from pipeline.tracking import _sqlite_path
+    from pipeline.api import model_from_checkpoint
+    from pipeline.tracking import sqlite_path, tracking_uri as default_uri
+    from pipeline.train import load_checkpoint
 
     uri = tracking_uri or default_uri()
     where = "tracking_uri" if tracking_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") \
         else "the default store of the project around the working directory"
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():   # MLflow would create an empty store there and then miss the run
         raise FileNotFoundError(f"{db}: no MLflow store there ({where}); pass tracking_uri= or set "
                                 "MLFLOW_TRACKING_URI to the store that holds the run")

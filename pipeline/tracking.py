@@ -60,7 +60,7 @@ def tracking_uri(root: str | os.PathLike | None = None) -> str:
     return f"sqlite:///{base / 'mlflow.db'}"
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (relative to the working directory, as SQLite opens it)."""
     return Path(uri[len("sqlite:///"):].split("?", 1)[0]) if uri.startswith("sqlite:///") else None
 
@@ -70,7 +70,7 @@ def _store_lock(uri: str) -> Iterator[None]:
     """Exclusive lock (``flock`` on the store's folder) while a SQLite store is created or opened: concurrent
     first opens would run MLflow's Alembic migrations twice and fail ("Online migration expected to match one
     row..."). No-op for other stores and where ``fcntl`` does not exist."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         yield
         return
@@ -90,7 +90,7 @@ def _store_lock(uri: str) -> Iterator[None]:
 def _artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment's artifacts go: ``<store folder>/mlruns/<experiment>`` for a SQLite store, else
     the store's default (None)."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         return None
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in experiment)

@@ -1,5 +1,8 @@
 """Sequence models: PSRNN / factorized PSRNN, the RNN, GRU and LSTM baselines, and the Kalman filter."""
 
+import numpy as np
+import torch
+
 from pipeline.models.common import MODEL_NAMES, ModelConfig, SequenceModel, detach_state
 from pipeline.models.psrnn import PSRNN, FactorizedPSRNNLayer, PSRNNLayer
 from pipeline.models.baselines import RecurrentBaseline
@@ -20,9 +23,6 @@ def model_from_config(config: dict, weights: dict, name: str) -> SequenceModel:
     arrays) describe: the one place where the init artifacts, the checkpoints and saved fitted models turn back
     into a model. ``name`` says which file in the one-line ValueError for a config or weights that do not fit
     this version of the code."""
-    import numpy as np
-    import torch
-
     try:
         model = build_model(ModelConfig(**config))
     except TypeError as exc:   # a config key this version does not know, or one it needs that is missing
