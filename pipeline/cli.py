@@ -283,7 +283,11 @@ def _check_dvc_yaml(root: Path, params) -> None:
     if not path.exists():   # params checked outside a DVC project
         return
     _, stages = _read_dvc_yaml(path)
-    for key, where in _dvc_yaml_params(stages, params.raw):
+    other_files: dict[str, Any] = {}
+    for file, key, where in _dvc_yaml_params(stages, params.raw):
+        if file is not None:   # a `{file: [keys]}` entry naming a params file of your own
+            _check_params_file(root, path, file, key, where, other_files)
+            continue
         if _lookup(params.raw, key) is not _MISSING:
             continue
         if key == "datasets":   # the library defaults it (all sections), so say what to write
@@ -323,10 +327,12 @@ def _lookup(raw: Any, key: str) -> Any:
 
 
 def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
-    """(key, where) for every params.yaml key that the ``stages`` of dvc.yaml read: the ``${...}`` their
+    """(file, key, where) for every params key that the ``stages`` of dvc.yaml read: the ``${...}`` their
     ``foreach`` / ``matrix`` iterate over or their fields interpolate, and each param they declare, expanded over
-    the iteration (``${item}``, ``${item.<name>}``) as DVC expands it. DVC stops on any of them missing, for every
-    stage of the file, with a message that names the stage rather than the key."""
+    the iteration (``${item}``, ``${item.<name>}``) as DVC expands it. ``file`` is None for params.yaml, else the
+    file a ``{file: [keys]}`` entry names (``key`` None where the entry tracks the whole file) and ``where`` only
+    the stage. DVC stops on any of them missing, for every stage of the file, with a message that names the stage
+    rather than the key."""
     def references(value: Any):
         if isinstance(value, str):
             yield from _REFERENCE.findall(value)
@@ -359,20 +365,62 @@ def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
         else:
             items, body = [None], stage
         for ref in references({k: v for k, v in stage.items() if k in ("foreach", "matrix")}):
-            yield ref, f"iterates over it in stage {name}"
+            yield None, ref, f"iterates over it in stage {name}"
         for ref in references({k: v for k, v in body.items() if k != "params"}):
             if not ref.startswith("item"):
-                yield ref, f"interpolates it in stage {name}"
+                yield None, ref, f"interpolates it in stage {name}"
         if not isinstance(items, (list, dict)):
             continue
-        declared = [entry for entry in body.get("params") or [] if isinstance(entry, str)]
         for item in items if isinstance(items, list) else list(items):
-            for entry in declared:
-                key = _REFERENCE.sub(lambda m: _item_value(item, m.group(1)), entry)
-                if "${" not in key:
-                    at = ("" if item is None else f"@{item}" if not isinstance(item, dict)
-                          else "@" + "-".join(str(v) for v in item.values()))   # DVC's name of the stage
-                    yield key, f"declares it as a param of stage {name}{at}"
+            def expand(text: str, item=item) -> str:
+                return _REFERENCE.sub(lambda m: _item_value(item, m.group(1)), text)
+
+            at = ("" if item is None else f"@{item}" if not isinstance(item, dict)
+                  else "@" + "-".join(str(v) for v in item.values()))   # DVC's name of the stage
+            stage_name = f"stage {name}{at}"
+            for entry in body.get("params") or []:
+                if isinstance(entry, str):
+                    entries = {"params.yaml": [entry]}
+                elif isinstance(entry, dict):   # {file: [keys]}; {file: null} tracks the whole file
+                    entries = entry
+                else:
+                    continue
+                for file, keys in entries.items():
+                    file = expand(str(file))
+                    file = None if Path(file) == Path("params.yaml") else file
+                    keys = [] if keys is None else keys if isinstance(keys, list) else [keys]
+                    if file is not None and "${" not in file and not keys:
+                        yield file, None, stage_name
+                    for key in map(expand, map(str, keys)):
+                        if "${" not in key and (file is None or "${" not in file):
+                            yield file, key, (f"declares it as a param of {stage_name}" if file is None
+                                              else stage_name)
+
+
+def _check_params_file(root: Path, dvc_yaml: Path, file: str, key: str | None, stage: str,
+                       loaded: dict[str, Any]) -> None:
+    """A ``{file: [keys]}`` params entry of dvc.yaml: the file must exist (DVC fails on it missing) and, where it
+    is YAML or JSON, hold ``key``. ``loaded`` caches the files read, by name."""
+    import json
+
+    import yaml
+
+    target = root / file
+    if not target.is_file():
+        raise ValueError(f"{file}: not found, {dvc_yaml} declares it as a params file of {stage}; expected that "
+                         f"file (relative to {root})")
+    if key is None or target.suffix.lower() not in (".yaml", ".yml", ".json"):
+        return   # TOML or Python params files are DVC's to read
+    if file not in loaded:
+        try:
+            text = target.read_text()
+            loaded[file] = json.loads(text) if target.suffix.lower() == ".json" else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"{target}: cannot read it as a params file: {' '.join(str(exc).split())[:200]}") \
+                from None
+    if _lookup(loaded[file], key) is _MISSING:
+        raise ValueError(f"{key}: required, {dvc_yaml} declares it as a param of {stage} in {file}; expected it "
+                         f"in {target}")
 
 
 def _item_value(item: Any, ref: str) -> str:

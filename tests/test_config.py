@@ -567,6 +567,43 @@ def test_check_wants_every_param_dvc_yaml_reads(defaults, tmp_path, capsys, monk
                                      "in params.yaml (the shipped params.yaml has every key dvc.yaml reads)"]
 
 
+@pytest.mark.parametrize("entry, files, message", [
+    ({"params.yaml": ["hmm.nope"]}, {}, "hmm.nope: required, {dvc} declares it as a param of stage extra"),
+    ({"params.yaml": ["hmm.train.lr"]}, {}, None),
+    ({"extra.yaml": ["a.b"]}, {}, "extra.yaml: not found, {dvc} declares it as a params file of stage extra; "
+                                  "expected that file (relative to {root})"),
+    ({"extra.yaml": None}, {}, "extra.yaml: not found, {dvc} declares it as a params file of stage extra; "
+                               "expected that file (relative to {root})"),
+    ({"extra.yaml": ["a.c"]}, {"extra.yaml": "a: {b: 1}\n"},
+     "a.c: required, {dvc} declares it as a param of stage extra in extra.yaml; expected it in {root}/extra.yaml"),
+    ({"extra.json": ["a.b"]}, {"extra.json": '{"a": {"b": 1}}'}, None),
+    ({"extra.yaml": ["a.b"]}, {"extra.yaml": "a: [1\n"}, "{root}/extra.yaml: cannot read it as a params file: "),
+    ({"extra.toml": ["a.b"]}, {"extra.toml": "[a]\nb = 1\n"}, None),   # DVC's to read
+])
+def test_check_reads_params_entries_that_name_a_file(defaults, tmp_path, capsys, monkeypatch, entry, files,
+                                                     message):
+    """A stage of your own may declare `{file: [keys]}` params (DVC's long form): `psrnn check` looks the keys up
+    in that file (params.yaml or YAML/JSON of your own) and wants the file to exist, as `dvc repro` will."""
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["hmm"]
+    del raw["custom"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    dvc_yaml = {"stages": {"extra": {"cmd": "true", "params": [entry]}}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code = cli.main(["--root", str(tmp_path), "check"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if message is None:
+        assert code == 0 and err == []
+    else:
+        assert code == 1 and len(err) == 1
+        assert err[0].startswith("psrnn check: error: " + message.format(dvc=tmp_path / "dvc.yaml", root=tmp_path))
+
+
 def test_example_custom_file_is_what_its_script_writes(tmp_path):
     """examples/custom_series.parquet, the custom section's file as shipped, is reproducible from its script."""
     import importlib.util
