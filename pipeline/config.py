@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,9 +64,11 @@ def _dataset_names(keys: typing.Iterable[str]) -> list[str]:
 
 _ALLOWED_DATASETS = f"{', '.join(DATASETS)} or custom_<name> (lower-case letters, digits, underscores)"
 DOWNLOADED = ("ptb", "swimmer", "mocap", "handwriting")
-_VARIANT = re.compile(r"^(psrnn(_(?P<layers>\d+)layer(?P<skip>_skip)?)?(?P<random>_random)?"
-                      r"|factorized_psrnn_r(?P<rank>\d+)"
-                      r"(?P<frandom>_random)?|lstm|gru|rnn|kf)$")
+_VARIANT = re.compile(r"psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<random>_random)?"
+                      r"|factorized_psrnn_r(?P<rank>[0-9]+)"
+                      r"(?P<frandom>_random)?|lstm|gru|rnn|kf")
+MAX_LAYERS = 64   # a bound on PSRNN depth (variants and two_stage.layers), far beyond any useful stack
+SEED_LIMIT = 2 ** 32   # seeds are in [0, 2³²): numpy, torch and gymnasium all take them
 
 
 class ParamsError(ValueError):
@@ -85,25 +88,39 @@ class Variant:
 
     @classmethod
     def parse(cls, name: str, key: str = "variants") -> "Variant":
-        m = _VARIANT.match(str(name))
+        m = _VARIANT.fullmatch(name) if isinstance(name, str) else None
         if not m:
-            raise ParamsError(f"{key}: unknown model variant {name!r}; expected psrnn, psrnn_<L>layer, "
+            raise ParamsError(f"{key}: unknown model variant {_describe(name)}; expected psrnn, psrnn_<L>layer, "
                               "psrnn_<L>layer_skip, psrnn_random, factorized_psrnn_r<rank>, lstm, gru, rnn or kf")
         if name.startswith("factorized_psrnn"):
             rank = int(m.group("rank"))
             if rank <= 0:
                 raise ParamsError(f"{key}: rank in {name!r} must be > 0")
-            return cls(name, "factorized_psrnn", rank=rank, init="random" if m.group("frandom") else "2sr")
+            variant = cls(name, "factorized_psrnn", rank=rank, init="random" if m.group("frandom") else "2sr")
+            return variant._canonical(key)
         if name.startswith("psrnn"):
             layers = int(m.group("layers") or 1)
-            if layers < 1:
-                raise ParamsError(f"{key}: number of layers in {name!r} must be >= 1")
+            if not 1 <= layers <= MAX_LAYERS:
+                raise ParamsError(f"{key}: number of layers in {name!r} must be in 1..{MAX_LAYERS}")
             skip = bool(m.group("skip"))
             if skip and layers < 2:
                 raise ParamsError(f"{key}: {name!r}: _skip needs 2 or more layers (a 1-layer decoder reads its "
                                   "only layer)")
-            return cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr", skip=skip)
+            variant = cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr", skip=skip)
+            return variant._canonical(key)
         return cls(name, name, init="2sr" if name == "kf" else "xavier")
+
+    def _canonical(self, key: str) -> "Variant":
+        """The variant, if its name is the one way of writing it: ``psrnn_1layer`` is ``psrnn`` and ``r07`` is
+        ``r7``, and two spellings of one model in ``variants`` would train it twice under two names."""
+        if self.family == "factorized_psrnn":
+            name = f"factorized_psrnn_r{self.rank}"
+        else:
+            name = "psrnn" + (f"_{self.n_layers}layer" if self.n_layers > 1 else "") + ("_skip" if self.skip else "")
+        name += "_random" if self.init == "random" else ""
+        if name != self.name:
+            raise ParamsError(f"{key}: write {self.name!r} as {name!r} (one name per model)")
+        return self
 
 
 @dataclass
@@ -218,12 +235,17 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean {str(value).lower()}"
     if isinstance(value, int):
+        if value.bit_length() > 64:   # str() of a huge int is slow, and refused past 4300 digits
+            return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
         return f"an integer {value}"
     if isinstance(value, float):
         return f"a number {value!r}"
     if isinstance(value, str):
         return f"a string {value!r}"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:   # an integer inside too long to print
+        text = "[...]" if isinstance(value, (list, tuple)) else "{...}"
     if len(text) > 80:
         text = text[:77] + "..."
     kind = "a list" if isinstance(value, (list, tuple)) else "a mapping" if isinstance(value, dict) else \
@@ -257,6 +279,8 @@ def _check_number(key: str, v: Any, *, low: float | None = None, low_open: bool 
     """A finite number (or +inf when ``allow_inf``) within [low, high] (open ends where asked); NaN never passes."""
     if not _is_number(v):
         raise ParamsError(f"{key}: expected a number, got {_describe(v)}")
+    if isinstance(v, int) and abs(v) > sys.float_info.max:
+        raise ParamsError(f"{key}: expected a number within the float range, got {_describe(v)}")
     want = "a finite number" if not allow_inf else "a number"
     if low is not None and high is not None:
         want += f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
@@ -270,6 +294,17 @@ def _check_number(key: str, v: Any, *, low: float | None = None, low_open: bool 
         raise ParamsError(f"{key}: expected {want}, got {v!r}")
     if high is not None and (v >= high if high_open else v > high):
         raise ParamsError(f"{key}: expected {want}, got {v!r}")
+
+
+def _yaml11_hint(value: Any) -> str:
+    """Why a number written like ``1e-3`` arrived as a string: PyYAML reads YAML 1.1, whose floats need a dot."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return " (YAML 1.1 reads an exponent without a dot as text: write 1.0e-3, not 1e-3)"
+    return ""
 
 
 def _check_int(key: str, v: Any, minimum: int = 1) -> None:
@@ -347,11 +382,12 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
         if _is_int(v) and k in _NONNEGATIVE_INT_KEYS:
             if v < 0:
-                raise ParamsError(f"{key}.{k}: expected an integer >= 0 ({_NONNEGATIVE_INT_KEYS[k]}), got {v}")
+                raise ParamsError(f"{key}.{k}: expected an integer >= 0 ({_NONNEGATIVE_INT_KEYS[k]}), got "
+                                  f"{_describe(v)}")
         elif _is_int(v) and k.startswith(_POSITIVE_INT_KEYS) and v < 1:
-            raise ParamsError(f"{key}.{k}: expected a positive integer, got {v}")
-        if k == "seed" and v < 0:
-            raise ParamsError(f"{key}.seed: expected a non-negative integer, got {v}")
+            raise ParamsError(f"{key}.{k}: expected a positive integer, got {_describe(v)}")
+        if k == "seed" and not 0 <= v < SEED_LIMIT:
+            raise ParamsError(f"{key}.seed: expected an integer in [0, 2**32), got {_describe(v)}")
     if is_custom(name):
         if "path" not in source:
             raise ParamsError(f"{key}.path: required (the Parquet file with your data)")
@@ -377,6 +413,9 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             if reserved:
                 raise ParamsError(f"{key}.features: {reserved} are reserved columns, not features")
         if "symbol_column" in source:
+            if source["kind"] == "continuous":
+                raise ParamsError(f"{key}.symbol_column: only used with kind 'discrete' (continuous data reads "
+                                  "features); remove it")
             if not source["symbol_column"] or source["symbol_column"] in ("trajectory", "step", "split"):
                 raise ParamsError(f"{key}.symbol_column: expected the name of the symbol column, "
                                   f"got {source['symbol_column']!r}")
@@ -436,6 +475,9 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         if not digits or not all(_is_int(d) and 0 <= d <= 9 for d in digits):
             raise ParamsError(f"{key}.digits: expected a non-empty list of digit labels 0-9 (or null for all), "
                               f"got {_describe(digits)}")
+        if len(set(digits)) != len(digits):
+            raise ParamsError(f"{key}.digits: duplicated {sorted({d for d in digits if digits.count(d) > 1})} in "
+                              f"{digits}; expected each digit once")
     for a, b in (("n_train", "n_trajectories"),):
         if a in source and b in source and source[a] >= source[b]:
             raise ParamsError(f"{key}.{a}={source[a]} leaves no test trajectory out of {b}={source[b]}")
@@ -508,6 +550,7 @@ def _choice(*choices: str) -> Callable[[str, Any], None]:
 
 
 _WIDTH_FAMILIES = ("obs", "past", "future")  # pipeline.features.fit_feature_maps
+MIN_KERNEL_WIDTH = 1e-150   # below it 1/width² overflows and the RFF frequencies are infinite
 
 
 def _widths(key: str, v: Any) -> None:
@@ -518,21 +561,22 @@ def _widths(key: str, v: Any) -> None:
         if k not in _WIDTH_FAMILIES:
             raise _unknown(key, k, _WIDTH_FAMILIES)
         if w is not None:
-            _check_number(f"{key}.{k}", w, low=0.0, low_open=True)
+            # the RFF frequencies are drawn with standard deviation 1/width: it must stay a float
+            _check_number(f"{key}.{k}", w, low=MIN_KERNEL_WIDTH)
 
 
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 def _device(key: str, v: Any) -> None:
-    if not isinstance(v, str) or not _DEVICE.match(v):
+    if not isinstance(v, str) or not _DEVICE.fullmatch(v):
         raise ParamsError(f"{key}: expected 'auto', 'cpu', 'cuda' or 'cuda:<index>', got {_describe(v)}")
 
 
 _FIELD_RULES[TwoStageConfig] = {
     **{k: _positive_int for k in ("state_dim", "obs_dim", "past_dim", "n_features", "past_window", "future_window",
                                   "chunk_size")},
-    "power_iterations": _non_negative_int, "oversample": _non_negative_int,
+    "power_iterations": _positive_int, "oversample": _non_negative_int,
     "ridge": _non_negative, "decoder_ridge": _non_negative, "obs_ridge": _non_negative,
     "width_scale": _positive, "widths": _widths,
     "svd": _choice("randomized", "exact"), "feature_dtype": _choice("float32", "float64"),
@@ -624,7 +668,9 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return _coerce(value, non_none[0], key)
     if hint is float:
         if not _is_number(value):
-            raise ParamsError(f"{key}: expected a number, got {_describe(value)}")
+            raise ParamsError(f"{key}: expected a number, got {_describe(value)}{_yaml11_hint(value)}")
+        if isinstance(value, int) and abs(value) > sys.float_info.max:
+            raise ParamsError(f"{key}: expected a number within the float range, got {_describe(value)}")
         return float(value)
     if hint is int:
         if not _is_int(value):
@@ -783,8 +829,8 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             raise ParamsError(f"{k}: unknown key in {source} (expected one of {sorted(allowed)}, or custom_<name> "
                               "for another dataset of your own: lower-case letters, digits, underscores)")
     seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
-        raise ParamsError(f"seeds: expected a non-empty list of non-negative integers, got {_describe(seeds)}")
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and 0 <= s < SEED_LIMIT for s in seeds):
+        raise ParamsError(f"seeds: expected a non-empty list of integers in [0, 2**32), got {_describe(seeds)}")
     if len(set(seeds)) != len(seeds):
         raise ParamsError(f"seeds: duplicated seed in {seeds}")
     data = _mapping(raw.get("data"), "data", "a mapping with key mirror")
@@ -820,6 +866,8 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         ts_section = dict(_mapping(section.get("two_stage"), f"{key}.two_stage"))
         layers = ts_section.pop("layers", 1)
         _positive_int(f"{key}.two_stage.layers", layers)
+        if layers > MAX_LAYERS:
+            raise ParamsError(f"{key}.two_stage.layers: expected at most {MAX_LAYERS}, got {_describe(layers)}")
         ts = _load_dataclass(TwoStageConfig, ts_section, f"{key}.two_stage", exclude=("seed",), also=("layers",))
         tr_section = dict(_mapping(section.get("train"), f"{key}.train"))
         overrides = _mapping(tr_section.pop("overrides", None), f"{key}.train.overrides")
@@ -877,8 +925,22 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     if not datasets:
         raise ParamsError(f"{source}: no dataset section (expected some of {_ALLOWED_DATASETS})")
     selected = _selected_datasets(raw, datasets)
+    _check_figure_datasets(report, datasets)
     return Params(seeds=seeds, data_mirror=mirror, datasets=datasets, tracking=tracking, report=report, raw=raw,
                   selected=selected)
+
+
+def _check_figure_datasets(report: dict[str, Any], datasets: dict[str, DatasetParams]) -> None:
+    """A figure's ``dataset`` / ``datasets`` option names dataset sections of params.yaml (a typo would leave the
+    figure out with only a note in the report)."""
+    for name, value in (report.get("figures") or {}).items():
+        if not isinstance(value, dict):
+            continue
+        named = value.get("datasets", value.get("dataset"))
+        for ds in named if isinstance(named, list) else [named]:
+            if isinstance(ds, str) and ds not in datasets:
+                raise ParamsError(f"report.figures.{name}: dataset {ds!r} has no section in params.yaml; expected "
+                                  f"one of {', '.join(datasets)}")
 
 
 def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) -> list[str]:

@@ -36,6 +36,8 @@ def median_pairwise_distance(x: np.ndarray, *, max_points: int = 1000, seed: int
         raise ValueError(f"median pairwise distance needs at least 2 points, got {n}")
     if n > max_points:
         x = x[np.random.default_rng(seed).choice(n, size=max_points, replace=False)]
+    # distances do not change by a shift; centring keeps ‖x‖² + ‖y‖² − 2xᵀy exact for data far from the origin
+    x = x - x.mean(0)
     sq = np.einsum("ij,ij->i", x, x)
     d2 = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
     iu = np.triu_indices(x.shape[0], k=1)

@@ -26,6 +26,7 @@ its decoder regresses o_{t+1} on the top layer's states and, for skip connection
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -61,20 +62,58 @@ class TwoStageConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        for key in ("state_dim", "obs_dim", "past_dim", "n_features", "past_window", "future_window", "chunk_size"):
+        """Every field, so that library callers (``fit_model(**options)``) get the one-line errors that params.yaml
+        validation gives: a key named and what was expected."""
+        for key in ("state_dim", "obs_dim", "past_dim", "n_features", "past_window", "future_window", "chunk_size",
+                    "power_iterations"):   # power_iterations 0: the projections would span a random subspace
             v = getattr(self, key)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"two_stage.{key}: expected a positive integer, got {v!r}")
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"two_stage.{key}: expected a positive integer, got {_brief(v)}")
+        if not isinstance(self.oversample, (int, np.integer)) or isinstance(self.oversample, bool) \
+                or self.oversample < 0:
+            raise ValueError(f"two_stage.oversample: expected an integer >= 0, got {_brief(self.oversample)}")
         for key in ("state_dim", "obs_dim", "past_dim"):
             if getattr(self, key) > self.n_features:
-                raise ValueError(
-                    f"two_stage.{key}={getattr(self, key)} exceeds n_features={self.n_features}: "
-                    "a projection cannot have more directions than RFF features"
-                )
-        if self.ridge < 0 or self.decoder_ridge < 0:
-            raise ValueError(f"two_stage.ridge must be >= 0, got {self.ridge}")
+                raise ValueError(f"two_stage.{key}={_brief(getattr(self, key))} exceeds n_features="
+                                 f"{_brief(self.n_features)}: a projection cannot have more directions than RFF "
+                                 "features")
+        for key in ("ridge", "decoder_ridge", "obs_ridge"):
+            v = getattr(self, key)
+            if not _finite_number(v) or v < 0:
+                raise ValueError(f"two_stage.{key}: expected a finite number >= 0, got {_brief(v)}")
+        if not _finite_number(self.width_scale) or self.width_scale <= 0:
+            raise ValueError(f"two_stage.width_scale: expected a finite number > 0, got {_brief(self.width_scale)}")
+        if self.widths is not None:
+            if not isinstance(self.widths, dict):
+                raise ValueError(f"two_stage.widths: expected a mapping of obs/past/future widths or None, got "
+                                 f"{_brief(self.widths)}")
+            for k, w in self.widths.items():
+                if k not in ("obs", "past", "future"):
+                    raise ValueError(f"two_stage.widths.{k}: unknown family; expected obs, past or future")
+                if w is not None and (not _finite_number(w) or w < 1e-150):   # 1/w² must stay finite
+                    raise ValueError(f"two_stage.widths.{k}: expected a finite number >= 1e-150, got {_brief(w)}")
         if self.svd not in ("randomized", "exact"):
             raise ValueError(f"two_stage.svd: expected 'randomized' or 'exact', got {self.svd!r}")
+        if self.feature_dtype not in ("float32", "float64"):
+            raise ValueError(f"two_stage.feature_dtype: expected 'float32' or 'float64', got {self.feature_dtype!r}")
+        if not isinstance(self.obs_inverse, bool):
+            raise ValueError(f"two_stage.obs_inverse: expected true or false, got {self.obs_inverse!r}")
+
+
+def _finite_number(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:   # an int beyond the float range
+        return False
+
+
+def _brief(v: Any) -> str:
+    """``repr`` of a value for an error message; an integer too long to print is described by its size."""
+    if isinstance(v, int) and v.bit_length() > 64:
+        return f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
+    return repr(v)
 
 
 @dataclass
@@ -296,10 +335,16 @@ def _ridge_solve(gram: np.ndarray, rhs: np.ndarray, lam: float) -> np.ndarray:
 
 
 def apply_observation_inverse(W: np.ndarray, Coo: np.ndarray, obs_ridge: float) -> np.ndarray:
-    """W ×₂ (C_oo + obs_ridge · tr(C_oo)/d_o · I)⁻¹: the observation mode multiplied by the regularised C_oo⁻¹."""
+    """W ×₂ (C_oo + obs_ridge · tr(C_oo)/d_o · I)⁻¹: the observation mode multiplied by the regularised C_oo⁻¹.
+
+    With ``obs_ridge`` 0 the pseudo-inverse: C_oo is singular whenever the observation projection has more
+    directions than the data span (``obs_dim`` above the number of symbols), and its inverse would blow W up."""
     d_o = Coo.shape[0]
-    reg = obs_ridge * np.trace(Coo) / d_o
-    return np.einsum("ijk,jl->ilk", W, np.linalg.inv(Coo + reg * np.eye(d_o)))
+    if obs_ridge == 0:
+        inverse = np.linalg.pinv(0.5 * (Coo + Coo.T), rcond=1e-10, hermitian=True)
+    else:
+        inverse = np.linalg.inv(Coo + obs_ridge * np.trace(Coo) / d_o * np.eye(d_o))
+    return np.einsum("ijk,jl->ilk", W, inverse)
 
 
 def _projected(maps: FeatureMaps, which: str, x: np.ndarray, U: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -128,18 +128,52 @@ def _custom(**source):
     (lambda p: p["ptb"]["train"].update(device="gpu"), r"^ptb\.train\.device: expected 'auto', 'cpu', 'cuda'"),
     (lambda p: p["ptb"]["train"].update(device="cuda:x"), r"^ptb\.train\.device: "),
     (lambda p: p["ptb"]["two_stage"].update(feature_dtype="float16"), r"^ptb\.two_stage\.feature_dtype: expected one"),
-    (lambda p: p["ptb"]["two_stage"].update(power_iterations=-1), r"^ptb\.two_stage\.power_iterations: expected an "
-                                                                  r"integer >= 0"),
+    (lambda p: p["ptb"]["two_stage"].update(power_iterations=0), r"^ptb\.two_stage\.power_iterations: expected a "
+                                                                 r"positive integer"),   # 0: a random subspace
     (lambda p: p["ptb"]["two_stage"].update(oversample=-1), r"^ptb\.two_stage\.oversample: expected an integer >= 0"),
     (lambda p: p["ptb"]["two_stage"].update(widths={"obs": "wide"}), r"^ptb\.two_stage\.widths\.obs: expected a "
                                                                      r"number"),
     (lambda p: p["ptb"]["two_stage"].update(widths={"obs": -1.0}), r"^ptb\.two_stage\.widths\.obs: expected a finite "
-                                                                   r"number > 0"),
+                                                                   r"number >= 1e-150, got -1\.0$"),
     (lambda p: p["ptb"]["two_stage"].update(widths=[2.0]), r"^ptb\.two_stage\.widths: expected a mapping"),
     (lambda p: p["ptb"]["two_stage"].update(width_scale=0), r"^ptb\.two_stage\.width_scale: expected a finite "
                                                             r"number > 0"),
-    (lambda p: p.update(seeds=[-1]), r"^seeds: expected a non-empty list of non-negative integers"),
-    (lambda p: p["hmm"]["source"].update(seed=-3), r"^hmm\.source\.seed: expected a non-negative integer, got -3"),
+    (lambda p: p.update(seeds=[-1]), r"^seeds: expected a non-empty list of integers in \[0, 2\*\*32\)"),
+    (lambda p: p.update(seeds=[2 ** 64]), r"^seeds: expected a non-empty list of integers in \[0, 2\*\*32\), got a "
+                                          r"list \[18446744073709551616\]$"),   # torch.manual_seed refuses it
+    (lambda p: p.update(seeds=[10 ** 5000]), r"^seeds: expected .*, got a list \[\.\.\.\]$"),
+    (lambda p: p["hmm"]["source"].update(seed=2 ** 32), r"^hmm\.source\.seed: expected an integer in \[0, 2\*\*32\)"),
+    (lambda p: p["ptb"]["two_stage"].update(state_dim=10 ** 5000), r"^ptb\.two_stage\.state_dim=an integer of about "
+                                                                   r"5001 digits exceeds n_features=2000"),
+    (lambda p: p["ptb"]["two_stage"].update(ridge=10 ** 400), r"^ptb\.two_stage\.ridge: expected a number within the "
+                                                              r"float range, got an integer of about 401 digits$"),
+    (lambda p: p["hmm"]["source"].update(stickiness=10 ** 400), r"^hmm\.source\.stickiness: expected a number within "
+                                                                r"the float range"),
+    (lambda p: p["ptb"]["train"].update(lr="1e-3"), r"^ptb\.train\.lr: expected a number, got a string '1e-3' \(YAML "
+                                                    r"1\.1 reads an exponent without a dot as text: write 1\.0e-3"),
+    (lambda p: p["ptb"]["train"].update(device="cpu\n"), r"^ptb\.train\.device: expected 'auto'"),
+    (lambda p: p["ptb"].update(variants=["psrnn", "lstm\n"]), r"^ptb\.variants: unknown model variant"),
+    (lambda p: p["ptb"].update(variants=["factorized_psrnn_r\u0663"]), r"^ptb\.variants: unknown model variant"),
+    (lambda p: p["ptb"].update(variants=["psrnn", "psrnn_1layer"]), r"^ptb\.variants: write 'psrnn_1layer' as "
+                                                                    r"'psrnn' \(one name per model\)$"),
+    (lambda p: p["ptb"].update(variants=["factorized_psrnn_r007"]), r"^ptb\.variants: write 'factorized_psrnn_r007' "
+                                                                    r"as 'factorized_psrnn_r7'"),
+    (lambda p: p["ptb"].update(variants=["psrnn_02layer_random"]), r"^ptb\.variants: write 'psrnn_02layer_random' "
+                                                                   r"as 'psrnn_2layer_random'"),
+    (lambda p: p["ptb"].update(variants=["psrnn_99999999999layer_random"]), r"^ptb\.variants: number of layers in "
+                                                                            r"'psrnn_99999999999layer_random' must "
+                                                                            r"be in 1\.\.64$"),
+    (lambda p: p["ptb"]["two_stage"].update(layers=65), r"^ptb\.two_stage\.layers: expected at most 64"),
+    (lambda p: p["ptb"]["two_stage"].update(widths={"obs": 1e-320}), r"^ptb\.two_stage\.widths\.obs: expected a "
+                                                                     r"finite number >= 1e-150"),
+    (lambda p: p["handwriting"]["source"].update(digits=[1, 1]), r"^handwriting\.source\.digits: duplicated \[1\]"),
+    (lambda p: p["custom"]["source"].update(symbol_column="angle"), r"^custom\.source\.symbol_column: only used with "
+                                                                    r"kind 'discrete'"),
+    (lambda p: p["report"].update(figures={"fig4b": {"dataset": "nosuchds"}}),
+     r"^report\.figures\.fig4b: dataset 'nosuchds' has no section in params\.yaml; expected one of ptb, "),
+    (lambda p: p["report"].update(figures={"fig4a": {"datasets": ["swimmer", "nosuchds"]}}),
+     r"^report\.figures\.fig4a: dataset 'nosuchds' has no section"),
+    (lambda p: p["hmm"]["source"].update(seed=-3), r"^hmm\.source\.seed: expected an integer in \[0, 2\*\*32\), got an integer -3$"),
     (lambda p: p["lgssm"]["source"].update(process_noise=0), r"^lgssm\.source\.process_noise: expected a finite "
                                                              r"number > 0, got 0"),
     (lambda p: p["lgssm"]["source"].update(obs_noise=-0.1), r"^lgssm\.source\.obs_noise: "),
@@ -216,7 +250,7 @@ def test_bad_values_and_sections_name_the_key(defaults, mutate, key):
 def test_good_values_pass(defaults):
     raw = copy.deepcopy(defaults)
     raw["ptb"]["train"].update(device="cuda:1", momentum=0.9, weight_decay=1e-5, clip=0, max_loss=float("inf"))
-    raw["ptb"]["two_stage"].update(widths={"obs": 2.0, "past": None}, feature_dtype="float64", power_iterations=0,
+    raw["ptb"]["two_stage"].update(widths={"obs": 2.0, "past": None}, feature_dtype="float64", power_iterations=1,
                                    oversample=0)
     raw["hmm"]["source"].update(stickiness=1, n_symbols=2)
     raw["report"]["figures"] = {"fig4b": {"feature": "joint1_angle", "seed": 0}, "fig3a": ["lstm", "gru"],
@@ -226,6 +260,32 @@ def test_good_values_pass(defaults):
     raw["data"] = None
     p = parse_params(raw)
     assert p.dataset("ptb").train.device == "cuda:1" and p.dataset("ptb").two_stage.widths["past"] is None
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"oversample": -5}, "two_stage.oversample: expected an integer >= 0, got -5"),
+    ({"power_iterations": 0}, "two_stage.power_iterations: expected a positive integer, got 0"),
+    ({"decoder_ridge": -0.1}, "two_stage.decoder_ridge: expected a finite number >= 0, got -0.1"),
+    ({"obs_ridge": float("nan")}, "two_stage.obs_ridge: expected a finite number >= 0, got nan"),
+    ({"feature_dtype": "float16"}, "two_stage.feature_dtype: expected 'float32' or 'float64', got 'float16'"),
+    ({"width_scale": 0}, "two_stage.width_scale: expected a finite number > 0, got 0"),
+    ({"widths": {"obs": 1e-320}}, "two_stage.widths.obs: expected a finite number >= 1e-150, got 1e-320"),
+    ({"widths": {"pats": 1.0}}, "two_stage.widths.pats: unknown family; expected obs, past or future"),
+    ({"obs_inverse": "yes"}, "two_stage.obs_inverse: expected true or false, got 'yes'"),
+    ({"ridge": 10 ** 400}, "two_stage.ridge: expected a finite number >= 0, got an integer of about 401 digits"),
+])
+def test_library_two_stage_options_are_validated_like_params(option, message):
+    """fit_model(two_stage_options=...) reaches TwoStageConfig without params.yaml validation: the library's own
+    check names the field as params.yaml validation does (an oversample of -5 was a reshape error deep in 2SR)."""
+    import numpy as np
+
+    from pipeline.api import fit_model
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError) as info:
+        fit_model([rng.integers(0, 3, 40) for _ in range(4)], n_features=50, state_dim=4, obs_dim=3, epochs=0,
+                  two_stage_options=option)
+    assert str(info.value) == message
 
 
 def test_duplicate_yaml_keys(tmp_path):

@@ -76,6 +76,17 @@ def test_median_width():
     assert one_hot_window_distance_sample(w, 3) == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("offset", [0.0, 1e6, 1e7])
+def test_median_width_is_exact_far_from_the_origin(offset):
+    """The width of data far from zero (unstandardised, through the API) is that of the same data at zero: the
+    expanded ‖x‖² + ‖y‖² − 2xᵀy lost it to cancellation (16x too wide at an offset of 1e7)."""
+    from scipy.spatial.distance import pdist
+
+    x = np.random.default_rng(0).normal(scale=1e-2, size=(300, 3))
+    expected = float(np.median(pdist(x)))
+    assert median_pairwise_distance(x + offset) == pytest.approx(expected, rel=1e-6)
+
+
 def test_feature_maps_use_median_widths_unless_given():
     rng = np.random.default_rng(0)
     traj = rng.standard_normal((200, 2))

@@ -126,3 +126,19 @@ def test_statistics_rotated_from_the_range_bases_equal_direct_ones(discrete):
     h = maps.apply("past", windows.past, np.float64) @ proj["past"]
     HE = h.T @ (f_shift[:, :, None] * o[:, None, :]).reshape(len(h), -1)
     np.testing.assert_allclose(direct.HE, HE, rtol=1e-9, atol=1e-9 * np.abs(HE).max())
+
+
+def test_observation_inverse_without_ridge_stays_bounded_when_c_oo_is_singular():
+    """obs_dim above the number of symbols makes C_oo singular: with obs_ridge 0 the pseudo-inverse keeps W at the
+    scale of the regularised one (the plain inverse gave max|W| ~ 1e7 against ~1.4) and the same epoch-0 model."""
+    from pipeline.data.synthetic import make_hmm_dataset
+    from pipeline.two_stage import filter_states
+
+    data, _ = make_hmm_dataset(n_states=4, n_symbols=6, n_train=40, n_test=5, length=100, seed=0)
+    layers = {}
+    for obs_ridge in (1e-3, 0.0):
+        cfg = _cfg(state_dim=6, obs_dim=10, past_dim=6, n_features=200, obs_ridge=obs_ridge)
+        layers[obs_ridge] = two_stage_regression(data.train, cfg, discrete=True, vocab_size=6)
+    assert np.abs(layers[0.0].W).max() < 2 * np.abs(layers[1e-3].W).max()
+    a, b = (filter_states(layers[r], data.test[:2]) for r in (1e-3, 0.0))
+    assert max(np.abs(x - y).max() for x, y in zip(a, b)) < 0.05
