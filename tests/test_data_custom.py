@@ -355,3 +355,112 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     assert code == 1 and err.startswith("psrnn check: error: custom.kf.past_window"), err
     code, _, err = check(kf={"state_dim": 9, "past_window": 4, "future_window": 4})
     assert code == 1 and err.startswith("psrnn check: error: custom.kf.state_dim: 9 exceeds"), err
+
+
+# ------------------------------------------------------------------ duplicate columns, page checksums, arguments
+
+
+def test_duplicate_column_names(tmp_path: Path) -> None:
+    traj, x = pa.array([1, 1, 2, 2]), pa.array([0.0, 1.0, 2.0, 3.0])
+    path = tmp_path / "dup.parquet"
+    pq.write_table(pa.table([traj, x, x], names=["trajectory", "x", "x"]), path)
+    for kwargs in ({"kind": "continuous"}, {"kind": "continuous", "features": ["x"]}):
+        assert _error(path, **kwargs) == (f"{path}: columns appearing more than once: 'x'; expected each column "
+                                          "name once (rename or drop the duplicates)")
+    two = tmp_path / "two.parquet"
+    pq.write_table(pa.table([traj, x, traj, x], names=["trajectory", "x", "trajectory", "y"]), two)
+    assert _error(two, kind="continuous") == (f"{two}: columns appearing more than once: 'trajectory'; expected "
+                                              "each column name once (rename or drop the duplicates)")
+
+
+def _flip_data_page(path: Path, column: int) -> Path:
+    """A copy of ``path`` with 8 bytes inverted in the middle of the first data page of ``column`` (the page
+    header, at data_page_offset, and the file structure are left intact)."""
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(column)
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    middle = (chunk.data_page_offset + start + chunk.total_compressed_size) // 2
+    data = bytearray(path.read_bytes())
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    bad = path.with_name("bad_" + path.name)
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+def test_corrupt_data_page_is_detected_by_its_checksum(tmp_path: Path) -> None:
+    cols = _continuous(n_traj=10, length=100)
+    path = tmp_path / "crc.parquet"
+    pq.write_table(pa.table(cols), path, write_page_checksum=True, compression="none", use_dictionary=False)
+    bad = _flip_data_page(path, 2)  # column 'a'
+    crc = ("corrupt Parquet file: a data page fails its checksum (could not verify page integrity, CRC checksum "
+           "verification failed for page_ordinal 0); expected an intact file: copy or write it again")
+    assert _error(bad, kind="continuous") == f"{bad}: {crc}"
+    assert _error(bad, kind="continuous", features=["a"]) == f"{bad}: {crc}"
+    # the same damage without checksums reads back as other numbers (module docstring: not detected)
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table(cols), plain, compression="none", use_dictionary=False)
+    assert not pq.read_table(_flip_data_page(plain, 2)).equals(pq.read_table(plain))
+
+
+def test_prepared_datasets_carry_page_checksums(tmp_path: Path) -> None:
+    """write_dataset writes page CRCs: a flipped byte in its data pages fails read_dataset and load_custom."""
+    ds = load_custom(_write(tmp_path, _continuous(n_traj=10, length=100)), kind="continuous", features=["a"])
+    out = tmp_path / "prepared.parquet"
+    write_dataset(out, ds)
+    names = pq.read_schema(out).names
+    bad = _flip_data_page(out, names.index("a"))
+    with pytest.raises(ValueError) as err:
+        read_dataset(bad)
+    assert str(err.value) == (f"{bad}: not a readable Parquet file, truncated or corrupt (could not verify page "
+                              "integrity, CRC checksum verification failed for page_ordinal 0)")
+    assert "a data page fails its checksum" in _error(bad, kind="continuous", features=["a"])
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"features": "xy"}, "features='xy': expected a list of column names (strings), or None for all numeric columns"),
+    ({"features": ["a", 1]}, "features=['a', 1]: expected a list of column names (strings), or None for all "
+                             "numeric columns"),
+    ({"normalize": "no"}, "normalize='no': expected a bool (True or False)"),
+    ({"normalize": 0}, "normalize=0: expected a bool (True or False)"),
+    ({"test_fraction": "0.2"}, "test_fraction='0.2': expected a number strictly between 0 and 1"),
+    ({"test_fraction": None}, "test_fraction=None: expected a number strictly between 0 and 1"),
+    ({"test_fraction": True}, "test_fraction=True: expected a number strictly between 0 and 1"),
+    ({"test_fraction": float("nan")}, "test_fraction=nan: expected a number strictly between 0 and 1"),
+    ({"valid_fraction": "0.1"}, "valid_fraction='0.1': expected a number >= 0 with test_fraction + valid_fraction "
+                                "< 1 (test_fraction=0.2)"),
+    ({"valid_fraction": None}, "valid_fraction=None: expected a number >= 0 with test_fraction + valid_fraction "
+                               "< 1 (test_fraction=0.2)"),
+    ({"seed": -1}, "seed=-1: expected an integer with 0 <= seed < 2**32"),
+    ({"seed": 2 ** 32}, "seed=4294967296: expected an integer with 0 <= seed < 2**32"),
+    ({"seed": 1.5}, "seed=1.5: expected an integer with 0 <= seed < 2**32"),
+    ({"seed": "0"}, "seed='0': expected an integer with 0 <= seed < 2**32"),
+    ({"seed": True}, "seed=True: expected an integer with 0 <= seed < 2**32"),
+    ({"symbol_column": None}, "symbol_column=None: expected a column name (a string)"),
+    ({"kind": ["continuous"]}, "kind=['continuous']: expected one of ('discrete', 'continuous')"),
+])
+def test_bad_arguments_are_named(tmp_path: Path, kwargs: dict[str, Any], expected: str) -> None:
+    path = _write(tmp_path, _continuous())
+    kwargs = {"kind": "continuous", **kwargs}
+    with pytest.raises(ValueError) as err:
+        load_custom(path, **kwargs)
+    assert str(err.value) == expected
+
+
+def test_bad_path_argument_and_read_rows_checks(tmp_path: Path) -> None:
+    from pipeline.data.custom import read_rows
+
+    for bad in (None, 3):
+        with pytest.raises(ValueError) as err:
+            load_custom(bad, kind="continuous")  # type: ignore[arg-type]
+        assert str(err.value) == f"path={bad!r}: expected a str or os.PathLike naming a Parquet file"
+    path = _write(tmp_path, _continuous())
+    with pytest.raises(ValueError) as err:
+        read_rows(None, kind="continuous")  # type: ignore[arg-type]
+    assert str(err.value) == "path=None: expected a str or os.PathLike naming a Parquet file"
+    with pytest.raises(ValueError) as err:
+        read_rows(path, kind="continuous", features="ab")  # type: ignore[arg-type]
+    assert str(err.value).startswith("features='ab': expected a list of column names")
+    # accepted spellings: a str path, a tuple of features, numpy scalars for the numbers
+    ds = load_custom(str(path), kind="continuous", features=("a",), test_fraction=np.float64(0.34),
+                     seed=np.int64(3), normalize=np.bool_(False))
+    assert ds.meta["trajectory_ids"] == load_custom(path, kind="continuous", test_fraction=0.34, seed=3
+                                                    ).meta["trajectory_ids"]

@@ -28,8 +28,12 @@ Auto-detected features (``features=None``): a column is a feature if its Parquet
 dropped columns; name the columns in ``features`` to silence it (a named non-numeric column is an error). If no
 column is left, that is an error.
 
-Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: unreadable,
-truncated or corrupt file; missing columns; wrong types (e.g. a non-numeric feature column); missing values in
+Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: a file
+that is not Parquet or whose structure is truncated or garbled (always detected); corrupt bytes inside a data page,
+detected only when the file carries page checksums (it is read with page checksum verification on; the pipeline's
+own Parquet files are written with them, but pyarrow, pandas and most other writers write none by default, and a
+flipped byte in a checksum-less file's values can read back as a silently different number); a column name that
+appears more than once; missing columns; wrong types (e.g. a non-numeric feature column); missing values in
 ``trajectory``/``step``/``split``/symbol; NaN or Inf in a feature (with the number of rows and the first
 trajectory); duplicate steps; trajectories shorter than ``min_length`` rows; an empty train or test split; a
 discrete dataset with a single symbol, or with valid/test symbols not seen in train.
@@ -40,12 +44,20 @@ constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std
 divided by its largest magnitude and scaled back; a standardised value that is still not finite (a valid/test value
 astronomically far from the train spread) is an error naming the column and split. Trajectories are stored in
 increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids.
+
+Arguments are checked before the file is read, each a one-line :class:`ValueError` naming the argument: ``path`` a
+str or ``os.PathLike``; ``kind`` one of ``KINDS``; ``features`` None or a list (or tuple) of column-name strings (a
+plain string such as ``"xy"`` is refused, not split into letters); ``symbol_column`` a string; ``test_fraction`` a
+number in (0, 1); ``valid_fraction`` a number in [0, 1) with ``test_fraction + valid_fraction < 1``; ``seed`` an
+integer in [0, 2**32); ``normalize`` a bool; ``min_length`` a positive integer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import numbers
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +72,7 @@ log = logging.getLogger(__name__)
 RESERVED = ("trajectory", "step", "split")
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 _MAX_SHOWN = 10
+_SEED_LIMIT = 2 ** 32   # as pipeline.config.SEED_LIMIT: numpy, torch and gymnasium all take seeds in [0, 2**32)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -69,6 +82,32 @@ def _one_line(exc: BaseException) -> str:
 def _shown(values: list[Any]) -> str:
     head = ", ".join(repr(v) for v in values[:_MAX_SHOWN])
     return head + (f", ... ({len(values)} in all)" if len(values) > _MAX_SHOWN else "")
+
+
+def _check_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path={path!r}: expected a str or os.PathLike naming a Parquet file")
+    return Path(path)
+
+
+def _is_real(value: Any) -> bool:
+    """A real number, not a bool (``True`` is an ``int`` to Python) and not a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_options(test_fraction: Any, valid_fraction: Any, seed: Any, normalize: Any) -> None:
+    """The split and normalisation arguments of :func:`load_custom`: one-line errors naming the argument."""
+    if not _is_real(test_fraction) or not 0.0 < float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
+    if not _is_real(valid_fraction) or not 0.0 <= float(valid_fraction) < 1.0 \
+            or float(test_fraction) + float(valid_fraction) >= 1.0:
+        raise ValueError(f"valid_fraction={valid_fraction!r}: expected a number >= 0 with test_fraction + "
+                         f"valid_fraction < 1 (test_fraction={test_fraction!r})")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) \
+            or not 0 <= seed < _SEED_LIMIT:
+        raise ValueError(f"seed={seed!r}: expected an integer with 0 <= seed < 2**32")
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise ValueError(f"normalize={normalize!r}: expected a bool (True or False)")
 
 
 def _py(value: Any) -> Any:
@@ -106,14 +145,19 @@ def read_rows(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    if kind not in KINDS:
+    path = _check_path(path)
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {KINDS}")
-    if isinstance(min_length, bool) or not isinstance(min_length, (int, np.integer)) or min_length < 1:
+    if isinstance(min_length, (bool, np.bool_)) or not isinstance(min_length, (int, np.integer)) or min_length < 1:
         raise ValueError(f"min_length={min_length!r}: expected a positive integer")
+    if not isinstance(symbol_column, str):
+        raise ValueError(f"symbol_column={symbol_column!r}: expected a column name (a string)")
     if kind == "discrete" and features is not None:
         raise ValueError(f"features={features!r}: only used with kind='continuous' (discrete data uses symbol_column)")
     if features is not None:
+        if not isinstance(features, (list, tuple)) or not all(isinstance(f, str) for f in features):
+            raise ValueError(f"features={features!r}: expected a list of column names (strings), or None for all "
+                             "numeric columns")
         features = list(features)
         if not features:
             raise ValueError("features=[]: expected at least one feature column (or None for all numeric columns)")
@@ -132,7 +176,11 @@ def read_rows(
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for damaged files
         raise ValueError(f"{path}: not a readable Parquet file (truncated or corrupt?): {_one_line(exc)}") from None
     names = list(schema.names)
-    types = {name: schema.field(name).type for name in names}
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{path}: columns appearing more than once: {_shown(repeated)}; expected each column name "
+                         "once (rename or drop the duplicates)")
+    types = {name: schema.field(i).type for i, name in enumerate(names)}
 
     def fail(what: str) -> ValueError:
         return ValueError(f"{path}: {what}")
@@ -188,8 +236,12 @@ def read_rows(
 
     columns = ["trajectory"] + (["step"] if has_step else []) + (["split"] if has_split else []) + value_columns
     try:
-        table = pq.read_table(path, columns=columns)
+        # verifies the CRC of every page that carries one (pyarrow writes none unless asked: write_page_checksum)
+        table = pq.read_table(path, columns=columns, page_checksum_verification=True)
     except Exception as exc:
+        if "checksum" in str(exc).lower():
+            raise ValueError(f"{path}: corrupt Parquet file: a data page fails its checksum ({_one_line(exc)}); "
+                             "expected an intact file: copy or write it again") from None
         raise ValueError(f"{path}: not a readable Parquet file (truncated or corrupt?): {_one_line(exc)}") from None
     n_rows = table.num_rows
     if n_rows == 0:
@@ -273,12 +325,9 @@ def load_custom(
     normalize: bool = True,
     min_length: int = 2,
 ) -> SequenceDataset:
-    """Load, check and split the Parquet file ``path`` (schema in the module docstring)."""
-    if not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
-    if not 0.0 <= float(valid_fraction) < 1.0 or float(test_fraction) + float(valid_fraction) >= 1.0:
-        raise ValueError(f"valid_fraction={valid_fraction!r}: expected a number >= 0 with test_fraction + "
-                         f"valid_fraction < 1 (test_fraction={test_fraction!r})")
+    """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring)."""
+    _check_path(path)
+    _check_options(test_fraction, valid_fraction, seed, normalize)
     rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
                      with_split=True)
     path, uniq, groups, values, value_columns = rows.path, rows.ids, rows.groups, rows.values, rows.columns

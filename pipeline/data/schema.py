@@ -136,7 +136,8 @@ def write_dataset(path: str | os.PathLike, ds: SequenceDataset) -> None:
     meta = {"kind": ds.kind, "features": ds.features, "vocab": ds.vocab, **ds.meta}
     table = pa.table(cols).replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp)
+        # page CRCs: a reader verifying them (read_dataset, pipeline.data.custom) detects a corrupt data page
+        pq.write_table(table, tmp, write_page_checksum=True)
 
 
 def read_dataset(path: str | os.PathLike) -> SequenceDataset:
@@ -147,9 +148,10 @@ def read_dataset(path: str | os.PathLike) -> SequenceDataset:
     if not path.exists():
         raise FileNotFoundError(f"{path}: prepared dataset not found")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, page_checksum_verification=True)
     except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"{path}: not a readable Parquet file, truncated or corrupt ({detail})") from None
     raw_meta = (table.schema.metadata or {}).get(META_KEY)
     if raw_meta is None:
         raise ValueError(f"{path}: Parquet schema metadata has no 'psrnn' key; was it written by write_dataset?")
