@@ -21,8 +21,11 @@ from typing import Any, Callable, Sequence
 STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initialise", "refine", "evaluate",
           "report", "check", "predict", "forecast")
 
-#: failures that are the input's or the environment's fault, not a bug: one line, no traceback
-_EXPECTED = (ValueError, OSError, RuntimeError, KeyError, EOFError, ImportError)
+#: failures that are the input's or the environment's fault, not a bug: one line, no traceback (MemoryError: sizes
+#: that do not fit this machine, e.g. numpy's "Unable to allocate 21.8 TiB for an array ...")
+_EXPECTED = (ValueError, OSError, RuntimeError, KeyError, EOFError, ImportError, MemoryError)
+_MEMORY_ADVICE = ("expected sizes in params.yaml (n_features, state_dim, lengths ...) that fit this machine's memory "
+                  "(psrnn predict / forecast: a smaller --block-rows, --steps or input)")
 #: top-level packages whose exceptions are reported in one line (MLflow and its SQL store, HTTP clients, archives,
 #: Parquet, YAML); matched by module name so that none of them is imported here
 _EXPECTED_MODULES = frozenset({"mlflow", "sqlalchemy", "alembic", "requests", "urllib3", "http", "zipfile", "zlib",
@@ -85,26 +88,30 @@ def build_parser() -> argparse.ArgumentParser:
                                      "units")
         d.add_argument("output", help=out + " (README, 'Using a trained model on new data')")
         if name == "forecast":
-            d.add_argument("--steps", type=int, required=True, help="how many observations to forecast")
+            d.add_argument("--steps", type=int, required=True,
+                           help="how many observations to forecast (1 to 1000000)")
             d.add_argument("--sample", action="store_true",
                            help="discrete data: feed back symbols drawn from the predicted distribution (default: "
                                 "the most likely symbol)")
-            d.add_argument("--sample-seed", type=int, default=0, help="seed of --sample's draws (default 0)")
+            d.add_argument("--sample-seed", type=int, default=0,
+                           help="seed of --sample's draws, 0 <= seed < 2**32 (default 0)")
         else:
             d.add_argument("--block-rows", type=int, default=65536,
                            help="rows filtered and written at a time (one Parquet row group each; default 65536): "
                                 "memory does not grow with the input beyond the input itself")
         d.add_argument("--initial", action="store_true",
                        help="use the run's initial (epoch 0: 2SR or random) weights instead of the trained ones")
-        d.add_argument("--symbol-column", default="symbol", help="discrete data: the input's symbol column")
-        d.add_argument("--unknown", choices=("error", "drop", "map"), default="error",
+        # discrete-only options default to None, so that giving one for a continuous run is refused
+        d.add_argument("--symbol-column", default=None,
+                       help="discrete data: the input's symbol column (default: symbol)")
+        d.add_argument("--unknown", choices=("error", "drop", "map"), default=None,
                        help="discrete data: a symbol not in the training vocabulary is an error (default), is "
                             "dropped, or is mapped to <unk> (a vocabulary that has one, e.g. ptb with unknown: map)")
         d.add_argument("--probabilities", action="store_true",
                        help="discrete data: also write every symbol's probability (a list column, vocabulary "
                             "order)")
         d.add_argument("--device", default="auto",
-                       help="auto (default: CUDA when present, as train.device), cpu, cuda or cuda:N")
+                       help="auto (default: CUDA when present, as train.device), cpu, cuda or cuda:<index>")
     return p
 
 
@@ -168,6 +175,8 @@ def one_line(exc: BaseException) -> str:
         text = " ".join(str(exc.args[0]).split())
     if len(text) > _MAX_MESSAGE:
         text = text[:_MAX_MESSAGE - 3].rstrip() + "..."
+    if isinstance(exc, MemoryError):
+        return f"out of memory{': ' + text if text else ''}; {_MEMORY_ADVICE}"
     name = type(exc).__name__
     if not text:
         return name
@@ -212,16 +221,42 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
     return 0
 
 
+def _check_inference_args(args: argparse.Namespace) -> None:
+    """What ``psrnn predict`` / ``forecast`` can check of their arguments before loading anything: the device and
+    the output path (``--steps`` and ``--sample-seed`` of forecast)."""
+    from pipeline.inference import check_output_path, check_seed, check_steps, resolve_device
+
+    if args.stage == "forecast":
+        check_steps(args.steps, "--steps")
+        check_seed(args.sample_seed, "--sample-seed")
+    resolve_device(args.device, "--device")
+    check_output_path(args.output)
+
+
+def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:
+    """The discrete-only options for ``run``, their defaults filled in; given for a continuous run, an error."""
+    if not run.discrete:
+        given = [flag for flag, value in (("--symbol-column", args.symbol_column), ("--unknown", args.unknown),
+                                          ("--probabilities", args.probabilities or None),
+                                          ("--sample", getattr(args, "sample", False) or None))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{given[0]}: applies to discrete runs only; {args.dataset} {args.variant} seed "
+                             f"{args.run_seed} is a continuous run (features {', '.join(run.features)})")
+    return {"symbol_column": args.symbol_column if args.symbol_column is not None else "symbol",
+            "unknown": args.unknown if args.unknown is not None else "error", "probabilities": args.probabilities}
+
+
 def _predict(args: argparse.Namespace, root: Path) -> None:
     """``psrnn predict``: :func:`pipeline.inference.predict_file`, and one line of what was written."""
     from pipeline.inference import load_run, predict_file
 
     if args.block_rows < 1:   # before loading anything
         raise ValueError(f"--block-rows {args.block_rows}: expected a positive number of rows")
+    _check_inference_args(args)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
-    summary = predict_file(run, Path(args.input), Path(args.output), symbol_column=args.symbol_column,
-                           unknown=args.unknown, probabilities=args.probabilities, device=args.device,
-                           block_rows=args.block_rows)
+    summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
+                           device=args.device, block_rows=args.block_rows)
     m = summary["metrics"]
     shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v) or "no next observation to score"
     dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
@@ -235,10 +270,10 @@ def _forecast(args: argparse.Namespace, root: Path) -> None:
     """``psrnn forecast``: :func:`pipeline.inference.forecast_file`, and one line of what was written."""
     from pipeline.inference import forecast_file, load_run
 
+    _check_inference_args(args)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
-                            seed=args.sample_seed, symbol_column=args.symbol_column, unknown=args.unknown,
-                            probabilities=args.probabilities, device=args.device)
+                            seed=args.sample_seed, **_discrete_options(args, run), device=args.device)
     n = summary["trajectories"]
     dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
     print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "

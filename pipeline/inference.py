@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import math
+import re
+import stat
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +32,77 @@ UNKNOWN_RULES = ("error", "drop", "map")
 UNK_SYMBOL = "<unk>"   # the symbol PTB's unknown: map appends to its vocabulary
 PREDICT_META_KEY = b"psrnn_predict"
 DEFAULT_BLOCK_ROWS = 1 << 16   # rows predict_file filters and writes at a time: memory flat in the input size
+MAX_FORECAST_STEPS = 1_000_000  # forecasts run one step at a time: a bound that keeps a typo from running forever
+SEED_LIMIT = 2 ** 32           # forecast seeds are in [0, 2³²), as the pipeline's seeds
 _EVAL_CHUNK = 2048             # steps per model call, as pipeline.train.evaluate
+_FLOAT32_MAX = float(np.finfo(np.float32).max)   # standardised inputs must fit the float32 models run in
+_DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]+)?", re.ASCII)
+
+
+def _option(option: str, value: Any) -> str:
+    """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python)."""
+    return f"{option}{value!r}" if option.endswith("=") else f"{option} {value}"
+
+
+def resolve_device(name: Any, option: str = "device=") -> Any:
+    """The torch device of ``name``: auto (CUDA when present), cpu, cuda or cuda:<index>, one this machine has.
+    Errors name ``option`` (``--device`` on the command line)."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(f"{_option(option, name)}: expected auto, cpu, cuda or cuda:<index> (e.g. cuda:0)")
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{_option(option, name)}: CUDA is not available on this machine; expected auto or cpu")
+    index = int(name[5:]) if ":" in name else None
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ValueError(f"{_option(option, name)}: this machine has {count} CUDA device{'' if count == 1 else 's'} "
+                         f"(cuda:0 to cuda:{count - 1}); expected one of them, cuda, auto or cpu")
+    return torch.device(name)
+
+
+def check_steps(steps: Any, option: str = "steps=") -> None:
+    """Forecast horizons: a positive integer up to :data:`MAX_FORECAST_STEPS`."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_FORECAST_STEPS:
+        raise ValueError(f"{_option(option, steps)}: expected a positive integer up to {MAX_FORECAST_STEPS}")
+
+
+def check_seed(seed: Any, option: str = "seed=") -> None:
+    """A forecast's sampling seed: an integer in [0, 2³²)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{_option(option, seed)}: expected an integer with 0 <= seed < 2**32")
+
+
+def check_output_path(output_path: str | Path) -> None:
+    """Refuse, before any work, an output that cannot be written by renaming a temporary file onto it: a path that
+    exists and is not a regular file (a symbolic link, directory, FIFO, device or socket: the rename would replace
+    the link or special file itself), or one whose nearest existing parent is not a directory."""
+    path = Path(output_path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:   # e.g. a parent that is a regular file: ENOTDIR
+        st = None
+        if not isinstance(exc, NotADirectoryError):
+            raise ValueError(f"{path}: cannot check the output path ({exc.strerror or exc})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                else "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise ValueError(f"{path}: the output is {what}; expected a regular file to replace or a new path (the "
+                         "output is written to a temporary file and renamed onto it)")
+    parent = path.absolute().parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{path}: the output's parent {parent} is not a directory; expected an output path in a "
+                         "directory (missing directories are created)")
 
 
 @dataclass
@@ -83,9 +155,12 @@ class TrainedRun:
                              f"got {np.asarray(trajectory).shape}")
         with np.errstate(over="ignore", invalid="ignore"):
             z = (x - self.mean) / self.std
-        if not np.isfinite(z).all():
-            raise ValueError("observations are not finite after standardisation (NaN, Inf, or too far from the "
-                             "training mean/std)")
+        bad = ~(np.abs(z) <= _FLOAT32_MAX)   # NaN, Inf, or beyond float32 (the models' arithmetic)
+        if bad.any():
+            t, j = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"feature {self.features[j]!r} overflows when standardised (first at row {t} of the "
+                             "trajectory: NaN, Inf, or too far from the train mean/std for float32); expected values "
+                             "of a representable spread")
         return z
 
     def _symbol_indices(self, values: np.ndarray, unknown: str) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +201,7 @@ class TrainedRun:
                 ) -> list[np.ndarray]:
         """One-step predictions per trajectory in data units: row t is made after o_t and predicts o_{t+1}
         (probabilities over ``vocab`` for discrete data). Each trajectory is filtered from the initial state."""
-        from pipeline.train import predict, resolve_device
+        from pipeline.train import predict
 
         encoded = [self.encode(t, unknown=unknown) for t in trajectories]
         _check_lengths(encoded)
@@ -137,7 +212,7 @@ class TrainedRun:
                  ) -> dict[str, float]:
         """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
         report), and for continuous data ``mse_data_units`` (the same errors in the original units)."""
-        from pipeline.train import evaluate_and_predict, resolve_device
+        from pipeline.train import evaluate_and_predict
 
         encoded = [self.encode(t, unknown=unknown) for t in trajectories]
         _check_lengths(encoded)
@@ -161,6 +236,8 @@ class TrainedRun:
         in data units and None; discrete data, the symbols fed back (steps,), the most likely ones or, with
         ``sample``, ones drawn from the predicted distribution (numpy ``seed``), and the distributions
         (steps, V) they came from. Forecast h = 1 is the one-step prediction after the trajectory's last row."""
+        check_steps(steps)
+        check_seed(seed)
         encoded = [self.encode(t, unknown=unknown) for t in trajectories]
         out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
         if self.discrete:
@@ -175,10 +252,8 @@ class TrainedRun:
         _check_lengths(encoded)
         import torch
 
-        from pipeline.train import resolve_device
-
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-            raise ValueError(f"steps={steps!r}: expected a positive integer")
+        check_steps(steps)
+        check_seed(seed)
         dev = resolve_device(device)
         self.model.to(dev)
         rng = np.random.default_rng(seed)
@@ -327,14 +402,19 @@ def _filtered_blocks(model: Any, encoded: Sequence[np.ndarray], *, block_rows: i
 
 def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial: bool = False) -> TrainedRun:
     """The trained model of run (``dataset``, ``variant``, ``seed``) of the project at ``root``, or with
-    ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory."""
+    ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory, and
+    so is an initial-weights file or checkpoint whose stored model is not the one ``variant`` names (e.g. another
+    variant's file copied over it)."""
+    from pipeline.config import Variant
     from pipeline.data.schema import read_dataset
+    from pipeline.io import load_npz
+    from pipeline.models import model_from_config
     from pipeline.train import load_checkpoint, trained_epoch, trained_weights
     from pipeline.workflow.evaluate import finished_checkpoint
-    from pipeline.workflow.initialise import load_initial
     from pipeline.workflow.paths import artifact_dir, prepared_path
 
     root = Path(root)
+    wanted = Variant.parse(variant, key="variant")
     prepared = prepared_path(root, dataset)
     if not prepared.is_file():
         raise FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this project, "
@@ -343,14 +423,50 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     if not init.is_file():
         raise FileNotFoundError(f"{init}: initial weights not found (is {variant!r} a variant of {dataset} trained "
                                 f"with seed {seed}?)")
+    arrays, meta = load_npz(init)
+    _check_variant(init, meta.get("model_config"), wanted)
     ds = read_dataset(prepared)
-    model = load_initial(root, dataset, variant, seed)
+    model = model_from_config(meta["model_config"], arrays, str(init))
     epoch = 0
     if not initial:
-        ck = load_checkpoint(finished_checkpoint(root, dataset, variant, seed))
-        model.load_state_dict(trained_weights(ck))
+        path = finished_checkpoint(root, dataset, variant, seed)
+        ck = load_checkpoint(path)
+        _check_variant(path, ck.get("model_config"), wanted)
+        try:
+            model.load_state_dict(trained_weights(ck))
+        except (KeyError, RuntimeError) as exc:   # weights that are not this model's (names or shapes)
+            detail = " ".join(str(exc).split())[:200]
+            raise ValueError(f"{path}: its weights do not fit the {variant} model of {init} ({detail})") from None
         epoch = trained_epoch(ck)
     return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch)
+
+
+def _stored_variant(config: dict[str, Any]) -> str:
+    """The variant name of a stored model config (``ModelConfig.to_dict()``), e.g. ``psrnn_2layer_skip``."""
+    family, layers = config.get("model"), config.get("n_layers", 1)
+    random = "_random" if config.get("init") == "random" else ""
+    if family == "psrnn":
+        return ("psrnn" + (f"_{layers}layer" if layers != 1 else "")
+                + ("_skip" if config.get("decoder_input") == "all" else "") + random)
+    if family == "factorized_psrnn":
+        return f"factorized_psrnn_r{config.get('rank')}{random}"
+    return str(family)
+
+
+def _check_variant(path: Path, config: Any, wanted: Any) -> None:
+    """The model config stored in ``path`` must be that of variant ``wanted`` (:class:`pipeline.config.Variant`):
+    its family, depth, rank, layer skips and PSRNN initialisation."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: no model_config stored in it; expected a file the pipeline wrote for the "
+                         f"{wanted.name} model")
+    random = wanted.init == "random" and wanted.family in ("psrnn", "factorized_psrnn")
+    want = _stored_variant({"model": wanted.family, "n_layers": wanted.n_layers, "rank": wanted.rank,
+                            "init": "random" if random else "2sr", "decoder_input": "all" if wanted.skip else "top"})
+    have = _stored_variant(config)
+    if have != want:
+        raise ValueError(f"{path}: holds a {have} model, not the {want} model of variant {wanted.name!r}; expected "
+                         f"the {wanted.name} file (another variant's file copied over it? rerun the pipeline's "
+                         "initialise / refine stages)")
 
 
 def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickle: bool = False) -> TrainedRun:
@@ -464,6 +580,8 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
         raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
     rows = read_rows(input_path, kind=run.kind, features=None if run.discrete else run.features,
                      symbol_column=symbol_column, min_length=1)
+    if not run.discrete:
+        _check_standardised(run, input_path, rows)
     ids_out, steps_out, encoded = [], [], []
     dropped = 0
     if run.discrete:   # every symbol of the file at once: one error lists every unknown symbol
@@ -491,6 +609,21 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
         raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
     return _Input(rows=rows, ids=rows.ids[np.asarray(ids_out, dtype=np.int64)], steps=steps_out, encoded=encoded,
                   dropped=dropped)
+
+
+def _check_standardised(run: TrainedRun, input_path: Path, rows: Any) -> None:
+    """Every feature of the file, standardised with the run's train mean/std, must be finite in float32; the error
+    names the column and the first row (of the file) that is not, as the custom dataset's preprocessing does."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = ~(np.abs((rows.values - run.mean) / run.std) <= _FLOAT32_MAX)
+    if bad.any():
+        row = int(np.flatnonzero(bad.any(axis=1))[0])
+        col = run.features[int(np.flatnonzero(bad[row])[0])]
+        trajectory = rows.ids[next(k for k, g in enumerate(rows.groups) if row in g)]
+        trajectory = trajectory.item() if isinstance(trajectory, np.generic) else trajectory
+        raise ValueError(f"{input_path}: feature column {col!r} overflows when standardised (values too far from "
+                         f"the train mean/std of {run.dataset} for float32; first: row {row}, trajectory "
+                         f"{trajectory!r}); expected values of a representable spread")
 
 
 def _feature_columns(run: TrainedRun, predicted: np.ndarray) -> dict[str, Any]:
@@ -570,14 +703,14 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     import torch
 
     from pipeline.metrics import MetricSums
-    from pipeline.train import resolve_device
 
     if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1:
         raise ValueError(f"block_rows={block_rows!r}: expected a positive integer")
     input_path, output_path = Path(input_path), Path(output_path)
+    check_output_path(output_path)
+    dev = resolve_device(device)
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     encoded = data.encoded
-    dev = resolve_device(device)
     run.model.to(dev)
     dtype = next(run.model.parameters()).dtype
     ids = pa.array(data.ids.tolist())                  # one per kept trajectory, taken once per row
@@ -681,6 +814,10 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     import pyarrow as pa
 
     input_path, output_path = Path(input_path), Path(output_path)
+    check_steps(steps)
+    check_seed(seed)
+    check_output_path(output_path)
+    resolve_device(device)
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
     horizon = np.arange(1, steps + 1, dtype=np.int64)

@@ -450,7 +450,8 @@ def _read_predictions(path: Path) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["trajectory", "step", "feature", "target", "initial", "final"])
+    table = pq.read_table(path, columns=["trajectory", "step", "feature", "target", "initial", "final"],
+                          page_checksum_verification=True)
     return table.set_column(2, "feature", table.column("feature").cast(pa.string()))
 
 

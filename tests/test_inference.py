@@ -3,6 +3,8 @@
 The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_pipeline_e2e.py."""
 
 import json
+import stat
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -291,3 +293,187 @@ def test_forecast_of_many_trajectories_equals_each_alone(discrete_run, continuou
     raw = [z * crun.std + crun.mean for z in (ctest[0][:9], ctest[1], ctest[2][:9], ctest[0][3:4])]
     for traj, (values, _) in zip(raw, crun.forecast(raw, 4)):
         np.testing.assert_allclose(values, crun.forecast([traj], 4)[0][0], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------- refusals before any work (psrnn predict/forecast)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(capsys, root, *argv):
+    """``psrnn <argv>`` against the project at ``root`` (the repository's params.yaml): (exit status, stderr)."""
+    from pipeline.cli import main
+
+    status = main(["--params", str(REPO / "params.yaml"), "--root", str(root), *argv])
+    return status, capsys.readouterr().err.strip()
+
+
+def _project(root, run, test):
+    """A project at ``root`` with the continuous ``run`` as ``lgssm psrnn`` seed 0 (prepared data, initial weights)
+    and the input file ``in.parquet`` in the run's units; returns the input."""
+    from pipeline.data.schema import SequenceDataset, write_dataset
+    from pipeline.io import save_npz
+
+    norm = {"mean": run.mean.tolist(), "std": run.std.tolist(), "columns": run.features}
+    write_dataset(root / "data" / "prepared" / "lgssm.parquet",
+                  SequenceDataset(kind="continuous", train=test, test=test, features=run.features,
+                                  meta={"normalization": norm}))
+    save_npz(root / "artifacts" / "lgssm" / "s0" / "init" / "psrnn.npz",
+             {k: v.detach().numpy() for k, v in run.model.state_dict().items()},
+             meta={"model_config": run.model.config.to_dict(), "seed": 0})
+    x = np.concatenate(test[:2]) * run.std + run.mean
+    return _write(root / "in.parquet", {"trajectory": np.repeat([0, 1], [len(test[0]), len(test[1])]),
+                                        "a": x[:, 0], "b": x[:, 1]})
+
+
+def test_outputs_that_are_not_regular_files_are_refused_before_any_work(capsys, tmp_path):
+    """C1, C3: the rename onto the output would replace a symlink or special file itself; a directory or a parent
+    that is a file fails only after the computation. Refused first: the project here has no run at all."""
+    import os
+
+    target = tmp_path / "target.parquet"
+    target.write_bytes(b"keep")
+    (tmp_path / "link.parquet").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    expected = "expected a regular file to replace or a new path (the output is written to a temporary file and " \
+               "renamed onto it)"
+    for name, what in (("link.parquet", "a symbolic link"), ("fifo", "a FIFO (named pipe)"),
+                       ("folder", "a directory")):
+        out = tmp_path / name
+        for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
+            assert _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", "in.parquet", str(out), *extra) == \
+                (1, f"psrnn {stage}: error: {out}: the output is {what}; {expected}")
+    assert (tmp_path / "link.parquet").is_symlink() and target.read_bytes() == b"keep"
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and os.listdir(tmp_path / "folder") == []
+    out = tmp_path / "target.parquet" / "sub" / "out.parquet"
+    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", "in.parquet", str(out)) == \
+        (1, f"psrnn predict: error: {out}: the output's parent {target} is not a directory; expected an output "
+            "path in a directory (missing directories are created)")
+    # the library refuses them too
+    with pytest.raises(ValueError, match="the output is a symbolic link"):
+        predict_file(None, tmp_path / "in.parquet", tmp_path / "link.parquet")
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "folder", "link.parquet", "target.parquet"]   # no temp files
+
+
+def test_device_steps_and_seed_errors_name_the_option(capsys, tmp_path, continuous_run):
+    """C4, C5, C7: checked before loading the run; the errors name the flag (the argument name in Python)."""
+    import torch
+
+    expected = "expected auto, cpu, cuda or cuda:<index> (e.g. cuda:0)"
+    for device in ("gpu", "meta", "cuda:", "cuda:-1", "cuda:\u0663", "cpu:0", "CPU"):
+        assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", "in.parquet", "out.parquet",
+                    "--device", device) == (1, f"psrnn predict: error: --device {device}: {expected}")
+    status, err = _cli(capsys, tmp_path, "forecast", "lgssm", "psrnn", "0", "in.parquet", "out.parquet",
+                       "--steps", "1", "--device", "cuda:4096")
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        assert (status, err) == (1, f"psrnn forecast: error: --device cuda:4096: this machine has {n} CUDA "
+                                    f"device{'' if n == 1 else 's'} (cuda:0 to cuda:{n - 1}); expected one of "
+                                    "them, cuda, auto or cpu")
+    else:
+        assert (status, err) == (1, "psrnn forecast: error: --device cuda:4096: CUDA is not available on this "
+                                    "machine; expected auto or cpu")
+    for flag, value, want in (("--steps", "0", "expected a positive integer up to 1000000"),
+                              ("--steps", "1000000000000", "expected a positive integer up to 1000000"),
+                              ("--sample-seed", "-1", "expected an integer with 0 <= seed < 2**32"),
+                              ("--sample-seed", str(2 ** 32), "expected an integer with 0 <= seed < 2**32")):
+        argv = ["--steps", "3", flag, value] if flag != "--steps" else [flag, value]
+        assert _cli(capsys, tmp_path, "forecast", "lgssm", "psrnn", "0", "in.parquet", "out.parquet", *argv) == \
+            (1, f"psrnn forecast: error: {flag} {value}: {want}")
+    run, test = continuous_run
+    with pytest.raises(ValueError, match=r"^steps=1000001: expected a positive integer up to 1000000$"):
+        run.forecast(test[:1], 1_000_001)
+    with pytest.raises(ValueError, match=r"^seed=-1: expected an integer with 0 <= seed < 2\*\*32$"):
+        run.forecast(test[:1], 2, seed=-1)
+    with pytest.raises(ValueError, match=r"^device='gpu': expected auto, cpu"):
+        run.predict(test[:1], device="gpu")
+
+
+def test_discrete_options_are_refused_for_a_continuous_run(capsys, tmp_path, continuous_run):
+    """C6: given for a continuous run they would be ignored; their defaults are not 'given'."""
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    run_text = "lgssm psrnn seed 0 is a continuous run (features a, b)"
+    for stage, option in (("predict", ["--symbol-column", "symbol"]), ("predict", ["--unknown", "error"]),
+                          ("predict", ["--probabilities"]), ("forecast", ["--unknown", "drop"]),
+                          ("forecast", ["--sample"]), ("forecast", ["--probabilities"])):
+        extra = ["--steps", "2"] if stage == "forecast" else []
+        assert _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", "in.parquet", "out.parquet", "--initial",
+                    *option, *extra) == \
+            (1, f"psrnn {stage}: error: {option[0]}: applies to discrete runs only; {run_text}")
+    assert not (tmp_path / "out.parquet").exists()
+    status, _ = _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", str(tmp_path / "in.parquet"),
+                     str(tmp_path / "out.parquet"), "--initial", "--device", "cpu")
+    assert status == 0 and pq.read_table(tmp_path / "out.parquet").num_rows == len(test[0]) + len(test[1])
+
+
+def test_load_run_refuses_another_variants_weights(tmp_path, continuous_run):
+    """C9: an initial-weights file or checkpoint of another model (copied over the variant's) is not run under
+    the variant's name."""
+    import shutil
+
+    import torch
+
+    from pipeline.io import save_npz
+
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    init = tmp_path / "artifacts" / "lgssm" / "s0" / "init"
+    assert load_run(tmp_path, "lgssm", "psrnn", 0, initial=True).variant == "psrnn"
+    for variant in ("kf", "psrnn_2layer", "psrnn_random", "factorized_psrnn_r3"):
+        shutil.copy(init / "psrnn.npz", init / f"{variant}.npz")
+        with pytest.raises(ValueError) as err:
+            load_run(tmp_path, "lgssm", variant, 0, initial=True)
+        assert str(err.value) == (f"{init / variant}.npz: holds a psrnn model, not the {variant} model of variant "
+                                  f"{variant!r}; expected the {variant} file (another variant's file copied over "
+                                  "it? rerun the pipeline's initialise / refine stages)")
+    config = run.model.config.to_dict()
+    save_npz(init / "psrnn.npz", {}, meta={"model_config": {**config, "model": "kf"}})   # kf.npz copied over it
+    with pytest.raises(ValueError, match=r"psrnn\.npz: holds a kf model, not the psrnn model of variant 'psrnn'"):
+        load_run(tmp_path, "lgssm", "psrnn", 0, initial=True)
+    # a checkpoint of another model
+    shutil.copy(init / "psrnn_2layer.npz", init / "psrnn.npz")   # the psrnn weights again
+    ckpt = tmp_path / "models" / "lgssm" / "psrnn" / "s0" / "checkpoint.pt"
+    ckpt.parent.mkdir(parents=True)
+    (ckpt.parent / "done").touch()
+    torch.save({"model_config": {**config, "model": "factorized_psrnn", "rank": 3}, "model": run.model.state_dict(),
+                "epoch": 1}, ckpt)
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: holds a factorized_psrnn_r3 model, not the psrnn model "
+                                         r"of variant 'psrnn'"):
+        load_run(tmp_path, "lgssm", "psrnn", 0)
+    torch.save({"model_config": config, "model": run.model.state_dict(), "epoch": 1}, ckpt)
+    assert load_run(tmp_path, "lgssm", "psrnn", 0).epoch == 1
+
+
+def test_inputs_that_overflow_when_standardised_are_refused(continuous_run, tmp_path):
+    """C2: 1e308 is finite, and so is (1e308 - 10) / 2 in float64, but not in the float32 the model runs in."""
+    import warnings
+
+    run, _ = continuous_run
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["u", "u", "v", "v"], "step": [1, 0, 0, 1],
+                                           "a": [1.0, 2.0, 3.0, 1e308], "b": [0.0, 0.0, 0.0, -1e39]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no numpy RuntimeWarning on the way
+        with pytest.raises(ValueError) as err:
+            predict_file(run, src, tmp_path / "out.parquet")
+    assert str(err.value) == (f"{src}: feature column 'a' overflows when standardised (values too far from the "
+                              "train mean/std of lgssm for float32; first: row 3, trajectory 'v'); expected values "
+                              "of a representable spread")
+    assert not (tmp_path / "out.parquet").exists()
+    with pytest.raises(ValueError, match=r"^feature 'b' overflows when standardised \(first at row 1 of the "):
+        run.predict([np.array([[1.0, 0.0], [1.0, -1e38 * 4]])])
+
+
+def test_out_of_memory_is_one_line():
+    """M: numpy's 'Unable to allocate' (a MemoryError) is the sizes' fault, not a bug: one line, no traceback."""
+    from pipeline.cli import expected_failure, one_line
+
+    exc = MemoryError("Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000) and data type "
+                      "float64")
+    advice = ("expected sizes in params.yaml (n_features, state_dim, lengths ...) that fit this machine's memory "
+              "(psrnn predict / forecast: a smaller --block-rows, --steps or input)")
+    assert expected_failure(exc) and expected_failure(MemoryError())
+    assert one_line(exc) == ("out of memory: Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000) "
+                             f"and data type float64; {advice}")
+    assert one_line(MemoryError()) == f"out of memory; {advice}"

@@ -126,4 +126,4 @@ def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray]
             "final": pa.array(np.concatenate(cols["final"]).astype(np.float64)),
         })
     with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, write_page_checksum=True)
