@@ -44,32 +44,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of a failure, wherever the flag is given (also: environment "
                         "variable PSRNN_DEBUG=1)")
-    sub = p.add_subparsers(dest="stage", required=True)
-    sub.add_parser("check", help="validate params.yaml (and a custom dataset's file against it) and exit")
-    d = sub.add_parser("download", help="fetch and sha256-verify the raw files of a source (mirror when offline)")
+    commands = p.add_subparsers(dest="stage", required=True)
+    epilog = ("global options, before the command: --root DIR, --params FILE; -v/--verbose and --debug also after it "
+              "(`psrnn --help`)")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        """A subcommand whose ``--help`` shows what it does and the global options."""
+        return commands.add_parser(name, help=help, description=help, epilog=epilog)
+    command("check", help="validate params.yaml (and a custom dataset's file against it) and exit")
+    d = command("download", help="fetch and sha256-verify the raw files of a source (mirror when offline)")
     d.add_argument("source", help="ptb, swimmer, mocap or handwriting")
-    d = sub.add_parser("preprocess", help="build data/prepared/<dataset>.parquet")
+    d = command("preprocess", help="build data/prepared/<dataset>.parquet")
     d.add_argument("dataset", help="dataset section of params.yaml")
     for name, text in (("features", "draw the layer-1 RFF maps"), ("two_stage", "two-stage regression per depth"),
                        ("decompose", "CP decompositions for the factorized ranks"),
                        ("initialise", "initial weights of every model variant")):
-        d = sub.add_parser(name, help=text)
+        d = command(name, help=text)
         d.add_argument("dataset", help="dataset section of params.yaml")
         d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
-    d = sub.add_parser("refine", help="BPTT training of every variant x seed of a dataset (one MLflow run each); "
+    d = command("refine", help="BPTT training of every variant x seed of a dataset (one MLflow run each); "
                                       "runs already trained with the same configuration are skipped")
     d.add_argument("dataset", help="dataset section of params.yaml")
     d.add_argument("variant", nargs="?", default=None,
                    help="only this name from <dataset>.variants, e.g. factorized_psrnn_r60 (default: every variant)")
     d.add_argument("seed", nargs="?", type=int, default=None,
                    help="only this run seed (default: every seed in params.yaml)")
-    d = sub.add_parser("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
+    d = command("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
                                         "or of one run when variant and seed are given")
     d.add_argument("dataset", help="dataset section of params.yaml")
     d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
     d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
-    sub.add_parser("report", help="figures and results.md from every run's outputs")
-    d = sub.add_parser("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "
+    command("report", help="figures and results.md from every run's outputs")
+    d = command("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "
                                            "shipped preprocess_custom, renamed); append it with >> dvc.yaml")
     d.add_argument("name", help="the dataset: custom_<name>, a section of params.yaml")
     for name, text, out in (
@@ -79,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("forecast", "free-running forecasts of the next --steps observations after each trajectory of a "
                          "Parquet file (each prediction fed back as the next input); not a DVC stage",
              "Parquet file to write: one row per trajectory and horizon 1..steps")):
-        d = sub.add_parser(name, help=text)
+        d = command(name, help=text)
         d.add_argument("dataset", help="the dataset the run was trained on, e.g. swimmer or custom")
         d.add_argument("variant", help="the run's model variant, e.g. psrnn")
         d.add_argument("run_seed", metavar="seed", type=int, help="the run's seed")
@@ -129,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.root).resolve() if args.root else project_root()
     params_path = Path(args.params) if args.params else root / "params.yaml"
     try:
+        if not params_path.exists():
+            raise ParamsError(f"{params_path}: params file not found; expected to run inside a project (or give "
+                              "--root DIR or --params FILE)")
         params = load_params(params_path)
         # what validating params.yaml imported, before the stage's own work (only when tracing imports)
         validation = _project_files() if os.environ.get("PSRNN_TRACE_IMPORTS") else set()
@@ -295,7 +304,7 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
     _check_dvc_yaml(root, params)
     print(f"{args.params or root / 'params.yaml'}: valid ({len(selected)} dataset{'' if len(selected) == 1 else 's'}: "
           f"{', '.join(params.selected)}; "
-          f"{sum(len(d.variants) for d in selected)} model variants, seeds {list(params.seeds)})")
+          f"{_count(sum(len(d.variants) for d in selected), 'model variant')}, seeds {list(params.seeds)})")
     for dp in selected:
         for note in [*dp.unused_spectral_work(), *dp.schedule_notes()]:
             print(f"note: {note}")
@@ -304,6 +313,10 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
         print(f"note: {', '.join(left_out)} {'has a section' if len(left_out) == 1 else 'have sections'} but "
               f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
               "(the data are still prepared where dvc.yaml has their preprocess stage)")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _check_dvc_yaml(root: Path, params) -> None:

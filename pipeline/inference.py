@@ -421,8 +421,9 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
                                 "and has `dvc repro` run?)")
     init = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
     if not init.is_file():
-        raise FileNotFoundError(f"{init}: initial weights not found (is {variant!r} a variant of {dataset} trained "
-                                f"with seed {seed}?)")
+        have = sorted(p.stem for p in init.parent.glob("*.npz"))
+        raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "
+                                f"{seed} (have {', '.join(have) if have else 'none: has `dvc repro` run?'})")
     arrays, meta = load_npz(init)
     _check_variant(init, meta.get("model_config"), wanted)
     ds = read_dataset(prepared)

@@ -761,6 +761,16 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
     out_fig = out_dir / "figures"
     written: list[str] = []
     skipped: list[str] = []
+    selected = None if datasets is None else set(datasets)
+    off_list: set[str] = set()   # figures of datasets that params' `datasets` leaves out: a choice, not a warning
+
+    def listed(name: str, names: Sequence[str]) -> list[str]:
+        """The datasets of figure ``name`` that are reported; none: the figure is noted as left out."""
+        kept = [d for d in names if selected is None or d in selected]
+        if not kept:
+            off_list.add(name)
+            notes.append(f"`{name}.png`: {', '.join(f'`{d}`' for d in names)} not in `datasets` (params.yaml)")
+        return kept
 
     def record(name: str, path: Path | None) -> None:
         rel = f"figures/{name}.png"
@@ -769,18 +779,23 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             stale = out_dir / rel
             if stale.is_file():
                 stale.unlink()
-            log.warning("report: skipped %s (data not available)", rel)
+            (log.info if name in off_list else log.warning)("report: skipped %s (data not available)", rel)
         else:
             written.append(rel)
             log.info("report: wrote %s", out_dir / rel)
 
-    for name in ("fig3a", "fig3b", "fig3c"):
-        if cfg[name] is not None:
+    for name in ("fig3a", "fig3b", "fig3c", "fig4a", "fig4b"):
+        if cfg[name] is None:
+            continue
+        kept = listed(name, cfg[name]["datasets"] if name == "fig4a" else [cfg[name]["dataset"]])
+        if not kept:
+            record(name, None)
+        elif name == "fig4a":
+            record(name, _fig4a({**cfg[name], "datasets": kept}, grouped, out_fig, notes))
+        elif name == "fig4b":
+            record(name, _fig4b(cfg[name], grouped, out_fig, notes))
+        else:
             record(name, _ptb_figure(name, cfg[name], grouped, out_fig, notes))
-    if cfg["fig4a"] is not None:
-        record("fig4a", _fig4a(cfg["fig4a"], grouped, out_fig, notes))
-    if cfg["fig4b"] is not None:
-        record("fig4b", _fig4b(cfg["fig4b"], grouped, out_fig, notes))
     if cfg["per_dataset"] is not None:
         for ds in sorted(grouped):
             record(f"{ds}_curves", _per_dataset(ds, cfg["per_dataset"], grouped[ds], out_fig, notes))

@@ -346,7 +346,8 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     code, out, err = check(source={**section["source"], "valid_fraction": 0.2})
     assert code == 0 and "3 train / 1 valid / 2 test trajectories" in out, err
     code, _, err = check(source={**section["source"], "path": "missing.parquet"})
-    assert code == 1 and err == f"psrnn check: error: {tmp_path / 'missing.parquet'}: file not found"
+    assert code == 1 and err == (f"psrnn check: error: custom.source.path: {tmp_path / 'missing.parquet'}: file not "
+                                 f"found (relative paths are read from the project root {tmp_path})")
     code, _, err = check(two_stage={**section["two_stage"], "past_window": 6, "future_window": 6})
     assert code == 1 and err.startswith("psrnn check: error: custom.two_stage.past_window + custom.two_stage."
                                         "future_window + 1 = 6 + 6 + 1 = 13 exceeds the shortest training "

@@ -408,6 +408,17 @@ def test_discrete_options_are_refused_for_a_continuous_run(capsys, tmp_path, con
     assert status == 0 and pq.read_table(tmp_path / "out.parquet").num_rows == len(test[0]) + len(test[1])
 
 
+def test_load_run_names_the_variants_a_dataset_has(tmp_path, continuous_run):
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    with pytest.raises(FileNotFoundError, match=r"init/lstm\.npz: initial weights not found: no variant 'lstm' of "
+                                                r"lgssm with seed 0 \(have psrnn\)$"):
+        load_run(tmp_path, "lgssm", "lstm", 0, initial=True)
+    with pytest.raises(FileNotFoundError, match=r"no variant 'psrnn' of lgssm with seed 1 \(have none: has `dvc "
+                                                r"repro` run\?\)$"):
+        load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
+
+
 def test_load_run_refuses_another_variants_weights(tmp_path, continuous_run):
     """C9: an initial-weights file or checkpoint of another model (copied over the variant's) is not run under
     the variant's name."""

@@ -251,6 +251,10 @@ def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
     md = (out / "results.md").read_text()
     assert "## ptb" in md and "## swimmer" not in md and "## hmm" not in md
     assert set(json.loads((out / "summary.json").read_text())) == {"ptb"}
+    # a figure of a dataset left off the list says so, rather than "no runs" (the runs are there)
+    assert "- `fig4b.png`: `swimmer` not in `datasets` (params.yaml)" in md
+    assert "- `fig4a.png`: `swimmer`, `mocap`, `handwriting` not in `datasets` (params.yaml)" in md
+    assert "no runs for dataset" not in md
 
 
 def test_the_table_names_runs_stopped_early_or_scored_at_their_best_epoch(tmp_path: Path):
