@@ -178,6 +178,7 @@ def _collect(root: Path, datasets: Sequence[str] | None = None) -> tuple[list[di
             "best_epoch": (met_obj or {}).get("best_epoch"),
             "epochs": (met_obj or {}).get("epochs"),
             "model_epoch": (met_obj or {}).get("model_epoch"),
+            "lr": (met_obj or {}).get("lr"),
             "stopped_early": (met_obj or {}).get("stopped_early"),
             "history": history if isinstance(history, list) else None,
             "test": test if isinstance(test, dict) else None,
@@ -636,8 +637,11 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     primary = PRIMARY[kind]
     optimal = _bayes_optimal(all_runs, primary)
 
-    header = ["variant", "seeds", "params"] + [f"test {LABELS[m]}" for m in metrics] + \
-             [f"init {LABELS[m]} (mean)" for m in metrics]
+    # a learning-rate column only where the variants were trained at different rates (train.overrides)
+    rates = {v: sorted(set(_finite(r.get("lr") for r in rs)[0])) for v, rs in by_variant.items()}
+    show_lr = len({x for xs in rates.values() for x in xs}) > 1
+    header = ["variant", "seeds", "params"] + (["lr"] if show_lr else []) + \
+             [f"test {LABELS[m]}" for m in metrics] + [f"init {LABELS[m]} (mean)" for m in metrics]
     if optimal is not None:
         header.append(f"{LABELS[primary]} gap to optimal")
     rows = []
@@ -650,6 +654,8 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
         if not LOWER_IS_BETTER[primary]:
             key = -key
         cells = [f"`{_md(v)}`", str(len(runs)), _params(runs)]
+        if show_lr:
+            cells.append(" / ".join(f"{x:g}" for x in rates[v]) or "?")
         cells += [_mean_std(r["test"].get(m) for r in runs) for m in metrics]
         cells += [_mean((r["initial_test"] or {}).get(m) for r in runs) for m in metrics]
         if optimal is not None:

@@ -267,3 +267,23 @@ def test_the_table_names_runs_stopped_early_or_scored_at_their_best_epoch(tmp_pa
     md = (tmp_path / "reports" / "results.md").read_text()
     assert ("Schedule (`train.patience`, `train.restore_best`): `gru` seed 0 stopped early after epoch 3 and "
             "scored with epoch 1's weights; `lstm` seed 0 scored with epoch 2's weights.\n") in md
+
+
+def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Path):
+    """train.overrides trains variants of one dataset at different rates: the table says which; where every
+    variant has the same rate (or metrics files from before the rate was recorded), no column."""
+    root = tmp_path / "project"
+    for seed in (0, 1):
+        _write_run(root, "swimmer", "psrnn", seed, "continuous", [0.01, 0.005], extra={"lr": 0.1})
+        _write_run(root, "swimmer", "kf", seed, "continuous", [0.001, 0.0004], extra={"lr": 0.1 if seed else 0.3})
+        _write_run(root, "swimmer", "lstm", seed, "continuous", [1.0, 0.02], extra={"lr": 1.0})
+        _write_run(root, "hmm", "psrnn", seed, "discrete", [2.0, 1.9], extra={"lr": 1.0})
+        _write_run(root, "hmm", "lstm", seed, "discrete", [2.5, 1.9])
+    write_report(root, tmp_path / "reports")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert _table_rows(md, "swimmer") == [
+        ["`kf`", "2", "1,000", "0.1 / 0.3", "4.000e-04 ± 0.000e+00", "1.000e-03"],
+        ["`psrnn`", "2", "1,000", "0.1", "5.000e-03 ± 0.000e+00", "0.010"],
+        ["`lstm`", "2", "1,000", "1", "0.020 ± 0.000", "1.000"]]
+    assert "| variant | seeds | params | lr | test MSE |" in md
+    assert len(_table_rows(md, "hmm")[0]) == 7   # variant, seeds, params, BPC, accuracy and their init: no lr

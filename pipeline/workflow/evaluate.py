@@ -51,6 +51,7 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
               "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
               "best_epoch": ck["best_epoch"], "stopped_early": ck.get("stopped_early"),
               "model_epoch": trained_epoch(ck),
+              "lr": (ck.get("train_config") or {}).get("lr"),   # the initial rate: train.overrides may set it
               "run_id": history.get("run_id"),
               "test": final_test, "initial_test": initial_test,
               "bayes_optimal": ds.meta.get("bayes_optimal")}
