@@ -1,4 +1,4 @@
-"""What three choices of the 2SR initialisation buy: the numbers behind the README's "Choices the paper leaves open".
+"""What four choices of the 2SR initialisations buy: the numbers behind the README's "Choices the paper leaves open".
 
 Run on a workspace where the default `dvc repro` has run (its prepared data, 2SR and CP artifacts are read; nothing
 in it is written), all measured on the test split at epoch 0 unless said otherwise:
@@ -12,11 +12,17 @@ in it is written), all measured on the test split at epoch 0 unless said otherwi
 * **decoder refit** — the 2SR decoder is fitted on states filtered with the full W and b = 0; variants with a bias
   (factorized PSRNNs, ``bias_scale`` > 0) or with CP factors start from another filter. Here the decoder is refitted
   on each initial model's own filtered training states.
+* **kf** — the Kalman filter's linear 2SR as it is (stage 2 ridge-regularised like stage 1, the noise covariance of
+  the joint state/observation residuals) against the first version (stage-2 ridge 10⁻⁸ of the mean eigenvalue, the
+  innovations form: gain regressed on the residuals, Q = K S Kᵀ, M = K S, R = S): epoch-0 test MSE and the spectral
+  radius of A with the dataset's ``kf`` params and, on lgssm, at 12 and 16 states; with ``--train`` also after the
+  dataset's default training. The linear 2SR is deterministic, so seeds differ only in training.
 
-    python benchmarks/ablate_init.py --root /path/to/workspace          # all three, seeds from params.yaml
+    python benchmarks/ablate_init.py --root /path/to/workspace          # all four, seeds from params.yaml
     python benchmarks/ablate_init.py --root . --parts encoder --seeds 0
 
-Writes ``benchmarks/results/ablate_init.json`` with the machine details.
+Writes ``benchmarks/results/ablate_init.json`` with the machine details (a subset of ``--parts``:
+``ablate_init_<parts>.json``, so that it never overwrites the full result).
 """
 
 from __future__ import annotations
@@ -143,17 +149,73 @@ def decoder_refit(params, root: Path, runs, seeds) -> list[dict[str, Any]]:
     return rows
 
 
+def innovations_form_kf(trajectories, *, state_dim: int, past_window: int, future_window: int, ridge: float):
+    """The first version of ``pipeline.two_stage.linear_two_stage``, kept as the reference of the ``kf`` part: the
+    same stage 1, then A and C with a ridge of 10⁻⁸ × the mean eigenvalue, and the innovations-form noise model."""
+    from pipeline.two_stage import LinearStateSpace, _ridge_solve, linear_stage_one
+
+    trajs = [np.asarray(t, dtype=np.float64).reshape(len(t), -1) for t in trajectories]
+    stage1 = linear_stage_one(trajs, state_dim=state_dim, past_window=past_window, future_window=future_window,
+                              ridge=ridge)
+    X, Xs, O, nxt = stage1.states, stage1.shifted_states, stage1.windows.obs, stage1.consecutive
+    lam2 = 1e-8 * np.trace(X.T @ X) / state_dim
+    A = _ridge_solve(X.T @ X, X.T @ Xs, lam2).T
+    C = _ridge_solve(X.T @ X, X.T @ O, lam2).T
+    E = O[nxt] - X[nxt] @ C.T                       # innovations
+    S = E.T @ E / len(nxt)
+    K = _ridge_solve(E.T @ E, E.T @ (X[nxt + 1] - X[nxt] @ A.T), 1e-8 * np.trace(E.T @ E)).T
+    return LinearStateSpace(A=A, C=C, Q=K @ S @ K.T, R=S, M=K @ S, x0=X.mean(0),
+                            P0=np.cov(X.T).reshape(state_dim, state_dim), mean=stage1.mean)
+
+
+def kalman_init(params, root: Path, datasets, seeds, train: bool) -> list[dict[str, Any]]:
+    """Epoch-0 (and trained) test MSE of the KF from the current and the first linear 2SR."""
+    from dataclasses import asdict
+
+    from pipeline.api import initialise_model
+    from pipeline.models.common import ModelConfig
+    from pipeline.train import evaluate, fit
+    from pipeline.two_stage import linear_two_stage
+    from pipeline.workflow.paths import load_prepared
+
+    rows = []
+    for name in datasets:
+        dp = params.dataset(name)
+        if dp.kf is None:
+            continue
+        ds = load_prepared(root, name)
+        kf = asdict(dp.kf)
+        sizes = [kf["state_dim"]] + ([12, 16] if name == "lgssm" else [])
+        for state_dim in sizes:
+            for method, build in (("current", linear_two_stage), ("first", innovations_form_kf)):
+                lss = build(ds.train, **{**kf, "state_dim": state_dim})
+                config = ModelConfig(model="kf", discrete=False, input_dim=ds.obs_dim, output_dim=ds.obs_dim,
+                                     state_dim=state_dim)
+                for seed in seeds if train else seeds[:1]:
+                    model = initialise_model(config, linear=lss, seed=seed)
+                    row = {"dataset": name, "state_dim": state_dim, "method": method, "seed": seed,
+                           "spectral_radius_A": float(np.max(np.abs(np.linalg.eigvals(lss.A)))),
+                           "init_mse": evaluate(model, ds.test)["mse"]}
+                    if train and state_dim == kf["state_dim"]:
+                        tcfg = replace(dp.train_config("kf"), seed=seed, eval_train=False)
+                        row["trained_mse"] = fit(model, ds.train, ds.test, tcfg).history[-1]["test"]["mse"]
+                    print(row, flush=True)
+                    rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, required=True,
                     help="a workspace where the default dvc repro has run (read only)")
-    ap.add_argument("--parts", default="inverse,encoder,decoder",
-                    help="comma-separated: inverse, encoder, decoder (default: all three)")
+    ap.add_argument("--parts", default="inverse,encoder,decoder,kf",
+                    help="comma-separated: inverse, encoder, decoder, kf (default: all four)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: params.yaml seeds)")
     ap.add_argument("--datasets", default=",".join(CONTINUOUS),
-                    help="continuous datasets for inverse and encoder (default: %(default)s)")
-    ap.add_argument("--no-train", action="store_true", help="inverse: epoch 0 only, skip the default training")
+                    help="continuous datasets for inverse, encoder and kf (default: %(default)s)")
+    ap.add_argument("--no-train", action="store_true",
+                    help="inverse and kf: epoch 0 only, skip the default training")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     args = ap.parse_args(argv)
 
@@ -171,9 +233,9 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else params.seeds
     datasets = [d for d in args.datasets.split(",") if d]
     parts = set(args.parts.split(","))
-    unknown = parts - {"inverse", "encoder", "decoder"}
+    unknown = parts - {"inverse", "encoder", "decoder", "kf"}
     if unknown:
-        ap.error(f"--parts: unknown {sorted(unknown)}; expected inverse, encoder, decoder")
+        ap.error(f"--parts: unknown {sorted(unknown)}; expected inverse, encoder, decoder, kf")
     out: dict[str, Any] = {"root": str(root), "seeds": seeds}
     if "inverse" in parts:
         with tempfile.TemporaryDirectory(prefix="ablate_init_") as scratch:
@@ -182,6 +244,8 @@ def main(argv=None) -> int:
         out["linear_encoder"] = linear_encoder(params, root, datasets, seeds)
     if "decoder" in parts:
         out["decoder_refit"] = decoder_refit(params, root, DECODER_RUNS, seeds)
+    if "kf" in parts:
+        out["kalman_init"] = kalman_init(params, root, datasets, seeds, not args.no_train)
 
     def mean(rows, key, **match):
         vals = [r[key] for r in rows if all(r[k] == v for k, v in match.items()) and key in r]
@@ -212,7 +276,20 @@ def main(argv=None) -> int:
                              for key in ("two_stage_decoder", "refitted_decoder"))
             lines.append([run, before, after, after - before])
         print(table(["run", "2SR decoder", "refitted", "difference"], lines))
-    path = write_results("ablate_init", {"machine": machine_info(), **out})
+    if "kalman_init" in out:
+        rows = out["kalman_init"]
+        print("\nkf: test MSE (mean over seeds) and spectral radius of A, current linear 2SR against the first")
+        lines = []
+        for d, n in dict.fromkeys((r["dataset"], r["state_dim"]) for r in rows):
+            cells = [f"{d} ({n} states)"]
+            for key in ("init_mse", "trained_mse", "spectral_radius_A"):
+                cells += [mean(rows, key, dataset=d, state_dim=n, method=m) for m in ("current", "first")]
+            lines.append(cells)
+        print(table(["dataset", "epoch 0", "epoch 0, first", "trained", "trained, first", "ρ(A)", "ρ(A), first"],
+                    lines))
+    every = {"inverse", "encoder", "decoder", "kf"}
+    name = "ablate_init" if parts == every else "ablate_init_" + "_".join(p for p in sorted(parts))
+    path = write_results(name, {"machine": machine_info(), **out})   # a subset never overwrites the full result
     print(f"\nwritten {path}")
     return 0
 

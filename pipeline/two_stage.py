@@ -633,6 +633,44 @@ class LinearStateSpace:
         return cls(**{k: arrays[k] for k in ("A", "C", "Q", "R", "M", "x0", "P0", "mean")})
 
 
+@dataclass
+class LinearStageOne:
+    """Stage 1 of the linear 2SR: the windows of the centred data, the states x̂_t = Uᵀ E[f_t | h_t] and the
+    shifted states Uᵀ E[s_t | h_t], the singular values of E[f | h], the data mean μ, and ``consecutive``: the
+    window indices t whose window t + 1 is the next step of the same trajectory (for the residuals)."""
+
+    windows: Windows
+    states: np.ndarray
+    shifted_states: np.ndarray
+    singular_values: np.ndarray
+    mean: np.ndarray
+    consecutive: np.ndarray
+
+
+def linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window: int, future_window: int,
+                     ridge: float) -> LinearStageOne:
+    """Stage 1 of :func:`linear_two_stage` (also what ``benchmarks/ablate_init.py`` compares stage-2 choices on)."""
+    mu = np.concatenate(trajs).mean(0)
+    win = make_windows([t - mu for t in trajs], past_window, future_window, discrete=False)
+    m = trajs[0].shape[1]
+    if state_dim > future_window * m:
+        raise ValueError(f"kf state_dim={state_dim} exceeds future_window·obs_dim={future_window * m}")
+    H = win.past
+    HH = H.T @ H
+    lam = ridge * np.trace(HH) / HH.shape[0]
+    Fh = H @ _ridge_solve(HH, H.T @ win.future, lam)
+    Sh = H @ _ridge_solve(HH, H.T @ win.shifted, lam)
+    _, sv, Vt = np.linalg.svd(Fh, full_matrices=False)
+    U = _fix_signs(Vt[:state_dim].T)
+    traj_id, t_idx = win.times[:, 0], win.times[:, 1]
+    consecutive = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
+    if len(consecutive) == 0:
+        raise ValueError("kf: no two consecutive windows in one trajectory; expected trajectories longer than "
+                         f"past_window + future_window = {past_window + future_window}")
+    return LinearStageOne(windows=win, states=Fh @ U, shifted_states=Sh @ U, singular_values=sv, mean=mu,
+                          consecutive=consecutive)
+
+
 def linear_two_stage(trajectories: Sequence[np.ndarray], *, state_dim: int, past_window: int = 10,
                      future_window: int = 10, ridge: float = 1e-3) -> LinearStateSpace:
     """Subspace identification of a Kalman filter by 2SR on linear features (Hefny et al. 2015, Sec. 5).
@@ -648,43 +686,26 @@ def linear_two_stage(trajectories: Sequence[np.ndarray], *, state_dim: int, past
     Why not less: with a stage-2 ridge of 10⁻⁸ and the innovations form (gain regressed on the residuals,
     Q = K S Kᵀ, M = K S, R = S), a state larger than the system's order fits its weakly excited directions almost
     unregularised: A and the filter A − KC came out unstable (spectral radius 1.05–7 on lgssm at 12–16 states
-    for a 4-state system, 1.4–1.7 on Swimmer) and the one-step MSE up to 40× the optimum. The Riccati gain of a
+    for a 4-state system, 1.4–1.7 on Swimmer) and the one-step MSE over 40× the optimum. The Riccati gain of a
     full-rank Σ keeps the filter stable whatever A is; tests/test_kalman.py holds it to the true filter.
     """
     if state_dim < 1:
         raise ValueError(f"kf state_dim must be >= 1, got {state_dim}")
     trajs = [np.asarray(t, dtype=np.float64).reshape(len(t), -1) for t in trajectories]
-    mu = np.concatenate(trajs).mean(0)
-    centred = [t - mu for t in trajs]
-    win = make_windows(centred, past_window, future_window, discrete=False)
-    m = trajs[0].shape[1]
-    if state_dim > future_window * m:
-        raise ValueError(f"kf state_dim={state_dim} exceeds future_window·obs_dim={future_window * m}")
-    H, F, S_, O = win.past, win.future, win.shifted, win.obs
-    n = len(win)
-    HH = H.T @ H
-    lam = ridge * np.trace(HH) / HH.shape[0]
-    Wf = _ridge_solve(HH, H.T @ F, lam)
-    Ws = _ridge_solve(HH, H.T @ S_, lam)
-    Fh, Sh = H @ Wf, H @ Ws
-    _, sv, Vt = np.linalg.svd(Fh, full_matrices=False)
-    U = _fix_signs(Vt[:state_dim].T)
-    X, Xs = Fh @ U, Sh @ U
+    stage1 = linear_stage_one(trajs, state_dim=state_dim, past_window=past_window, future_window=future_window,
+                              ridge=ridge)
+    win, X, Xs, O = stage1.windows, stage1.states, stage1.shifted_states, stage1.windows.obs
     XX = X.T @ X
     lam2 = ridge * np.trace(XX) / state_dim
     A = _ridge_solve(XX, X.T @ Xs, lam2).T
     C = _ridge_solve(XX, X.T @ O, lam2).T
-    # process and observation residuals, from consecutive states of the same trajectory
-    traj_id, t_idx = win.times[:, 0], win.times[:, 1]
-    nxt = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
-    if len(nxt) == 0:
-        raise ValueError("kf: no two consecutive windows in one trajectory; expected trajectories longer than "
-                         f"past_window + future_window = {past_window + future_window}")
+    nxt = stage1.consecutive   # process and observation residuals, from consecutive states of one trajectory
     residuals = np.concatenate([X[nxt + 1] - X[nxt] @ A.T, O[nxt] - X[nxt] @ C.T], axis=1)
     sigma = residuals.T @ residuals / len(nxt)
     Q, M, R = sigma[:state_dim, :state_dim], sigma[:state_dim, state_dim:], sigma[state_dim:, state_dim:]
     x0 = X.mean(0)
     P0 = np.cov(X.T).reshape(state_dim, state_dim)
-    return LinearStateSpace(A=A, C=C, Q=Q, R=R, M=M, x0=x0, P0=P0, mean=mu,
-                            diagnostics={"n_windows": int(n), "singular_values": sv[: 2 * state_dim].tolist(),
+    return LinearStateSpace(A=A, C=C, Q=Q, R=R, M=M, x0=x0, P0=P0, mean=stage1.mean,
+                            diagnostics={"n_windows": len(win),
+                                         "singular_values": stage1.singular_values[: 2 * state_dim].tolist(),
                                          "spectral_radius_A": float(np.max(np.abs(np.linalg.eigvals(A))))})

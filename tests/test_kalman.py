@@ -59,7 +59,7 @@ def test_2sr_kalman_filter_is_within_3_percent_of_the_true_filter(lgssm_2sr):
 def test_2sr_kalman_filter_with_more_states_than_the_system_stays_stable(state_dim):
     """A state larger than the system's order (4) must not cost accuracy: the weakly excited directions are
     regularised and the noise covariance is full, so the filter's gain keeps it stable. (A stage-2 ridge of 10⁻⁸
-    with the innovations form gave 1.1x the true filter at 12 states and 40x at 16 on the lgssm dataset.)"""
+    with the innovations form gave 1.1x the true filter at 12 states and over 40x at 16 on the lgssm dataset.)"""
     ds, sys_ = make_lgssm_dataset(state_dim=4, obs_dim=2, n_train=40, n_test=10, length=200, seed=0)
     lss = linear_two_stage(ds.train, state_dim=state_dim, past_window=8, future_window=8)
     model = initialise_model(ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2,
