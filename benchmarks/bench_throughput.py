@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         args.windows = args.windows or 4
         args.test_chars = args.test_chars or 5000
     args.repeats = args.repeats or (1 if args.quick else 3)
-    device = resolve_device(args.device)  # a clear error when cuda is asked for and absent
+    device = resolve_device(args.device, "--device")  # a clear error when cuda is asked for and absent
     warning = busy_warning(args.threads) if device.type == "cpu" else None
     if warning:
         print(warning, flush=True)

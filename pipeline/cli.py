@@ -233,7 +233,8 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
 def _check_inference_args(args: argparse.Namespace) -> None:
     """What ``psrnn predict`` / ``forecast`` can check of their arguments before loading anything: the device and
     the output path (``--steps`` and ``--sample-seed`` of forecast)."""
-    from pipeline.inference import check_output_path, check_seed, check_steps, resolve_device
+    from pipeline.inference import check_output_path, check_seed, check_steps
+    from pipeline.train import resolve_device
 
     if args.stage == "forecast":
         check_steps(args.steps, "--steps")
@@ -302,7 +303,7 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
 
             print(check_custom(params, root, name))
     _check_dvc_yaml(root, params)
-    print(f"{args.params or root / 'params.yaml'}: valid ({len(selected)} dataset{'' if len(selected) == 1 else 's'}: "
+    print(f"{args.params or root / 'params.yaml'}: valid ({_count(len(selected), 'dataset')}: "
           f"{', '.join(params.selected)}; "
           f"{_count(sum(len(d.variants) for d in selected), 'model variant')}, seeds {list(params.seeds)})")
     for dp in selected:
@@ -435,12 +436,14 @@ def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
                     continue
                 for file, keys in entries.items():
                     file = expand(str(file))
+                    if "${" in file:   # an interpolation DVC itself resolves or refuses
+                        continue
                     file = None if Path(file) == Path("params.yaml") else file
                     keys = [] if keys is None else keys if isinstance(keys, list) else [keys]
-                    if file is not None and "${" not in file and not keys:
+                    if file is not None and not keys:
                         yield file, None, stage_name
                     for key in map(expand, map(str, keys)):
-                        if "${" not in key and (file is None or "${" not in file):
+                        if "${" not in key:
                             yield file, key, (f"declares it as a param of {stage_name}" if file is None
                                               else stage_name)
 

@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 import yaml
 
-from pipeline.train_config import TrainConfig
-from pipeline.two_stage import TwoStageConfig
+from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
+from pipeline.two_stage import MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, brief_repr
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
@@ -68,7 +68,6 @@ _VARIANT = re.compile(r"psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<rand
                       r"|factorized_psrnn_r(?P<rank>[0-9]+)"
                       r"(?P<frandom>_random)?|lstm|gru|rnn|kf")
 MAX_LAYERS = 64   # a bound on PSRNN depth (variants and two_stage.layers), far beyond any useful stack
-SEED_LIMIT = 2 ** 32   # seeds are in [0, 2³²): numpy, torch and gymnasium all take them
 
 
 class ParamsError(ValueError):
@@ -235,9 +234,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean {str(value).lower()}"
     if isinstance(value, int):
-        if value.bit_length() > 64:   # str() of a huge int is slow, and refused past 4300 digits
-            return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-        return f"an integer {value}"
+        return f"an integer {value}" if value.bit_length() <= 64 else brief_repr(value)
     if isinstance(value, float):
         return f"a number {value!r}"
     if isinstance(value, str):
@@ -549,8 +546,6 @@ def _choice(*choices: str) -> Callable[[str, Any], None]:
     return lambda key, v: _check_choice(key, v, choices)
 
 
-_WIDTH_FAMILIES = ("obs", "past", "future")  # pipeline.features.fit_feature_maps
-MIN_KERNEL_WIDTH = 1e-150   # below it 1/width² overflows and the RFF frequencies are infinite
 
 
 def _widths(key: str, v: Any) -> None:
@@ -558,18 +553,14 @@ def _widths(key: str, v: Any) -> None:
         return
     widths = _mapping(v, key, "a mapping of obs/past/future kernel widths (or null for median widths)")
     for k, w in widths.items():
-        if k not in _WIDTH_FAMILIES:
-            raise _unknown(key, k, _WIDTH_FAMILIES)
+        if k not in WIDTH_FAMILIES:
+            raise _unknown(key, k, WIDTH_FAMILIES)
         if w is not None:
-            # the RFF frequencies are drawn with standard deviation 1/width: it must stay a float
             _check_number(f"{key}.{k}", w, low=MIN_KERNEL_WIDTH)
 
 
-_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
 def _device(key: str, v: Any) -> None:
-    if not isinstance(v, str) or not _DEVICE.fullmatch(v):
+    if not isinstance(v, str) or not DEVICE.fullmatch(v):
         raise ParamsError(f"{key}: expected 'auto', 'cpu', 'cuda' or 'cuda:<index>', got {_describe(v)}")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import math
-import re
 import stat
 import tempfile
 from contextlib import contextmanager
@@ -28,53 +27,27 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from pipeline.train_config import SEED_LIMIT, option_value
+
 UNKNOWN_RULES = ("error", "drop", "map")
 UNK_SYMBOL = "<unk>"   # the symbol PTB's unknown: map appends to its vocabulary
 PREDICT_META_KEY = b"psrnn_predict"
 DEFAULT_BLOCK_ROWS = 1 << 16   # rows predict_file filters and writes at a time: memory flat in the input size
 MAX_FORECAST_STEPS = 1_000_000  # forecasts run one step at a time: a bound that keeps a typo from running forever
-SEED_LIMIT = 2 ** 32           # forecast seeds are in [0, 2³²), as the pipeline's seeds
 _EVAL_CHUNK = 2048             # steps per model call, as pipeline.train.evaluate
 _FLOAT32_MAX = float(np.finfo(np.float32).max)   # standardised inputs must fit the float32 models run in
-_DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]+)?", re.ASCII)
-
-
-def _option(option: str, value: Any) -> str:
-    """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python)."""
-    return f"{option}{value!r}" if option.endswith("=") else f"{option} {value}"
-
-
-def resolve_device(name: Any, option: str = "device=") -> Any:
-    """The torch device of ``name``: auto (CUDA when present), cpu, cuda or cuda:<index>, one this machine has.
-    Errors name ``option`` (``--device`` on the command line)."""
-    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
-        raise ValueError(f"{_option(option, name)}: expected auto, cpu, cuda or cuda:<index> (e.g. cuda:0)")
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError(f"{_option(option, name)}: CUDA is not available on this machine; expected auto or cpu")
-    index = int(name[5:]) if ":" in name else None
-    count = torch.cuda.device_count()
-    if index is not None and index >= count:
-        raise ValueError(f"{_option(option, name)}: this machine has {count} CUDA device{'' if count == 1 else 's'} "
-                         f"(cuda:0 to cuda:{count - 1}); expected one of them, cuda, auto or cpu")
-    return torch.device(name)
 
 
 def check_steps(steps: Any, option: str = "steps=") -> None:
     """Forecast horizons: a positive integer up to :data:`MAX_FORECAST_STEPS`."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_FORECAST_STEPS:
-        raise ValueError(f"{_option(option, steps)}: expected a positive integer up to {MAX_FORECAST_STEPS}")
+        raise ValueError(f"{option_value(option, steps)}: expected a positive integer up to {MAX_FORECAST_STEPS}")
 
 
 def check_seed(seed: Any, option: str = "seed=") -> None:
     """A forecast's sampling seed: an integer in [0, 2³²)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"{_option(option, seed)}: expected an integer with 0 <= seed < 2**32")
+        raise ValueError(f"{option_value(option, seed)}: expected an integer with 0 <= seed < 2**32")
 
 
 def check_output_path(output_path: str | Path) -> None:
@@ -201,22 +174,22 @@ class TrainedRun:
                 ) -> list[np.ndarray]:
         """One-step predictions per trajectory in data units: row t is made after o_t and predicts o_{t+1}
         (probabilities over ``vocab`` for discrete data). Each trajectory is filtered from the initial state."""
-        from pipeline.train import predict
+        from pipeline.train import predict, resolve_device
 
         encoded = [self.encode(t, unknown=unknown) for t in trajectories]
         _check_lengths(encoded)
-        self.model.to(resolve_device(device))
+        self.model.to(resolve_device(device, "device="))
         return [self.decode(o) for o in predict(self.model, encoded)]
 
     def evaluate(self, trajectories: Sequence[Any], *, unknown: str = "error", device: str = "cpu"
                  ) -> dict[str, float]:
         """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
         report), and for continuous data ``mse_data_units`` (the same errors in the original units)."""
-        from pipeline.train import evaluate_and_predict
+        from pipeline.train import evaluate_and_predict, resolve_device
 
         encoded = [self.encode(t, unknown=unknown) for t in trajectories]
         _check_lengths(encoded)
-        self.model.to(resolve_device(device))
+        self.model.to(resolve_device(device, "device="))
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         if not self.discrete:
             metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
@@ -252,9 +225,11 @@ class TrainedRun:
         _check_lengths(encoded)
         import torch
 
+        from pipeline.train import resolve_device
+
         check_steps(steps)
         check_seed(seed)
-        dev = resolve_device(device)
+        dev = resolve_device(device, "device=")
         self.model.to(dev)
         rng = np.random.default_rng(seed)
         was_training = self.model.training
@@ -704,12 +679,13 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     import torch
 
     from pipeline.metrics import MetricSums
+    from pipeline.train import resolve_device
 
     if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1:
         raise ValueError(f"block_rows={block_rows!r}: expected a positive integer")
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path)
-    dev = resolve_device(device)
+    dev = resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     encoded = data.encoded
     run.model.to(dev)
@@ -814,11 +790,13 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete)."""
     import pyarrow as pa
 
+    from pipeline.train import resolve_device
+
     input_path, output_path = Path(input_path), Path(output_path)
     check_steps(steps)
     check_seed(seed)
     check_output_path(output_path)
-    resolve_device(device)
+    resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
     horizon = np.arange(1, steps + 1, dtype=np.int64)

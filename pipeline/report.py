@@ -768,24 +768,23 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
     written: list[str] = []
     skipped: list[str] = []
     selected = None if datasets is None else set(datasets)
-    off_list: set[str] = set()   # figures of datasets that params' `datasets` leaves out: a choice, not a warning
 
     def listed(name: str, names: Sequence[str]) -> list[str]:
         """The datasets of figure ``name`` that are reported; none: the figure is noted as left out."""
         kept = [d for d in names if selected is None or d in selected]
         if not kept:
-            off_list.add(name)
             notes.append(f"`{name}.png`: {', '.join(f'`{d}`' for d in names)} not in `datasets` (params.yaml)")
         return kept
 
-    def record(name: str, path: Path | None) -> None:
+    def record(name: str, path: Path | None, *, off_list: bool = False) -> None:
+        """``off_list``: skipped because params' `datasets` leaves its data out, a choice rather than a warning."""
         rel = f"figures/{name}.png"
         if path is None:
             skipped.append(rel)
             stale = out_dir / rel
             if stale.is_file():
                 stale.unlink()
-            (log.info if name in off_list else log.warning)("report: skipped %s (data not available)", rel)
+            (log.info if off_list else log.warning)("report: skipped %s (data not available)", rel)
         else:
             written.append(rel)
             log.info("report: wrote %s", out_dir / rel)
@@ -795,7 +794,7 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             continue
         kept = listed(name, cfg[name]["datasets"] if name == "fig4a" else [cfg[name]["dataset"]])
         if not kept:
-            record(name, None)
+            record(name, None, off_list=True)
         elif name == "fig4a":
             record(name, _fig4a({**cfg[name], "datasets": kept}, grouped, out_fig, notes))
         elif name == "fig4b":

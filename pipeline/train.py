@@ -38,7 +38,7 @@ from pipeline.batching import make_streams
 from pipeline.metrics import MetricSums, masked_loss, primary_metric
 from pipeline.models.common import SequenceModel, detach_state
 from pipeline.progress import progress
-from pipeline.train_config import TrainConfig
+from pipeline.train_config import DEVICE, TrainConfig, option_value
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,23 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient became NaN/Inf; the message names the epoch and step."""
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: Any, option: str = "train.device=") -> torch.device:
+    """The torch device of ``name``: auto (CUDA when present), cpu, cuda or cuda:<index>, one this machine has.
+    Errors name ``option``: ``train.device=`` (params), ``device=`` (Python) or ``--device`` (command line)."""
+    if not isinstance(name, str) or not DEVICE.fullmatch(name):
+        raise ValueError(f"{option_value(option, name)}: expected auto, cpu, cuda or cuda:<index> (e.g. cuda:0)")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name!r} but CUDA is not available; use 'auto' or 'cpu'")
-    return dev
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{option_value(option, name)}: CUDA is not available on this machine; expected auto or cpu")
+    index = int(name[5:]) if ":" in name else None
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ValueError(f"{option_value(option, name)}: this machine has {count} CUDA device{'' if count == 1 else 's'} "
+                         f"(cuda:0 to cuda:{count - 1}); expected one of them, cuda, auto or cpu")
+    return torch.device(name)
 
 
 def flush_denormal_enabled() -> bool:

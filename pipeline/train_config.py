@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 
 MONITORS = ("auto", "valid", "train", "test")
+#: the device names training and inference accept (``pipeline.train.resolve_device`` maps them to torch devices)
+DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]+)?", re.ASCII)
+#: seeds are in [0, 2³²): numpy, torch and gymnasium all take them
+SEED_LIMIT = 2 ** 32
+
+
+def option_value(option: str, value: object) -> str:
+    """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python, params)."""
+    return f"{option}{value!r}" if option.endswith("=") else f"{option} {value}"
 
 
 @dataclass

@@ -66,13 +66,13 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.schema import KINDS, SPLITS, SequenceDataset
+from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
 
 RESERVED = ("trajectory", "step", "split")
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 _MAX_SHOWN = 10
-_SEED_LIMIT = 2 ** 32   # as pipeline.config.SEED_LIMIT: numpy, torch and gymnasium all take seeds in [0, 2**32)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -104,7 +104,7 @@ def _check_options(test_fraction: Any, valid_fraction: Any, seed: Any, normalize
         raise ValueError(f"valid_fraction={valid_fraction!r}: expected a number >= 0 with test_fraction + "
                          f"valid_fraction < 1 (test_fraction={test_fraction!r})")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) \
-            or not 0 <= seed < _SEED_LIMIT:
+            or not 0 <= seed < SEED_LIMIT:
         raise ValueError(f"seed={seed!r}: expected an integer with 0 <= seed < 2**32")
     if not isinstance(normalize, (bool, np.bool_)):
         raise ValueError(f"normalize={normalize!r}: expected a bool (True or False)")

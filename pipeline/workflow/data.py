@@ -102,11 +102,11 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
 
     src = dict(dp.source)
     path = Path(src.pop("path"))
-    full = path if path.is_absolute() else root / path
-    if not full.exists():   # the one error that is the params' rather than the file's: name the key
-        raise FileNotFoundError(f"{dp.name}.source.path: {full}: file not found (relative paths are read from "
-                                f"the project root {root})")
-    return load_custom(full, **src)
+    try:
+        return load_custom(path if path.is_absolute() else root / path, **src)
+    except FileNotFoundError as exc:   # the one error that is the params' rather than the file's: name the key
+        raise FileNotFoundError(f"{dp.name}.source.path: {exc} (relative paths are read from the project root "
+                                f"{root})") from None
 
 
 def check_custom(params: Params, root: Path, name: str = "custom") -> str:
