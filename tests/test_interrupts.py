@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config"]
+COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
+        ".dvc/.gitignore"]
 
 pytestmark = pytest.mark.slow
 

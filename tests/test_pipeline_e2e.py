@@ -16,7 +16,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MIRROR = ROOT.parent / "shared" / "data"
-COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config"]
+COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
+        ".dvc/.gitignore"]
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +190,11 @@ def test_second_repro_is_a_noop_and_metrics_and_plots_show(project):
     assert shown, "dvc metrics show returned nothing"
     plots = json.loads(_run(["dvc", "plots", "show", "--json"], root, env))
     assert plots
+    # the README's commit after a repro leaves nothing untracked (outputs in the DVC cache are git-ignored)
+    _run(["git", "add", "dvc.lock", "metrics", "plots", "reports"], root, env)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=all"], root, env).splitlines()
+    assert not [line for line in status if line.startswith("??")], status
+    _run(["git", "commit", "-qm", "tiny run"], root, env)
 
 
 def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(project, tmp_path):
