@@ -207,6 +207,22 @@ def test_duplicate_steps(tmp_path: Path) -> None:
     assert "duplicate" in msg and "trajectory 101" in msg and "step 1" in msg
 
 
+def test_uneven_steps_warn_and_evenly_spaced_steps_do_not(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cols = _continuous()
+    cols["step"] = cols["step"] * 10                   # 0, 10, 20, ...: time stamps every 10 units
+    load_custom(_write(tmp_path, cols), kind="continuous", features=["a"])
+    assert not caplog.records
+    cols["step"] = cols["step"].copy()
+    cols["step"][7] = 25                               # trajectory 101: 0, 10, 25, 30, 40
+    cols["step"][12:15] = [30, 35, 45]                 # trajectory 102: 0, 10, 30, 35, 45
+    load_custom(_write(tmp_path, cols, "uneven.parquet"), kind="continuous", features=["a"])
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "\n" not in record.getMessage()
+    assert record.getMessage() == (f"{tmp_path / 'uneven.parquet'}: 4 step intervals in 2 trajectories differ from "
+                                   "their trajectory's usual spacing (first: trajectory 101, step 25 after 10); the "
+                                   "models use only the order of the rows, one observation per step")
+
+
 def test_short_trajectories(tmp_path: Path) -> None:
     cols = {"trajectory": [1, 1, 1, 2, 3, 3], "x": [0.0, 1, 2, 3, 4, 5]}
     msg = _error(_write(tmp_path, cols), kind="continuous")

@@ -75,6 +75,28 @@ _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 _MAX_SHOWN = 10
 
 
+
+def _warn_uneven_steps(path, codes: np.ndarray, steps: np.ndarray, ids: np.ndarray) -> None:
+    """Warn when a trajectory's steps are not evenly spaced (a gap, or a changing interval): the models see only
+    the order of the rows, one observation per step, so a missing step is silently treated as no time at all.
+    Evenly spaced steps (0, 10, 20, ...) are fine; their spacing is what forecasts continue with."""
+    same = np.diff(codes) == 0
+    diffs = np.diff(steps)
+    uneven = np.zeros_like(same)
+    starts = np.flatnonzero(np.r_[True, ~same])   # first interval index of each trajectory in diffs
+    for a, b in zip(starts, np.r_[starts[1:], len(diffs)]):
+        inside = np.flatnonzero(same[a:b]) + a
+        if len(inside):
+            spacing = np.median(diffs[inside])
+            uneven[inside] = diffs[inside] != spacing
+    if uneven.any():
+        k = int(np.flatnonzero(uneven)[0])
+        trajs = len(np.unique(codes[1:][uneven]))
+        log.warning("%s: %d step intervals in %d trajector%s differ from their trajectory's usual spacing (first: "
+                    "trajectory %r, step %d after %d); the models use only the order of the rows, one observation "
+                    "per step", path, int(uneven.sum()), trajs, "y" if trajs == 1 else "ies", _py(ids[codes[k]]),
+                    int(steps[k + 1]), int(steps[k]))
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -290,9 +312,7 @@ def read_rows(
             k = int(np.flatnonzero(dup)[0])
             raise fail(f"column 'step' has {int(dup.sum())} duplicate (trajectory, step) rows (first: trajectory "
                        f"{_py(uniq[s_codes[k]])!r}, step {int(s_steps[k])}); expected unique steps per trajectory")
-        gaps = (np.diff(s_codes) == 0) & (np.diff(s_steps) != 1)
-        if gaps.any():
-            log.warning("%s: %d gaps in 'step' (only the order of steps is used)", path, int(gaps.sum()))
+        _warn_uneven_steps(path, s_codes, s_steps, uniq)
     else:
         order = np.argsort(codes, kind="stable")
     s_codes = codes[order]
