@@ -89,7 +89,8 @@ class Variant:
     def parse(cls, name: str, key: str = "variants") -> "Variant":
         m = _VARIANT.fullmatch(name) if isinstance(name, str) else None
         if not m:
-            raise ParamsError(f"{key}: unknown model variant {_describe(name)}; expected psrnn, psrnn_<L>layer, "
+            shown = repr(name) if isinstance(name, str) else _describe(name)
+            raise ParamsError(f"{key}: unknown model variant {shown}; expected psrnn, psrnn_<L>layer, "
                               "psrnn_<L>layer_skip, psrnn_random, factorized_psrnn_r<rank>, lstm, gru, rnn or kf")
         if name.startswith("factorized_psrnn"):
             rank = int(m.group("rank"))
@@ -298,9 +299,14 @@ def _yaml11_hint(value: Any) -> str:
     if isinstance(value, str):
         try:
             float(value)
-        except ValueError:
+            unquoted = yaml.safe_load(value)
+        except (ValueError, yaml.YAMLError):
             return ""
-        return " (YAML 1.1 reads an exponent without a dot as text: write 1.0e-3, not 1e-3)"
+        if isinstance(unquoted, (int, float)):   # it was written in quotes
+            return " (a quoted number is text: remove the quotes)"
+        if re.fullmatch(r"[-+]?[0-9_.]*[eE][-+]?[0-9]+", value.strip()):
+            return (" (PyYAML reads YAML 1.1, where a number with an exponent needs a dot and a sign: write 1.0e-3 "
+                    "or 1.0e+3, not 1e-3 or 1.0e3)")
     return ""
 
 
