@@ -465,7 +465,7 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
 
     uri = tracking_uri or default_uri()
     where = "tracking_uri" if tracking_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") \
-        else "the default store of the project around the working directory"
+        else "the default: mlflow.db at the root of the project around the working directory, if any, else in it"
     db = sqlite_path(uri)
     if db is not None and not db.is_file():   # MLflow would create an empty store there and then miss the run
         raise FileNotFoundError(f"{db}: no MLflow store there ({where}); pass tracking_uri= or set "
@@ -498,11 +498,19 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
 
 
 def _download_artifact(client: Any, run_id: str, path: str, dst: str) -> str | None:
-    """A run's artifact downloaded into ``dst``, or None when the run has no such file."""
+    """A run's artifact downloaded into ``dst``, or None when the run has no such file. MLflow's progress bars
+    are turned off for it (two bars for kilobytes), unless ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR`` is set."""
     folder, _, name = path.rpartition("/")
     if name not in {Path(a.path).name for a in client.list_artifacts(run_id, folder or None)}:
         return None
-    return client.download_artifacts(run_id, path, dst)
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        return client.download_artifacts(run_id, path, dst)
+    os.environ[key] = "false"
+    try:
+        return client.download_artifacts(run_id, path, dst)
+    finally:
+        os.environ.pop(key, None)
 
 
 def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> Any:
