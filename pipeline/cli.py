@@ -217,9 +217,12 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         "two_stage": lambda: wf.two_stage(params, root, args.dataset, args.seed),
         "decompose": lambda: wf.decompose(params, root, args.dataset, args.seed),
         "initialise": lambda: wf.initialise(params, root, args.dataset, args.seed),
-        "refine": lambda: wf.refine(params, root, args.dataset, args.variant, args.seed),
+        "refine": lambda: (wf.refine(params, root, args.dataset) if args.variant is None
+                           else [print(wf.summary_line(h)) for h in
+                                 wf.refine(params, root, args.dataset, args.variant, args.seed).values()]),
         "evaluate": lambda: (wf.evaluate_dataset(params, root, args.dataset) if args.variant is None
-                             else wf.evaluate_run(params, root, args.dataset, args.variant, args.seed)),
+                             else print(wf.summary_line(wf.evaluate_run(params, root, args.dataset, args.variant,
+                                                                        args.seed)))),
         "report": lambda: wf.report(params, root),
     }
     if stage == "evaluate" and (args.variant is None) != (args.seed is None):

@@ -235,6 +235,17 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
 
 
+def _epoch_line(entry: dict[str, Any]) -> str:
+    """An epoch's history entry for the log: each split's metrics, the learning rate and the time taken."""
+    parts = [f"{split} " + ", ".join(f"{k} {v:.4g}" for k, v in entry[split].items() if isinstance(v, (int, float)))
+             for split in ("train", "valid", "test") if isinstance(entry.get(split), dict)]
+    if "lr" in entry:
+        parts.append(f"lr {entry['lr']:.4g}")
+    if "seconds" in entry:
+        parts.append(f"{entry['seconds']:.1f} s")
+    return "; ".join(parts)
+
+
 def fit(
     model: SequenceModel,
     train: Sequence[np.ndarray],
@@ -388,7 +399,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         checkpoint(epoch)
         if on_epoch:
             on_epoch(entry)
-        log.info("epoch %d: %s", epoch, {k: v for k, v in entry.items() if k != "epoch"})
+        log.info("epoch %d: %s", epoch, _epoch_line(entry))
         if stopped:
             log.info("early stop: %s", stopped)
     if cfg.restore_best and best_state is not None:

@@ -199,6 +199,26 @@ def test_evaluate_refuses_an_unfinished_run(tmp_path, clean_env):
         evaluate.evaluate_dataset(params, root, "hmm")
 
 
+def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, clean_env, capsys):
+    from pipeline.cli import main
+
+    root = tmp_path
+    _params(root, [0])
+    assert main(["--root", str(root), "refine", "hmm", "psrnn", "0"]) == 0
+    history = json.loads((model_dir(root, "hmm", "psrnn", 0) / "history.json").read_text())
+    first, last = (history["history"][e]["test"]["bpc"] for e in (0, -1))
+    out = capsys.readouterr().out
+    assert out == (f"refine hmm: psrnn_s0 2 epochs, test bpc {first:.4g} -> {last:.4g} "
+                   f"(best epoch {history['best_epoch']})\n")
+    assert main(["--root", str(root), "evaluate", "hmm", "psrnn", "0"]) == 0
+    m = json.loads((root / "metrics" / "hmm" / "psrnn_s0.json").read_text())
+    out = capsys.readouterr().out
+    assert out.startswith(f"evaluate hmm: psrnn_s0 test bpc {m['test']['bpc']:.4g}, ") and out.count("\n") == 1
+    assert f"(epoch 0: bpc {m['initial_test']['bpc']:.4g})" in out and "weights of epoch 2 of 2" in out
+    assert f"Bayes-optimal {m['bayes_optimal']['bpc']:.4g}" in out
+    assert m["test"]["bpc"] == pytest.approx(last, rel=1e-6)
+
+
 def test_missing_initial_weights_name_the_file(tmp_path, clean_env):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     params = load_params(tmp_path / "params.yaml")

@@ -5,6 +5,7 @@ torch). MLflow already has these numbers from refine (``final_test_*``), so this
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,9 @@ from pipeline.data.schema import SequenceDataset
 from pipeline.io import read_json, write_json
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, run_name
+
+
+log = logging.getLogger(__name__)
 
 
 def finished_checkpoint(root: Path, dataset: str, variant: str, seed: int) -> Path:
@@ -61,6 +65,22 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     return result
 
 
+def summary_line(result: dict[str, Any]) -> str:
+    """One line of an :func:`evaluate_run` result: the final test metrics, the epoch-0 ones beside the primary
+    metric, and which epoch's weights were scored."""
+    from pipeline.metrics import primary_metric
+
+    key = primary_metric(result["kind"] == "discrete")
+    test = result["test"]
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in test.items() if isinstance(v, (int, float)))
+    initial = result["initial_test"].get(key)
+    start = f" (epoch 0: {key} {initial:.4g})" if isinstance(initial, (int, float)) else ""
+    optimal = (result.get("bayes_optimal") or {}).get(key)
+    best = f", Bayes-optimal {optimal:.4g}" if isinstance(optimal, (int, float)) else ""
+    return (f"evaluate {result['dataset']}: {run_name(result['variant'], result['seed'])} test {shown}{start}"
+            f"{best}; weights of epoch {result['model_epoch']} of {result['epochs']}")
+
+
 def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict[str, Any]]:
     """:func:`evaluate_run` for every variant x seed of the dataset. Every run is checked to be finished before
     any evaluation, so a missing model fails in a second, naming it."""
@@ -74,6 +94,7 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
     results = {}
     for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
         results[run_name(v, s)] = evaluate_run(params, root, dataset, v, s, ds=ds)
+        log.info("%s", summary_line(results[run_name(v, s)]))
     return results
 
 

@@ -100,7 +100,23 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     out = {}
     for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
         out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared)
+        if variant_name is None:   # the command for one run prints this line itself
+            log.info("%s", summary_line(out[run_name(v, s)]))
     return out
+
+
+def summary_line(history: dict[str, Any]) -> str:
+    """One line of a :func:`refine_run` history: the primary test metric at epoch 0 and at the last epoch, and
+    the best epoch on the monitored split."""
+    from pipeline.metrics import primary_metric
+
+    key = primary_metric(history["kind"] == "discrete")
+    epochs = history["history"]
+    first, last = epochs[0]["test"].get(key), epochs[-1]["test"].get(key)
+    stopped = f", stopped early: {history['stopped_early']}" if history.get("stopped_early") else ""
+    return (f"refine {history['dataset']}: {run_name(history['variant'], history['seed'])} "
+            f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (best epoch {history['best_epoch']})"
+            f"{stopped}")
 
 
 def _prune(folder: Path, keep: set[str], what: str) -> None:

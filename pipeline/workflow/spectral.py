@@ -37,6 +37,8 @@ def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
     out = artifact_dir(root, dataset, seed) / "features.npz"
     save_npz(out, maps.to_arrays(), meta={"dataset": dataset, "seed": seed, "two_stage": asdict(cfg),
                                           "n_windows": len(windows)})
+    log.info("features %s seed %d: %d windows, %d RFF per family, kernel widths obs %.4g, past %.4g, future %.4g",
+             dataset, seed, len(windows), cfg.n_features, maps.obs.width, maps.past.width, maps.future.width)
     return out
 
 
@@ -67,6 +69,8 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
                                future_window=dp.kf.future_window, ridge=dp.kf.ridge)
         save_npz(out / "kf.npz", lss.to_arrays(), meta={"dataset": dataset, "seed": seed, "kf": asdict(dp.kf),
                                                          "diagnostics": lss.diagnostics})
+        log.info("two_stage %s seed %d: Kalman filter of %d states, spectral radius of A %.3g", dataset, seed,
+                 dp.kf.state_dim, lss.diagnostics.get("spectral_radius_A", float("nan")))
     return out
 
 
@@ -90,6 +94,8 @@ def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
         f = cp_decompose(tsm.layers[0].W, rank, seed=seed)
         save_npz(out / f"r{rank}.npz", f.as_dict(), meta={"rank": rank, "relative_error": f.relative_error,
                                                            "dataset": dataset, "seed": seed})
+        log.info("decompose %s seed %d: CP rank %d, relative reconstruction error %.3g", dataset, seed, rank,
+                 f.relative_error)
     write_json(out / "summary.json", {"ranks": dp.ranks})
     return out
 
