@@ -41,7 +41,7 @@ from typing import Any, Callable
 import yaml
 
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
-from pipeline.two_stage import MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, brief_repr
+from pipeline.two_stage import MAX_POWER_ITERATIONS, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, brief_repr
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
@@ -68,6 +68,9 @@ _VARIANT = re.compile(r"psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<rand
                       r"|factorized_psrnn_r(?P<rank>[0-9]+)"
                       r"(?P<frandom>_random)?|lstm|gru|rnn|kf")
 MAX_LAYERS = 64   # a bound on PSRNN depth (variants and two_stage.layers), far beyond any useful stack
+MAX_INT = 2 ** 31 - 1   # a bound on every count and size in params.yaml (seeds have their own, 2**32)
+MAX_PREFIX = 200        # tracking.experiment_prefix; the experiment is named <prefix>-<dataset>
+MAX_MAGNITUDE = 1e30    # a bound on every finite number: beyond it, products like ridge·n or lr·gradient overflow
 
 
 class ParamsError(ValueError):
@@ -288,6 +291,8 @@ def _check_number(key: str, v: Any, *, low: float | None = None, low_open: bool 
         want += f" {'<' if high_open else '<='} {high:g}"
     if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
         raise ParamsError(f"{key}: expected {want}, got {v!r}")
+    if not allow_inf and abs(v) > MAX_MAGNITUDE:
+        raise ParamsError(f"{key}: expected {want} of magnitude at most {MAX_MAGNITUDE:g}, got {v!r}")
     if low is not None and (v <= low if low_open else v < low):
         raise ParamsError(f"{key}: expected {want}, got {v!r}")
     if high is not None and (v >= high if high_open else v > high):
@@ -310,10 +315,20 @@ def _yaml11_hint(value: Any) -> str:
     return ""
 
 
-def _check_int(key: str, v: Any, minimum: int = 1) -> None:
+def _check_int(key: str, v: Any, minimum: int = 1, maximum: int | None = None) -> None:
     if not _is_int(v) or v < minimum:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ParamsError(f"{key}: expected {what}, got {_describe(v)}")
+    _check_int_ceiling(key, v, MAX_INT if maximum is None else maximum)
+
+
+def _check_int_ceiling(key: str, v: int, maximum: int = None) -> None:
+    """Counts and sizes far beyond any run (10**30 trajectories, RFF features or power iterations) would hang a stage
+    or fail deep in numpy without naming the key: refused here."""
+    maximum = MAX_INT if maximum is None else maximum
+    if v > maximum:
+        bound = "2**31 - 1" if maximum == MAX_INT else str(maximum)
+        raise ParamsError(f"{key}: expected an integer <= {bound}, got {_describe(v)}")
 
 
 def _check_choice(key: str, v: Any, choices: typing.Sequence[str]) -> None:
@@ -391,6 +406,8 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             raise ParamsError(f"{key}.{k}: expected a positive integer, got {_describe(v)}")
         if k == "seed" and not 0 <= v < SEED_LIMIT:
             raise ParamsError(f"{key}.seed: expected an integer in [0, 2**32), got {_describe(v)}")
+        if _is_int(v) and k != "seed" and float not in (schema[k] if isinstance(schema[k], tuple) else (schema[k],)):
+            _check_int_ceiling(f"{key}.{k}", v)
     if is_custom(name):
         if "path" not in source:
             raise ParamsError(f"{key}.path: required (the Parquet file with your data)")
@@ -573,7 +590,8 @@ def _device(key: str, v: Any) -> None:
 _FIELD_RULES[TwoStageConfig] = {
     **{k: _positive_int for k in ("state_dim", "obs_dim", "past_dim", "n_features", "past_window", "future_window",
                                   "chunk_size")},
-    "power_iterations": _positive_int, "oversample": _non_negative_int,
+    "power_iterations": lambda key, v: _check_int(key, v, 1, MAX_POWER_ITERATIONS),
+    "oversample": _non_negative_int,
     "ridge": _non_negative, "decoder_ridge": _non_negative, "obs_ridge": _non_negative,
     "width_scale": _positive, "widths": _widths,
     "svd": _choice("randomized", "exact"), "feature_dtype": _choice("float32", "float64"),
@@ -846,6 +864,9 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             raise ParamsError(f"tracking.{k}: expected {t_allowed[k].__name__}, got {_describe(v)}")
     if tracking.get("experiment_prefix") == "":
         raise ParamsError("tracking.experiment_prefix: expected a non-empty string, got ''")
+    if len(tracking.get("experiment_prefix", "")) > MAX_PREFIX:   # MLflow's names hold 500 characters
+        raise ParamsError(f"tracking.experiment_prefix: expected at most {MAX_PREFIX} characters, got "
+                          f"{len(tracking['experiment_prefix'])}")
     report = _check_report(raw.get("report"))
 
     datasets: dict[str, DatasetParams] = {}

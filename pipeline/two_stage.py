@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 WIDTH_FAMILIES = ("obs", "past", "future")   # the RFF families of pipeline.features.fit_feature_maps
 MIN_KERNEL_WIDTH = 1e-150   # the RFF frequencies have standard deviation 1/width: below it 1/width² overflows
+MAX_POWER_ITERATIONS = 100   # the range finder converges in a few; more only costs time
 
 
 @dataclass
@@ -72,6 +73,9 @@ class TwoStageConfig:
             v = getattr(self, key)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"two_stage.{key}: expected a positive integer, got {brief_repr(v)}")
+            if v > (MAX_POWER_ITERATIONS if key == "power_iterations" else 2 ** 31 - 1):
+                bound = MAX_POWER_ITERATIONS if key == "power_iterations" else "2**31 - 1"
+                raise ValueError(f"two_stage.{key}: expected an integer <= {bound}, got {brief_repr(v)}")
         if not isinstance(self.oversample, (int, np.integer)) or isinstance(self.oversample, bool) \
                 or self.oversample < 0:
             raise ValueError(f"two_stage.oversample: expected an integer >= 0, got {brief_repr(self.oversample)}")

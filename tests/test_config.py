@@ -144,8 +144,21 @@ def _custom(**source):
                                           r"list \[18446744073709551616\]$"),   # torch.manual_seed refuses it
     (lambda p: p.update(seeds=[10 ** 5000]), r"^seeds: expected .*, got a list \[\.\.\.\]$"),
     (lambda p: p["hmm"]["source"].update(seed=2 ** 32), r"^hmm\.source\.seed: expected an integer in \[0, 2\*\*32\)"),
-    (lambda p: p["ptb"]["two_stage"].update(state_dim=10 ** 5000), r"^ptb\.two_stage\.state_dim=an integer of about "
-                                                                   r"5001 digits exceeds n_features=2000"),
+    (lambda p: p["ptb"]["two_stage"].update(state_dim=10 ** 5000), r"^ptb\.two_stage\.state_dim: expected an integer "
+                                                                   r"<= 2\*\*31 - 1, got an integer of about 5001 "
+                                                                   r"digits$"),
+    (lambda p: p["hmm"]["source"].update(n_train=10 ** 30), r"^hmm\.source\.n_train: expected an integer <= "
+                                                            r"2\*\*31 - 1, got an integer of about 31 digits$"),
+    (lambda p: p["hmm"]["two_stage"].update(power_iterations=101), r"^hmm\.two_stage\.power_iterations: expected an "
+                                                                   r"integer <= 100, got an integer 101$"),
+    (lambda p: p["hmm"]["two_stage"].update(n_features=2 ** 31), r"^hmm\.two_stage\.n_features: expected an integer "
+                                                                 r"<= 2\*\*31 - 1, got an integer 2147483648$"),
+    (lambda p: p["hmm"]["train"].update(lr=1.0e308), r"^hmm\.train\.lr: expected a finite number > 0 of magnitude at "
+                                                     r"most 1e\+30, got 1e\+308$"),
+    (lambda p: p["hmm"]["two_stage"].update(ridge=2.0e30), r"^hmm\.two_stage\.ridge: expected a finite number >= 0 "
+                                                           r"of magnitude at most 1e\+30, got 2e\+30$"),
+    (lambda p: p["tracking"].update(experiment_prefix="x" * 201), r"^tracking\.experiment_prefix: expected at most "
+                                                                  r"200 characters, got 201$"),
     (lambda p: p["ptb"]["two_stage"].update(ridge=10 ** 400), r"^ptb\.two_stage\.ridge: expected a number within the "
                                                               r"float range, got an integer of about 401 digits$"),
     (lambda p: p["hmm"]["source"].update(stickiness=10 ** 400), r"^hmm\.source\.stickiness: expected a number within "
@@ -270,6 +283,9 @@ def test_good_values_pass(defaults):
 @pytest.mark.parametrize("option, message", [
     ({"oversample": -5}, "two_stage.oversample: expected an integer >= 0, got -5"),
     ({"power_iterations": 0}, "two_stage.power_iterations: expected a positive integer, got 0"),
+    ({"power_iterations": 10 ** 30}, "two_stage.power_iterations: expected an integer <= 100, got an integer of "
+                                     "about 31 digits"),
+    ({"chunk_size": 2 ** 40}, "two_stage.chunk_size: expected an integer <= 2**31 - 1, got 1099511627776"),
     ({"decoder_ridge": -0.1}, "two_stage.decoder_ridge: expected a finite number >= 0, got -0.1"),
     ({"obs_ridge": float("nan")}, "two_stage.obs_ridge: expected a finite number >= 0, got nan"),
     ({"feature_dtype": "float16"}, "two_stage.feature_dtype: expected 'float32' or 'float64', got 'float16'"),
