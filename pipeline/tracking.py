@@ -110,6 +110,13 @@ def fluent_tracking_uri(mlflow, uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(before)  # None unsets it
 
 
+def _store_label(uri: str) -> str:
+    """How an error names the store: by the variable that chose it, or as the default it is."""
+    if os.environ.get("MLFLOW_TRACKING_URI") == uri:
+        return f"MLFLOW_TRACKING_URI={uri}"
+    return f"tracking store {uri} (the default; MLFLOW_TRACKING_URI overrides)"
+
+
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Fail fast (seconds, before any training) when an HTTP tracking server does not answer."""
     if uri.startswith(("http://", "https://")):
@@ -121,14 +128,14 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
             status = exc.code
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: tracking server unreachable ({reason})") from None
+            raise TrackingError(f"{_store_label(uri)}: tracking server unreachable ({reason})") from None
         if status != 200:  # an MLflow server answers GET /health with 200 "OK"
-            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: GET /health answered HTTP {status}; expected 200 "
+            raise TrackingError(f"{_store_label(uri)}: GET /health answered HTTP {status}; expected 200 "
                                 "from an MLflow tracking server")
     elif uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         if not db.parent.exists():
-            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: directory {db.parent} does not exist")
+            raise TrackingError(f"{_store_label(uri)}: directory {db.parent} does not exist")
     elif uri.startswith("file:") or "://" not in uri:
         pass  # deprecated file store: MLflow itself warns
 
@@ -190,7 +197,7 @@ class RunTracker:
             raise
         except Exception as exc:  # MlflowException, SQLAlchemy errors...: one line naming the store
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: cannot use the tracking store "
+            raise TrackingError(f"{_store_label(uri)}: cannot use the tracking store "
                                 f"({type(exc).__name__}: {first[:300]})") from None
 
     def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None) -> None:

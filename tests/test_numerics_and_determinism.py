@@ -69,10 +69,17 @@ def test_unreachable_tracking_server_fails_fast(monkeypatch):
     with socket.socket() as s:  # a loopback port with nothing listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     t0 = time.perf_counter()
-    with pytest.raises(TrackingError, match=rf"MLFLOW_TRACKING_URI=http://127.0.0.1:{port}: .*unreachable"):
+    with pytest.raises(TrackingError, match=rf"^MLFLOW_TRACKING_URI=http://127.0.0.1:{port}: .*unreachable"):
         check_tracking_uri(f"http://127.0.0.1:{port}", timeout=2)
     assert time.perf_counter() - t0 < 5
+    # a store that the variable did not choose is not blamed on it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(TrackingError, match=r"^tracking store sqlite:///nowhere/at/all/mlflow.db \(the default; "
+                                            r"MLFLOW_TRACKING_URI overrides\): directory nowhere/at/all does not "
+                                            r"exist$"):
+        check_tracking_uri("sqlite:///nowhere/at/all/mlflow.db")
 
 
 def test_default_tracking_uri_uses_dvc_root(monkeypatch, tmp_path):
