@@ -189,6 +189,22 @@ def test_more_epochs_continue_the_run_and_equal_training_them_in_one_go(tmp_path
     assert [h["epoch"] for h in load_checkpoint(ckpt)["history"]] == [0, 1] and len(_runs(root)) == 3
 
 
+def test_evaluate_removes_the_outputs_of_runs_taken_off_params(tmp_path, clean_env):
+    """Stages run outside DVC (psrnn refine / evaluate / report): a variant or seed taken off params.yaml leaves
+    no metrics or predictions behind for the report to show."""
+    root = tmp_path
+    params = _params(root, [0, 1], variants=("psrnn", "gru"), epochs=1)
+    refine.refine(params, root, "hmm")
+    evaluate.evaluate_dataset(params, root, "hmm")
+    names = {f"{v}_s{s}" for v in ("psrnn", "gru") for s in (0, 1)}
+    assert {p.stem for p in (root / "metrics" / "hmm").glob("*.json")} == names
+    params = _params(root, [0], variants=("psrnn",), epochs=1)
+    refine.refine(params, root, "hmm")
+    evaluate.evaluate_dataset(params, root, "hmm")
+    assert [p.name for p in (root / "metrics" / "hmm").iterdir()] == ["psrnn_s0.json"]
+    assert [p.name for p in (root / "predictions" / "hmm").iterdir()] == ["psrnn_s0.parquet"]
+
+
 def test_evaluate_refuses_an_unfinished_run(tmp_path, clean_env):
     root = tmp_path
     params = _params(root, [0])

@@ -91,6 +91,14 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
     for v, s in runs:
         finished_checkpoint(root, dataset, v, s)
     ds = load_prepared(root, dataset)
+    # outside DVC (which empties a stage's outputs before it runs) the files of runs no longer in params.yaml would
+    # stay and the report would show them
+    keep = {run_name(v, s) for v, s in runs}
+    for folder, suffix in ((metrics_dir(root, dataset), ".json"), (predictions_dir(root, dataset), ".parquet")):
+        for stale in sorted(folder.glob(f"*{suffix}")) if folder.is_dir() else []:
+            if stale.name[:-len(suffix)] not in keep:
+                log.info("evaluate: removing %s (not a run of params.yaml)", stale)
+                stale.unlink()
     results = {}
     for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
         results[run_name(v, s)] = evaluate_run(params, root, dataset, v, s, ds=ds)
