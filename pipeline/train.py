@@ -340,6 +340,10 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
 
     if not history:
         entry = run_eval(0, 0.0)
+        if not math.isfinite(entry["test"][metric]):   # SGD cannot repair it, and "lower the lr" would mislead
+            raise TrainingDiverged(f"the initial model (epoch 0, before any update) gives a test {metric} of "
+                                   f"{entry['test'][metric]}: its weights are not usable; check the settings that "
+                                   "build them (model.*_bias_scale, two_stage, kf) and the data")
         history.append(entry)
         consider(entry)
         checkpoint(0)

@@ -157,6 +157,21 @@ def test_divergence_names_epoch_and_step_and_keeps_checkpoint(tmp_path, continuo
     assert ck.read_bytes() == before
 
 
+def test_an_unusable_initial_model_is_named_before_any_update(tmp_path, continuous):
+    """NaN weights (e.g. from an absurd bias scale) give a NaN epoch-0 metric: no SGD can repair that, so training
+    stops there with a message about the initial model rather than advice to lower the learning rate."""
+    model = _gru()
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingDiverged) as err:
+        fit(model, continuous.train, continuous.test, TrainConfig(epochs=1, lr=0.1, bptt=10, batch_size=4),
+            checkpoint_path=tmp_path / "checkpoint.pt")
+    msg = str(err.value)
+    assert msg.startswith("the initial model (epoch 0, before any update) gives a test mse of nan: its weights are "
+                          "not usable") and "lr" not in msg and "\n" not in msg
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
 def test_a_loss_above_max_loss_names_the_setting(continuous):
     """Unnormalised data can have a large but finite loss: the message must say which limit it crossed."""
     big = [t * 1e3 for t in continuous.train]
