@@ -780,6 +780,8 @@ def _check_figure_option(key: str, option: str, v: Any) -> None:
     if option in ("variants", "datasets"):
         if not isinstance(v, str):
             _check_names(k, v, item="names")
+        if option == "variants":
+            _check_figure_variants(k, [v] if isinstance(v, str) else v)
     elif option in ("dataset", "title"):
         if not isinstance(v, str) or not v:
             raise ParamsError(f"{k}: expected a non-empty string, got {_describe(v)}")
@@ -797,6 +799,13 @@ def _check_figure_option(key: str, option: str, v: Any) -> None:
     elif option in ("trajectory", "seed"):
         if v is not None and (not _is_int(v) or v < 0):
             raise ParamsError(f"{k}: expected a non-negative integer or null, got {_describe(v)}")
+
+
+def _check_figure_variants(key: str, names: list[str]) -> None:
+    """A figure's variants are model variant names (a typo such as ``lstn`` would leave a curve out with only a
+    note); whether a dataset trains them is the report's business (fig4a's ``kf`` is not a PTB model)."""
+    for name in names:
+        Variant.parse(name, key)
 
 
 def _check_report(report: Any) -> dict[str, Any]:
@@ -821,6 +830,7 @@ def _check_report(report: Any) -> dict[str, Any]:
                 _check_names(f"{key}", value, item="variant names")
                 if "variants" not in DEFAULT_FIGURES[name]:
                     raise ParamsError(f"{key}: a list of variants, but this figure has no variants option")
+                _check_figure_variants(key, value)
                 continue
             if not isinstance(value, dict):
                 raise ParamsError(f"{key}: expected a mapping of options, a list of variants, true or false, "

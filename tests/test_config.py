@@ -235,6 +235,10 @@ def _custom(**source):
     (lambda p: p["report"].update(figure={"fig4b": {}}), r"^report\.figure: unknown key"),
     (lambda p: p["report"].update(figures=[]), r"^report\.figures: expected a mapping of figure names"),
     (lambda p: p["report"].update(figures={"fig9z": {}}), r"^report\.figures\.fig9z: unknown figure"),
+    (lambda p: p["report"].update(figures={"fig4a": {"variants": ["kf", "lstn"]}}),
+     r"^report\.figures\.fig4a\.variants: unknown model variant 'lstn'; expected psrnn,"),
+    (lambda p: p["report"].update(figures={"fig3a": ["gru", "factorized_psrnn_r060"]}),
+     r"^report\.figures\.fig3a: write 'factorized_psrnn_r060' as 'factorized_psrnn_r60'"),
     (lambda p: p["report"].update(figures={"fig4b": {"feture": "x"}}), r"^report\.figures\.fig4b\.feture: "
                                                                        r"unknown key"),
     (lambda p: p["report"].update(figures={"fig4a": {"split": "tset"}}), r"^report\.figures\.fig4a\.split: "),
