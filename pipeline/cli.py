@@ -10,11 +10,14 @@ traceback of every failure."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -130,10 +133,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.verbose = any(a in verbose for a in argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from pipeline.config import ParamsError, load_params, project_root
+    from pipeline.config import project_root
 
     root = Path(args.root).resolve() if args.root else project_root()
     params_path = Path(args.params) if args.params else root / "params.yaml"
+    with _terminate_cleanly():
+        return _run(args, root, params_path)
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler's or ``kill``'s stop), raised like Ctrl-C so that ``finally`` blocks run: temporary
+    files are removed and the MLflow run is closed as failed, rather than the process vanishing mid-write."""
+
+
+@contextlib.contextmanager
+def _terminate_cleanly():
+    if threading.current_thread() is not threading.main_thread():   # signal handlers belong to the main thread
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
+    from pipeline.config import ParamsError, load_params
+
     try:
         if not params_path.exists():
             raise ParamsError(f"{params_path}: params file not found; expected to run inside a project (or give "
@@ -150,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"psrnn {args.stage}: terminated (SIGTERM); no half-written file is left (refine resumes from its "
+              "last checkpoint)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except Exception as exc:  # one clear line, not a traceback, for every expected failure
         if _debug(args) or not expected_failure(exc):
             raise

@@ -1037,7 +1037,14 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ParamsError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ParamsError(f"{path}: cannot read the params file ({exc})") from None
-    return parse_params({} if raw is None else raw, source=str(path))
+    except RecursionError:   # PyYAML composes nested collections recursively
+        raise ParamsError(f"{path}: nested too deeply to read (thousands of levels); expected the sections of "
+                          "params.yaml") from None
+    try:
+        return parse_params({} if raw is None else raw, source=str(path))
+    except RecursionError:
+        raise ParamsError(f"{path}: nested too deeply to check (thousands of levels); expected the sections of "
+                          "params.yaml") from None
 
 
 def user_repo(path: str | Path) -> Path:

@@ -96,6 +96,9 @@ def test_missing_or_broken_file(tmp_path):
     bad.write_text("ptb: [unclosed\n")
     with pytest.raises(ParamsError, match="not valid YAML"):
         load_params(bad)
+    bad.write_text("seeds: " + "[" * 5000 + "]" * 5000 + "\n")   # PyYAML recurses once per level
+    with pytest.raises(ParamsError, match=rf"^{re.escape(str(bad))}: nested too deeply to read"):
+        load_params(bad)
 
 
 def test_cli_reports_one_line(tmp_path, capsys, defaults):

@@ -235,6 +235,40 @@ def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, c
     assert m["test"]["bpc"] == pytest.approx(last, rel=1e-6)
 
 
+def test_sigterm_during_refine_closes_the_run_and_leaves_no_temporary_file(tmp_path, clean_env):
+    """A scheduler's stop (SIGTERM) is handled like Ctrl-C: one line, exit status 143, the MLflow run closed as
+    FAILED rather than left RUNNING, no half-written file; the next refine continues from the checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pipeline.train import load_checkpoint
+
+    root = tmp_path
+    _params(root, [0], epochs=400)
+    mdir = model_dir(root, "hmm", "psrnn", 0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "--root", str(root), "refine", "hmm", "psrnn", "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (mdir / "checkpoint.pt").exists() or load_checkpoint(mdir / "checkpoint.pt")["epoch"] < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("psrnn refine: terminated (SIGTERM); no half-written file is left (refine "
+                                            "resumes from its last checkpoint)")
+    assert not [p.name for p in mdir.iterdir() if p.name.startswith(".")]
+    assert not (mdir / "done").exists()
+    assert [status for *_, status in _runs(root)] == ["FAILED"]
+    epoch = load_checkpoint(mdir / "checkpoint.pt")["epoch"]
+    refine.refine(_params(root, [0], epochs=epoch + 1), root, "hmm")
+    assert [h["epoch"] for h in load_checkpoint(mdir / "checkpoint.pt")["history"]] == list(range(epoch + 2))
+
+
 def test_missing_initial_weights_name_the_file(tmp_path, clean_env):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     params = load_params(tmp_path / "params.yaml")
