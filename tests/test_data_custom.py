@@ -223,6 +223,14 @@ def test_uneven_steps_warn_and_evenly_spaced_steps_do_not(tmp_path: Path, caplog
                                    "models use only the order of the rows, one observation per step")
 
 
+def test_unsigned_steps_beyond_int64_are_refused(tmp_path: Path) -> None:
+    cols = _continuous()
+    cols["step"] = pa.array(cols["step"].astype(np.uint64) + np.uint64(2 ** 63 - 3), type=pa.uint64())
+    msg = _error(_write(tmp_path, cols), kind="continuous", features=["a"])
+    assert msg.endswith("column 'step' has values above 2**63 - 1 (first: row 3, 9223372036854775808); expected "
+                        "steps that fit a signed 64-bit integer"), msg
+
+
 def test_short_trajectories(tmp_path: Path) -> None:
     cols = {"trajectory": [1, 1, 1, 2, 3, 3], "x": [0.0, 1, 2, 3, 4, 5]}
     msg = _error(_write(tmp_path, cols), kind="continuous")

@@ -304,7 +304,12 @@ def read_rows(
                        f"(first: row {first}, trajectory {_py(ids[first])!r}); expected finite symbols")
 
     if has_step:
-        steps = np.asarray(column("step").to_numpy(zero_copy_only=False), dtype=np.int64)
+        raw_steps = np.asarray(column("step").to_numpy(zero_copy_only=False))
+        if raw_steps.dtype.kind == "u" and len(raw_steps) and raw_steps.max() > np.iinfo(np.int64).max:
+            first = int(np.flatnonzero(raw_steps > np.iinfo(np.int64).max)[0])
+            raise fail(f"column 'step' has values above 2**63 - 1 (first: row {first}, {int(raw_steps[first])}); "
+                       "expected steps that fit a signed 64-bit integer")
+        steps = raw_steps.astype(np.int64)
         order = np.lexsort((steps, codes))
         s_codes, s_steps = codes[order], steps[order]
         dup = (np.diff(s_codes) == 0) & (np.diff(s_steps) == 0)
