@@ -6,20 +6,25 @@
     >>> predictions = fitted.predict(test_trajectories)
     >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one pickle-free file
 
-Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of shape (T,) or (T, m) as continuous.
+Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of shape (T,) or (T, m) as continuous; every
+trajectory of train, valid and test must be of one kind (and, continuous, of one width). Bad input is refused up
+front, before any 2SR work, in one line naming the argument and trajectory (``train[1]: ...``).
 """
 
 from __future__ import annotations
 
+import collections.abc
+import math
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from pipeline.decompose import CPFactors, cp_decompose
 from pipeline.models.common import ModelConfig, SequenceModel
-from pipeline.two_stage import LinearStateSpace, TwoStageConfig, TwoStageModel, linear_two_stage, \
+from pipeline.two_stage import LinearStateSpace, TwoStageConfig, TwoStageModel, brief_repr, linear_two_stage, \
     multilayer_two_stage
 
 
@@ -37,6 +42,8 @@ def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = N
     if isinstance(model, PSRNN):
         if config.init == "random":
             return model.random_init(seed)
+        if config.init != "2sr":
+            raise ValueError(f"init={config.init!r}: expected '2sr' or 'random' for {config.model}")
         if two_stage is None:
             raise ValueError(f"{config.model} with init '2sr' needs a 2SR model")
         factors = [c.as_dict() for c in cp] if cp is not None else None
@@ -52,12 +59,240 @@ def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = N
 
 
 def infer_kind(trajectories: Sequence[np.ndarray]) -> tuple[bool, int]:
-    """(discrete, input_dim) from the arrays themselves."""
-    first = np.asarray(trajectories[0])
-    if np.issubdtype(first.dtype, np.integer) and first.ndim == 1:
-        vocab = int(max(int(np.max(t)) for t in trajectories)) + 1
-        return True, vocab
-    return False, 1 if first.ndim == 1 else first.shape[1]
+    """(discrete, input_dim) from the arrays themselves (checked as :func:`fit_model` checks ``train``)."""
+    discrete, input_dim, _ = _checked_splits({"train": trajectories})
+    return discrete, input_dim
+
+
+# ----------------------------------------------------------------------------------------- checking the inputs
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)   # the models compute in float32: larger values become Inf
+_SIZE_LIMIT = 2 ** 31 - 1                         # dimensions and vocabularies torch and the 2SR arrays index
+_A_LIST = "a list of trajectories (arrays of shape (T,) or (T, m))"
+
+
+def _trajectory_list(name: str, trajectories: Any) -> list[Any]:
+    """``trajectories`` as a list. One array (a single trajectory, or a (T, m) array meant as one), a DataFrame, a
+    generator or a string is refused: each trajectory is read as one array, and more than once."""
+    if isinstance(trajectories, np.ndarray):
+        raise ValueError(f"{name}: one array of shape {trajectories.shape}; expected {_A_LIST}, e.g. [array] for a "
+                         "single trajectory")
+    if isinstance(trajectories, (str, bytes)) or not isinstance(trajectories, collections.abc.Sequence):
+        raise ValueError(f"{name}: a {type(trajectories).__name__}; expected {_A_LIST}")
+    return list(trajectories)
+
+
+def _trajectory_array(where: str, t: Any) -> np.ndarray:
+    """One trajectory as a numeric array of shape (T,) or (T, m), T >= 1 and m >= 1."""
+    try:
+        a = np.asarray(t)
+    except (ValueError, TypeError, RuntimeError) as exc:   # ragged nested lists, tensors that need grad, ...
+        raise ValueError(f"{where}: not an array ({' '.join(str(exc).split())[:120]}); expected an array of shape "
+                         "(T,) or (T, m)") from None
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{where}: an array of dtype {a.dtype}; expected integer symbols or float features")
+    if a.ndim not in (1, 2) or a.ndim == 2 and a.shape[1] == 0:
+        shown = f"the scalar {a.item()!r}" if a.ndim == 0 else f"shape {a.shape}"
+        raise ValueError(f"{where}: {shown}; expected an array of shape (T,) or (T, m), one row per step")
+    if len(a) == 0:
+        raise ValueError(f"{where}: an empty trajectory; expected at least one observation")
+    return a
+
+
+def _is_symbols(a: np.ndarray) -> bool:
+    return a.dtype.kind in "iu" and a.ndim == 1
+
+
+def _kind_text(a: np.ndarray) -> str:
+    return "discrete symbols (an integer 1-D array)" if _is_symbols(a) else \
+        f"continuous features (a {a.dtype} array of shape {a.shape})"
+
+
+def _symbols(where: str, a: np.ndarray, vocab_size: int | None) -> np.ndarray:
+    """Symbols as int64 indices 0 … ``vocab_size`` - 1 (None: any below :data:`_SIZE_LIMIT`). Floats with integer
+    values (2.0) are taken as those integers; other floats (0.9) are refused, never truncated."""
+    if a.ndim != 1:
+        raise ValueError(f"{where}: shape {a.shape}; expected a 1-D array of symbols (the model is discrete)")
+    if a.dtype.kind == "f":
+        whole = np.isfinite(a) & (a == np.floor(a))
+        if not whole.all():
+            j = int(np.flatnonzero(~whole)[0])
+            raise ValueError(f"{where}: {float(a[j])!r} at step {j} is not an integer symbol; expected integer "
+                             "symbols (the model is discrete)")
+    elif a.dtype.kind not in "iu":
+        raise ValueError(f"{where}: an array of dtype {a.dtype}; expected integer symbols (the model is discrete)")
+    high = _SIZE_LIMIT if vocab_size is None else vocab_size
+    bad = (a < 0) | (a >= high)
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        expected = (f"symbols 0 … {vocab_size - 1}, the model's vocabulary" if vocab_size is not None else
+                    f"integers from 0 to {_SIZE_LIMIT - 1} (indices into a vocabulary: map other ids to 0 … V-1)")
+        raise ValueError(f"{where}: symbol {a[j].item()!r} at step {j}; expected {expected}")
+    return a.astype(np.int64)
+
+
+def _features(where: str, a: np.ndarray, width: int, source: str) -> np.ndarray:
+    """Features as (T, m) float64, ``m == width`` (``source`` says whose width), finite within float32."""
+    x = a.reshape(len(a), -1).astype(np.float64)
+    if x.shape[1] != width:
+        raise ValueError(f"{where}: {x.shape[1]} features per step (shape {a.shape}); expected {width}, {source}")
+    bad = ~(np.abs(x) <= _FLOAT32_MAX)   # NaN, Inf, or beyond float32
+    if bad.any():
+        t, j = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{where}: {float(x[t, j])!r} at step {t}, feature {j}; expected finite values within "
+                         "float32 range (the models compute in float32)")
+    return x
+
+
+def _checked_splits(splits: dict[str, Any]) -> tuple[bool, int, dict[str, list[np.ndarray]]]:
+    """(discrete, input_dim, arrays per split) of ``splits`` (name: trajectories, the first one ``train``): every
+    trajectory of one kind, like ``train[0]``, and continuous ones of its width; V = 1 + the largest symbol of any
+    split (symbols are indices 0 … V-1, a symbol seen only in test included)."""
+    raw = {name: [_trajectory_array(f"{name}[{i}]", t) for i, t in enumerate(_trajectory_list(name, value))]
+           for name, value in splits.items()}
+    if not raw["train"]:
+        raise ValueError(f"train: empty; expected {_A_LIST}, at least one")
+    first = raw["train"][0]
+    discrete = _is_symbols(first)
+    width = None if discrete else first.reshape(len(first), -1).shape[1]
+    out: dict[str, list[np.ndarray]] = {}
+    for name, arrays in raw.items():
+        for i, a in enumerate(arrays):
+            if _is_symbols(a) != discrete:
+                raise ValueError(f"{name}[{i}]: {_kind_text(a)}, but train[0] holds {_kind_text(first)}; expected "
+                                 "one kind in train, valid and test: integer 1-D arrays (symbols) or float arrays "
+                                 "(features)")
+        out[name] = [_symbols(f"{name}[{i}]", a, None) if discrete else
+                     _features(f"{name}[{i}]", a, width, "as train[0] has") for i, a in enumerate(arrays)]
+    if discrete:
+        return True, 1 + max(int(a.max()) for arrays in out.values() for a in arrays), out
+    return False, width, out
+
+
+def model_inputs(trajectories: Sequence[Any], config: ModelConfig, name: str = "trajectories") -> list[np.ndarray]:
+    """``trajectories`` checked against the model of ``config`` and in its units: int64 symbols 0 … V-1 (integer
+    arrays, or floats with integer values such as 2.0; 0.9 is refused) or (T, m) float64 features, finite within
+    float32. Errors name ``name`` and the trajectory index, e.g. ``trajectories[1]: ...``."""
+    arrays = [_trajectory_array(f"{name}[{i}]", t) for i, t in enumerate(_trajectory_list(name, trajectories))]
+    if config.discrete:
+        return [_symbols(f"{name}[{i}]", a, config.input_dim) for i, a in enumerate(arrays)]
+    return [_features(f"{name}[{i}]", a, config.input_dim, "the model's input width") for i, a in enumerate(arrays)]
+
+
+def _finite(v: Any) -> bool:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:   # an int beyond the float range
+        return False
+
+
+def _check_int(name: str, v: Any, low: int, high: int | None = _SIZE_LIMIT) -> None:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < low or \
+            high is not None and v > high:
+        bound = f"from {low} to 2**31 - 1" if high == _SIZE_LIMIT else f">= {low}"
+        raise ValueError(f"{name}={brief_repr(v)}: expected an integer {bound}")
+
+
+def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
+    if not (_finite(v) and (v > 0 if positive else v >= 0)):
+        raise ValueError(f"{name}={brief_repr(v)}: expected a finite number {'> 0' if positive else '>= 0'}")
+
+
+PSRNN_MODELS = ("psrnn", "factorized_psrnn")
+
+
+@dataclass
+class _FitPlan:
+    """What :func:`fit_model` runs, every part checked: the data in model units and the configs."""
+
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    valid: list[np.ndarray] | None
+    model: ModelConfig
+    train_config: Any                     # pipeline.train.TrainConfig
+    two_stage: TwoStageConfig | None      # PSRNNs initialised by 2SR
+    windows: dict[str, int]
+
+
+def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
+    """Every check of :func:`fit_model`, before any 2SR work (``a``: its arguments): the arguments and option keys,
+    the data (:func:`_checked_splits`), what depends on the data's kind, and the configs' own validation."""
+    from pipeline.inference import check_seed
+    from pipeline.models.common import MODEL_NAMES
+    from pipeline.train import TrainConfig, resolve_device
+
+    model = a["model"]
+    if not isinstance(model, str) or model not in MODEL_NAMES:
+        raise ValueError(f"model={model!r}: expected one of {', '.join(MODEL_NAMES)}")
+    if not isinstance(a["init"], str) or a["init"] not in ("2sr", "random"):
+        raise ValueError(f"init={a['init']!r}: expected '2sr' or 'random'")
+    if a["init"] == "random" and model not in PSRNN_MODELS:
+        raise ValueError(f"init='random': applies to psrnn and factorized_psrnn; {model} is initialised by "
+                         f"{'linear 2SR' if model == 'kf' else 'Xavier'}")
+    for key in ("state_dim", "obs_dim", "n_layers", "n_features", "horizon", "past_window", "rank"):
+        if a[key] is not None or key not in ("past_window", "rank"):
+            _check_int(key, a[key], 1)
+    if model == "factorized_psrnn" and a["rank"] is None:
+        raise ValueError("model='factorized_psrnn' needs rank= (the CP rank, a positive integer)")
+    for key, low in (("epochs", 0), ("batch_size", 1), ("bptt", 0)):
+        if a[key] is not None:
+            _check_int(key, a[key], low, None)
+    check_seed(a["seed"])
+    _check_number("ridge", a["ridge"])
+    _check_number("lr", a["lr"], positive=True)
+    _check_number("clip", a["clip"])
+    if a["bias_scale"] is not None and not _finite(a["bias_scale"]):
+        raise ValueError(f"bias_scale={brief_repr(a['bias_scale'])}: expected a finite number (or None)")
+    resolve_device(a["device"], "device=")
+    two_stage_options = {} if two_stage_options is None else two_stage_options
+    train_options = {} if train_options is None else train_options
+    _check_options("two_stage_options", two_stage_options, TwoStageConfig, shaped=("state_dim", "obs_dim",
+                                                                                   "n_features"))
+    _check_options("train_options", train_options, TrainConfig)
+    for key in ("past_window", "future_window"):
+        if key in two_stage_options:
+            _check_int(f"two_stage_options[{key!r}]", two_stage_options[key], 1)
+    for key, low in (("epochs", 0), ("batch_size", 1), ("bptt", 0), ("patience", 0)):
+        if key in train_options:
+            _check_int(f"train_options[{key!r}]", train_options[key], low, None)
+    if "seed" in train_options:
+        check_seed(train_options["seed"], "train_options['seed']=")
+
+    discrete, input_dim, arrays = _checked_splits(data)
+    if model == "kf" and discrete:
+        raise ValueError("model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
+                         "(integer 1-D arrays); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols")
+    options = dict(two_stage_options)
+    windows = {"past_window": a["horizon"] if a["past_window"] is None else a["past_window"],
+               "future_window": a["horizon"]}
+    windows.update({k: options.pop(k) for k in list(options) if k in windows})
+    if model == "kf" and a["state_dim"] > windows["future_window"] * input_dim:
+        raise ValueError(f"state_dim={a['state_dim']}: the Kalman filter's state has at most future window × "
+                         f"features = {windows['future_window']} × {input_dim} dimensions; expected a smaller "
+                         "state_dim or a longer horizon")
+    bias_scale = a["bias_scale"] if a["bias_scale"] is not None else 0.1 if model == "factorized_psrnn" else 0.0
+    cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
+                      state_dim=a["state_dim"], obs_dim=a["obs_dim"], n_layers=a["n_layers"],
+                      decoder_input=a["decoder_input"], rank=a["rank"] if model == "factorized_psrnn" else None,
+                      n_rff=a["n_features"], init=a["init"] if model in PSRNN_MODELS else
+                      ("2sr" if model == "kf" else "xavier"), bias_scale=bias_scale)
+    bptt = a["bptt"] if a["bptt"] is not None else 35 if discrete else 0
+    tcfg = TrainConfig(**{"epochs": a["epochs"], "lr": a["lr"], "bptt": bptt, "batch_size": a["batch_size"],
+                          "clip": a["clip"], "device": a["device"], "seed": a["seed"], **train_options})
+    tcfg.validate()
+    valid = arrays.get("valid") or None
+    tcfg.monitored_split(bool(valid))
+    ts_cfg = None
+    if model in PSRNN_MODELS and a["init"] == "2sr":
+        ts_cfg = TwoStageConfig(**{"state_dim": a["state_dim"], "obs_dim": a["obs_dim"], "past_dim": a["state_dim"],
+                                   "n_features": a["n_features"], "ridge": a["ridge"], "seed": a["seed"], **windows,
+                                   **options})
+        ts_cfg.validate()
+    train = arrays["train"]
+    return _FitPlan(train=train, test=arrays.get("test") or train,   # none given: train is scored as "test"
+                    valid=valid, model=cfg, train_config=tcfg, two_stage=ts_cfg, windows=windows)
 
 
 @dataclass
@@ -76,30 +311,39 @@ class FittedModel:
         return int(self.history[-1]["epoch"]) if self.history else 0
 
     def predict(self, trajectories: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Per trajectory, row t = the prediction of o_{t+1} (logits for discrete data)."""
+        """Per trajectory, row t = the prediction of o_{t+1} (logits for discrete data).
+
+        ``trajectories``: a list of arrays in the model's units, checked by :func:`model_inputs`: symbols 0 … V-1
+        (integers; floats only with integer values, 2.0, never 0.9), or (T, m) finite features of the trained
+        width m ((T,) when m = 1). Anything else is a one-line ValueError naming the trajectory index."""
         from pipeline.train import predict
 
-        return predict(self.model, [_as_input(t, self.model.config.discrete) for t in trajectories])
+        return predict(self.model, model_inputs(trajectories, self.model.config))
 
     def evaluate(self, trajectories: Sequence[np.ndarray]) -> dict[str, float]:
+        """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (checked as :meth:`predict` does)."""
         from pipeline.train import evaluate
 
-        return evaluate(self.model, [_as_input(t, self.model.config.discrete) for t in trajectories])
+        return evaluate(self.model, model_inputs(trajectories, self.model.config))
 
     def forecast(self, trajectories: Sequence[np.ndarray], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:
         """Per trajectory, the ``steps`` observations after its end, each prediction fed back as the next input
         (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) values, or (steps,) symbols, the most likely
-        ones or, with ``sample``, drawn from the predicted distributions."""
-        from pipeline.inference import TrainedRun
+        ones or, with ``sample``, drawn from the predicted distributions. ``trajectories`` are checked as
+        :meth:`predict` checks them."""
+        from pipeline.inference import TrainedRun, check_seed, check_steps
 
+        check_steps(steps)
+        check_seed(seed)
         c = self.model.config
+        inputs = model_inputs(trajectories, c)
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
         run = TrainedRun(model=self.model, dataset="", variant=c.model, seed=0,
                          epoch=self.epoch,
                          kind="discrete" if c.discrete else "continuous",
                          mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
-        out = run.forecast_encoded([_as_input(t, c.discrete) for t in trajectories], steps, sample=sample, seed=seed,
+        out = run.forecast_encoded(inputs, steps, sample=sample, seed=seed,
                                    device=str(next(self.model.parameters()).device))
         return [values for values, _ in out]
 
@@ -121,10 +365,20 @@ FITTED_FORMAT = "psrnn-pipeline fitted model v1"
 
 def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
     """A :class:`FittedModel` written by :meth:`FittedModel.save`, its model on ``device``; a file that is not
-    one is a one-line ValueError naming it."""
+    one (a Parquet file, a directory, a damaged file) is a one-line error naming it."""
     from pipeline.train import load_checkpoint, resolve_device
 
-    ck = load_checkpoint(path)
+    expected = "expected a model file saved by FittedModel.save"
+    if Path(path).is_dir():
+        raise ValueError(f"{path}: a directory; {expected}")
+    # pipeline.train.load_checkpoint's own messages are about the pipeline's checkpoints (rerun refine ...):
+    # this file is the user's, so they are replaced
+    try:
+        ck = load_checkpoint(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: file not found; {expected}") from None
+    except ValueError:
+        raise ValueError(f"{path}: not a readable checkpoint; {expected}") from None
     if ck.get("format") != FITTED_FORMAT:
         raise ValueError(f"{path}: not a fitted model written by FittedModel.save (format "
                          f"{ck.get('format')!r}, expected {FITTED_FORMAT!r})")
@@ -146,14 +400,11 @@ def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:
     return model_from_config(ck["model_config"], trained_weights(ck), name)
 
 
-def _as_input(t: np.ndarray, discrete: bool) -> np.ndarray:
-    t = np.asarray(t)
-    return t.astype(np.int64) if discrete else t.reshape(len(t), -1).astype(np.float64)
-
-
 def _check_options(name: str, options: dict[str, Any], config_class: type, shaped: tuple[str, ...] = ()) -> None:
     from dataclasses import fields
 
+    if not isinstance(options, dict):
+        raise ValueError(f"{name}: a {type(options).__name__}; expected a dict of {config_class.__name__} fields")
     known = {f.name for f in fields(config_class)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -215,45 +466,34 @@ def fit_model(
     ``extras`` of the result holds the configs used: ``train_config``, ``windows`` (past/future) and
     ``two_stage_config`` (PSRNNs initialised by 2SR); and ``best_epoch`` and ``stopped_early`` (the reason, or
     None) of training.
-    """
-    from pipeline.train import TrainConfig, fit
 
-    discrete, input_dim = infer_kind(train)
-    train = [_as_input(t, discrete) for t in train]
-    test = [_as_input(t, discrete) for t in (test or train)]
-    valid = [_as_input(t, discrete) for t in valid] if valid else None
-    if model == "factorized_psrnn" and rank is None:
-        raise ValueError("factorized_psrnn needs a rank")
-    if bias_scale is None:
-        bias_scale = 0.1 if model == "factorized_psrnn" else 0.0
-    if bptt is None:
-        bptt = 35 if discrete else 0
-    options = dict(two_stage_options or {})
-    _check_options("two_stage_options", options, TwoStageConfig, shaped=("state_dim", "obs_dim", "n_features"))
-    _check_options("train_options", train_options or {}, TrainConfig)
-    windows = {"past_window": horizon if past_window is None else past_window, "future_window": horizon}
-    windows.update({k: options.pop(k) for k in list(options) if k in windows})
-    cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
-                      state_dim=state_dim, obs_dim=obs_dim, n_layers=n_layers, decoder_input=decoder_input,
-                      rank=rank if model == "factorized_psrnn" else None, n_rff=n_features,
-                      init=init if model in ("psrnn", "factorized_psrnn") else
-                      ("2sr" if model == "kf" else "xavier"), bias_scale=bias_scale)
-    tsm = lss = ts_cfg = None
+    The data: ``train``, ``test``, ``valid`` are lists of arrays, every one of one kind: integer 1-D arrays are
+    discrete symbols 0 … V-1 (V = 1 + the largest symbol of any split), float arrays (T,) or (T, m) continuous
+    features, all of one width m and finite. ``test=None`` (or ``[]``): the training trajectories are scored as
+    the test set, so the history's ``"test"`` entries are the training metrics. Every argument and trajectory is
+    checked before any 2SR work; an error is one ValueError naming it (``train[1]: ...``, ``rank=2.5: ...``).
+    """
+    from pipeline.train import fit
+
+    data = {"train": train, **({"valid": valid} if valid is not None else {}),
+            **({"test": test} if test is not None else {})}
+    plan = _fit_plan(data, dict(model=model, state_dim=state_dim, obs_dim=obs_dim, n_layers=n_layers,
+                                decoder_input=decoder_input, rank=rank, n_features=n_features, horizon=horizon,
+                                past_window=past_window, ridge=ridge, init=init, bias_scale=bias_scale,
+                                epochs=epochs, lr=lr, bptt=bptt, batch_size=batch_size, clip=clip, device=device,
+                                seed=seed), two_stage_options, train_options)
+    cfg, tcfg, ts_cfg, windows, train = plan.model, plan.train_config, plan.two_stage, plan.windows, plan.train
+    tsm = lss = None
     cps = None
-    if model in ("psrnn", "factorized_psrnn") and init == "2sr":
-        ts_cfg = TwoStageConfig(**{"state_dim": state_dim, "obs_dim": obs_dim, "past_dim": state_dim,
-                                   "n_features": n_features, "ridge": ridge, "seed": seed, **windows,
-                                   **options})
-        tsm = multilayer_two_stage(train, ts_cfg, n_layers=n_layers, discrete=discrete,
-                                   vocab_size=input_dim if discrete else 0)
+    if ts_cfg is not None:
+        tsm = multilayer_two_stage(train, ts_cfg, n_layers=n_layers, discrete=cfg.discrete,
+                                   vocab_size=cfg.input_dim if cfg.discrete else 0)
         if model == "factorized_psrnn":
             cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
     elif model == "kf":
         lss = linear_two_stage(train, state_dim=state_dim, **windows)
     net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
-    tcfg = TrainConfig(**{"epochs": epochs, "lr": lr, "bptt": bptt, "batch_size": batch_size, "clip": clip,
-                          "device": device, "seed": seed, **(train_options or {})})
-    result = fit(net, train, test, tcfg, valid=valid)
+    result = fit(net, train, plan.test, tcfg, valid=plan.valid)
     return FittedModel(model=net, history=result.history, two_stage=tsm or lss,
                        extras={"train_config": asdict(tcfg), "windows": windows,
                                "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,

@@ -34,6 +34,8 @@ UNK_SYMBOL = "<unk>"   # the symbol PTB's unknown: map appends to its vocabulary
 PREDICT_META_KEY = b"psrnn_predict"
 DEFAULT_BLOCK_ROWS = 1 << 16   # rows predict_file filters and writes at a time: memory flat in the input size
 MAX_FORECAST_STEPS = 1_000_000  # forecasts run one step at a time: a bound that keeps a typo from running forever
+MAX_BLOCK_ROWS = 2 ** 31 - 1    # a Parquet row group's size (pyarrow overflows past int64; nothing needs more)
+_INT64_MAX = 2 ** 63 - 1        # the output's step column is int64
 _EVAL_CHUNK = 2048             # steps per model call, as pipeline.train.evaluate
 _FLOAT32_MAX = float(np.finfo(np.float32).max)   # standardised inputs must fit the float32 models run in
 
@@ -116,12 +118,24 @@ class TrainedRun:
 
     def encode(self, trajectory: Sequence[Any] | np.ndarray, *, unknown: str = "error") -> np.ndarray:
         """One trajectory in the model's units: vocabulary indices (symbols compared as text, as the vocabulary
-        is stored) or standardised features. ``unknown`` (discrete): ``error`` refuses a symbol not in the
-        vocabulary, ``drop`` leaves it out, ``map`` maps it to ``<unk>`` (a vocabulary that has one)."""
+        is stored: a float 1.0 is the text '1.0', not the symbol 1, and 0.9 is an unknown symbol, never truncated)
+        or standardised features. ``unknown`` (discrete): ``error`` refuses a symbol not in the vocabulary,
+        ``drop`` leaves it out, ``map`` maps it to ``<unk>`` (a vocabulary that has one). A discrete trajectory is
+        1-D (a (T, 2) array or a single string is refused, not flattened); continuous features must stay finite
+        in float32 once standardised."""
         if self.discrete:
-            index, keep = self._symbol_indices(np.asarray(trajectory, dtype=object).reshape(-1), unknown)
+            values = np.asarray(trajectory, dtype=object)
+            if values.ndim != 1:   # reshape(-1) would read a (T, 2) array or one string as other symbols
+                shown = f"the single value {_brief(values.item())}" if values.ndim == 0 else f"shape {values.shape}"
+                raise ValueError(f"{shown}; expected a 1-D sequence of symbols (a str is one symbol: list(text) "
+                                 "for its characters)")
+            index, keep = self._symbol_indices(values, unknown)
             return index[keep]
-        x = np.asarray(trajectory, dtype=np.float64)
+        try:
+            x = np.asarray(trajectory, dtype=np.float64)
+        except (ValueError, TypeError) as exc:   # text, ragged rows
+            raise ValueError(f"not numbers ({' '.join(str(exc).split())[:120]}); expected trajectories of shape "
+                             f"(T, {len(self.features)}) (features {self.features})") from None
         x = x.reshape(-1, 1) if x.ndim == 1 else x
         if x.ndim != 2 or x.shape[1] != len(self.features):
             raise ValueError(f"expected trajectories of shape (T, {len(self.features)}) (features {self.features}), "
@@ -135,6 +149,20 @@ class TrainedRun:
                              "trajectory: NaN, Inf, or too far from the train mean/std for float32); expected values "
                              "of a representable spread")
         return z
+
+    def _encode_all(self, trajectories: Sequence[Any], unknown: str) -> list[np.ndarray]:
+        """:meth:`encode` of every trajectory, each with at least one observation left; errors name the index
+        (``trajectories[2]: ...``)."""
+        from pipeline.api import _trajectory_list
+
+        encoded = []
+        for i, t in enumerate(_trajectory_list("trajectories", trajectories)):
+            try:
+                encoded.append(self.encode(t, unknown=unknown))
+            except ValueError as exc:
+                raise ValueError(f"trajectories[{i}]: {exc}") from None
+        _check_lengths(encoded)
+        return encoded
 
     def _symbol_indices(self, values: np.ndarray, unknown: str) -> tuple[np.ndarray, np.ndarray]:
         if unknown not in UNKNOWN_RULES:
@@ -173,11 +201,11 @@ class TrainedRun:
     def predict(self, trajectories: Sequence[Any], *, unknown: str = "error", device: str = "cpu"
                 ) -> list[np.ndarray]:
         """One-step predictions per trajectory in data units: row t is made after o_t and predicts o_{t+1}
-        (probabilities over ``vocab`` for discrete data). Each trajectory is filtered from the initial state."""
+        (probabilities over ``vocab`` for discrete data). Each trajectory is filtered from the initial state.
+        ``trajectories``: a list, each read by :meth:`encode`; an error names its index (``trajectories[1]: ...``)."""
         from pipeline.train import predict, resolve_device
 
-        encoded = [self.encode(t, unknown=unknown) for t in trajectories]
-        _check_lengths(encoded)
+        encoded = self._encode_all(trajectories, unknown)
         self.model.to(resolve_device(device, "device="))
         return [self.decode(o) for o in predict(self.model, encoded)]
 
@@ -187,8 +215,7 @@ class TrainedRun:
         report), and for continuous data ``mse_data_units`` (the same errors in the original units)."""
         from pipeline.train import evaluate_and_predict, resolve_device
 
-        encoded = [self.encode(t, unknown=unknown) for t in trajectories]
-        _check_lengths(encoded)
+        encoded = self._encode_all(trajectories, unknown)
         self.model.to(resolve_device(device, "device="))
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         if not self.discrete:
@@ -211,7 +238,7 @@ class TrainedRun:
         (steps, V) they came from. Forecast h = 1 is the one-step prediction after the trajectory's last row."""
         check_steps(steps)
         check_seed(seed)
-        encoded = [self.encode(t, unknown=unknown) for t in trajectories]
+        encoded = self._encode_all(trajectories, unknown)
         out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
         if self.discrete:
             vocab = np.array(self.vocab, dtype=object)
@@ -221,14 +248,17 @@ class TrainedRun:
     def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
                           ) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """:meth:`forecast` of trajectories already in model units (vocabulary indices, standardised features);
-        discrete values are vocabulary indices."""
-        _check_lengths(encoded)
+        discrete values are vocabulary indices. They are checked (:func:`pipeline.api.model_inputs`): a float
+        symbol is not truncated, NaN is not fed to the model, a wrong width is named."""
         import torch
 
+        from pipeline.api import model_inputs
         from pipeline.train import resolve_device
 
         check_steps(steps)
         check_seed(seed)
+        encoded = model_inputs(encoded, self.model.config, "encoded")
+        _check_lengths(encoded, "encoded")
         dev = resolve_device(device, "device=")
         self.model.to(dev)
         rng = np.random.default_rng(seed)
@@ -270,16 +300,28 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, list[Any]]:
         if encoded.null_count == 0:
             return (np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64),
                     encoded.dictionary.to_pylist())
-    except (pa.ArrowException, TypeError, ValueError):
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):   # OverflowError: ints beyond int64
         pass
     table: dict[Any, int] = {}
     codes = np.array([table.setdefault(v, len(table)) for v in values.tolist()], dtype=np.int64)
     return codes, list(table)
 
 
-def _check_lengths(encoded: Sequence[np.ndarray]) -> None:
-    if not encoded or any(len(e) == 0 for e in encoded):
-        raise ValueError("every trajectory needs at least one observation")
+def _check_lengths(encoded: Sequence[np.ndarray], name: str = "trajectories") -> None:
+    if not encoded:
+        raise ValueError(f"{name}: empty; expected a list of trajectories, at least one")
+    empty = [i for i, e in enumerate(encoded) if len(e) == 0]
+    if empty:
+        raise ValueError(f"{name}[{empty[0]}]: no observation left (empty, or every symbol dropped as unknown); "
+                         "expected at least one")
+
+
+def _brief(v: Any) -> str:
+    """``repr`` of one value for an error message, cut to 60 characters (an int too long to print: its size)."""
+    if isinstance(v, int) and v.bit_length() > 190:
+        return f"an integer of {v.bit_length()} bits"
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _model_input(model: Any, x: np.ndarray, device: Any) -> Any:
@@ -530,11 +572,16 @@ def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> An
 
 def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:
     """The vocabulary as values of the input column's type: integers (or booleans) when the input symbols are,
-    else text."""
+    else text. Integers are int64, or uint64 when some symbol is beyond int64 (and none negative)."""
     kind = like.dtype.kind
     try:
         if kind in "iu":
-            return np.array([int(v) for v in vocab], dtype=np.int64)
+            ints = [int(v) for v in vocab]
+            if all(-2 ** 63 <= i < 2 ** 63 for i in ints):
+                return np.array(ints, dtype=np.int64)
+            if all(0 <= i < 2 ** 64 for i in ints):   # unsigned symbols beyond int64 (e.g. 2**63) stay uint64
+                return np.array(ints, dtype=np.uint64)
+            return np.array(vocab, dtype=object)
         if kind == "b":
             if set(vocab) <= {"True", "False"}:
                 return np.array([v == "True" for v in vocab])
@@ -543,6 +590,14 @@ def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:
     except ValueError:   # e.g. an "<unk>" beside integer symbols
         pass
     return np.array(vocab, dtype=object)
+
+
+def _arrow_values(values: np.ndarray) -> Any:
+    """:func:`_symbol_values` as an Arrow array: numeric ones keep their numpy type (uint64 stays uint64), text
+    goes through Python strings."""
+    import pyarrow as pa
+
+    return pa.array(values.tolist() if values.dtype == object else values)
 
 
 @dataclass
@@ -689,8 +744,10 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     from pipeline.metrics import MetricSums
     from pipeline.train import resolve_device
 
-    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1:
-        raise ValueError(f"block_rows={block_rows!r}: expected a positive integer")
+    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or \
+            not 1 <= block_rows <= MAX_BLOCK_ROWS:
+        raise ValueError(f"block_rows={_brief(block_rows)}: expected a positive integer up to 2**31 - 1 "
+                         f"({MAX_BLOCK_ROWS})")
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path)
     dev = resolve_device(device, "device=")
@@ -701,7 +758,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     ids = pa.array(data.ids.tolist())                  # one per kept trajectory, taken once per row
     fields = [pa.field("trajectory", ids.type), pa.field("step", pa.int64())]
     if run.discrete:
-        symbols = pa.array(_symbol_values(run.vocab, data.rows.values).tolist())   # typed like the input column
+        symbols = _arrow_values(_symbol_values(run.vocab, data.rows.values))   # typed like the input column
         fields += [pa.field("predicted", symbols.type), pa.field("probability", pa.float64()),
                    pa.field("next_bits", pa.float64())]
         if probabilities:
@@ -779,10 +836,38 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
 
 def _step_spacing(steps: np.ndarray) -> int:
     """The spacing of a trajectory's steps: the median difference of consecutive steps (at least 1; 1 for a single
-    row), so that forecasts continue a trajectory sampled every 5 steps at +5, +10, …"""
+    row), so that forecasts continue a trajectory sampled every 5 steps at +5, +10, … Exact in integers: steps
+    are often nanosecond time stamps, beyond float64's 2**53."""
     if len(steps) < 2:
         return 1
-    return max(1, int(round(float(np.median(np.diff(steps.astype(np.int64)))))))
+    diffs = np.diff(steps.astype(np.int64))
+    if (diffs < 0).any():   # steps are sorted: a negative difference wrapped past int64 (steps 2**63 apart)
+        values = steps.tolist()
+        ordered = sorted(b - a for a, b in zip(values[:-1], values[1:]))
+    else:
+        ordered = np.sort(diffs).tolist()
+    n = len(ordered)
+    if n % 2:
+        median = ordered[n // 2]
+    else:   # the mean of the middle two, rounded half to even as round() does
+        median, half = divmod(ordered[n // 2 - 1] + ordered[n // 2], 2)
+        median += half and median % 2
+    return max(1, median)
+
+
+def _check_forecast_steps(input_path: Path, data: _Input, steps: int) -> list[int]:
+    """The spacing of every trajectory; refused when its last forecast step, the last step + ``steps`` × the
+    spacing, does not fit the int64 ``step`` column (large time stamps: it would wrap to negative steps)."""
+    spacings = []
+    for k, st in enumerate(data.steps):
+        last, spacing = int(st[-1]), _step_spacing(st)
+        if last + steps * spacing > _INT64_MAX:
+            trajectory = data.ids[k].item() if isinstance(data.ids[k], np.generic) else data.ids[k]
+            raise ValueError(f"{input_path}: trajectory {trajectory!r}: last step {last} + {steps} steps × spacing "
+                             f"{spacing} is beyond the int64 step column (2**63 - 1); expected fewer steps or "
+                             "smaller step values")
+        spacings.append(spacing)
+    return spacings
 
 
 def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, steps: int,
@@ -806,17 +891,20 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     check_output_path(output_path)
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
+    spacings = _check_forecast_steps(input_path, data, steps)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
         "trajectory": pa.array(np.repeat(data.ids, steps).tolist()),
         "horizon": pa.array(np.tile(horizon, len(result))),
-        "step": pa.array(np.concatenate([int(st[-1]) + horizon * _step_spacing(st) for st in data.steps])),
+        # in range (checked above); a product past int64 for a very negative last step wraps back exactly
+        "step": pa.array(np.concatenate([np.int64(st[-1]) + horizon * np.int64(spacing)
+                                         for st, spacing in zip(data.steps, spacings)])),
     }
     if run.discrete:
         chosen = np.concatenate([values for values, _ in result])
         probs = np.concatenate([p for _, p in result])
-        columns["predicted"] = pa.array(_symbol_values(run.vocab, data.rows.values)[chosen].tolist())
+        columns["predicted"] = _arrow_values(_symbol_values(run.vocab, data.rows.values)[chosen])
         columns["probability"] = pa.array(probs[np.arange(len(chosen)), chosen])
         if probabilities:
             columns["probabilities"] = _probability_lists(probs)

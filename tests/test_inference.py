@@ -3,6 +3,7 @@
 The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_pipeline_e2e.py."""
 
 import json
+import re
 import stat
 from pathlib import Path
 
@@ -472,7 +473,8 @@ def test_inputs_that_overflow_when_standardised_are_refused(continuous_run, tmp_
                               "train mean/std of lgssm for float32; first: row 3, trajectory 'v'); expected values "
                               "of a representable spread")
     assert not (tmp_path / "out.parquet").exists()
-    with pytest.raises(ValueError, match=r"^feature 'b' overflows when standardised \(first at row 1 of the "):
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: feature 'b' overflows when standardised \(first at row 1 "
+                                         r"of the "):
         run.predict([np.array([[1.0, 0.0], [1.0, -1e38 * 4]])])
 
 
@@ -488,3 +490,114 @@ def test_out_of_memory_is_one_line():
     assert one_line(exc) == ("out of memory: Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000) "
                              f"and data type float64; {advice}")
     assert one_line(MemoryError()) == f"out of memory; {advice}"
+
+
+# ------------------------------------------------------------------------------ input checks (audit of the API)
+
+def test_trained_run_errors_name_the_trajectory(discrete_run, continuous_run):
+    """Discrete symbols are compared as text (documented): 0.9 or 10.0 is an unknown symbol, never truncated to a
+    vocabulary entry; a 2-D array or a lone string is refused, not flattened; continuous NaN names its trajectory."""
+    run, _ = discrete_run
+    for call in (run.predict, run.evaluate, lambda t: run.forecast(t, 2)):
+        with pytest.raises(ValueError, match=r"^trajectories\[1\]: 3 observations have symbols not in the vocabulary "
+                                             r"of hmm: '10\.9', '20\.0', '30\.5'; use unknown 'drop' or 'map'"):
+            call([["10", "20"], np.array([10.9, 20.0, 30.5])])
+        with pytest.raises(ValueError, match=r"^trajectories\[0\]: shape \(2, 2\); expected a 1-D sequence of "
+                                             r"symbols \(a str is one symbol: list\(text\) for its characters\)$"):
+            call([np.array([["10", "20"], ["30", "40"]])])
+        with pytest.raises(ValueError, match=r"^trajectories\[0\]: the single value '1020'; expected a 1-D sequence"):
+            call(["1020"])
+        with pytest.raises(ValueError, match=r"^trajectories: one array of shape \(2,\); expected a list of "
+                                             r"trajectories"):
+            call(np.array(["10", "20"]))
+        with pytest.raises(ValueError, match=r"^trajectories\[0\]: no observation left \(empty, or every symbol "
+                                             r"dropped as unknown\); expected at least one$"):
+            run.predict([["99"]], unknown="drop")
+    crun, test = continuous_run
+    raw = [z * crun.std + crun.mean for z in test]
+    bad = raw[1].copy()
+    bad[3, 0] = np.nan
+    for call in (crun.predict, crun.evaluate, lambda t: crun.forecast(t, 2)):
+        with pytest.raises(ValueError, match=r"^trajectories\[1\]: feature 'a' overflows when standardised \(first at "
+                                             r"row 3 of the trajectory: NaN, Inf"):
+            call([raw[0], bad])
+        with pytest.raises(ValueError, match=r"^trajectories\[0\]: expected trajectories of shape \(T, 2\) \(features "
+                                             r"\['a', 'b'\]\), got \(4, 3\)$"):
+            call([np.zeros((4, 3))])
+        with pytest.raises(ValueError, match=r"^trajectories: empty; expected a list of trajectories, at least one$"):
+            call([])
+
+
+def test_unsigned_symbols_beyond_int64_stay_uint64(discrete_run, tmp_path):
+    """A uint64 symbol column with 2**63 trained fine, then predict / forecast overflowed converting to int64."""
+    from pipeline.inference import forecast_file
+
+    run, _ = discrete_run
+    big = [0, 1, 2 ** 63, 2 ** 64 - 1]
+    wide = TrainedRun(model=run.model, dataset="u", variant="psrnn", seed=0, epoch=1, kind="discrete",
+                      vocab=[str(v) for v in big])
+    seq = np.array([0, 2 ** 63, 1, 2 ** 64 - 1, 2 ** 63], dtype=np.uint64)
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0] * 5, "symbol": pa.array(seq, pa.uint64())})
+    predict_file(wide, src, tmp_path / "pred.parquet")
+    out = pq.read_table(tmp_path / "pred.parquet")
+    assert out.schema.field("predicted").type == pa.uint64()
+    probs = wide.predict([seq])[0]
+    assert out.column("predicted").to_pylist() == [big[i] for i in probs.argmax(1)]
+    forecast_file(wide, src, tmp_path / "fc.parquet", steps=3)
+    fc = pq.read_table(tmp_path / "fc.parquet")
+    assert fc.schema.field("predicted").type == pa.uint64()
+    assert fc.column("predicted").to_pylist() == [int(v) for v in wide.forecast([seq], 3)[0][0]]
+    # symbols that fit int64 keep the int64 column
+    small = _write(tmp_path / "small.parquet", {"trajectory": [0] * 3, "symbol": pa.array([10, 20, 30], pa.uint64())})
+    predict_file(run, small, tmp_path / "pred.parquet")
+    assert pq.read_table(tmp_path / "pred.parquet").schema.field("predicted").type == pa.int64()
+
+
+def test_block_rows_is_bounded(capsys, tmp_path, continuous_run):
+    """A huge --block-rows ended in pyarrow's OverflowError; predict_file bounds it, the CLI prints its line."""
+    from pipeline.inference import MAX_BLOCK_ROWS
+
+    run, test = continuous_run
+    src = _project(tmp_path, run, test)
+    assert MAX_BLOCK_ROWS == 2 ** 31 - 1
+    for value in (2 ** 31, 99999999999999999999, 10 ** 5000):
+        shown = f"an integer of {value.bit_length()} bits" if value == 10 ** 5000 else str(value)
+        with pytest.raises(ValueError, match=rf"^block_rows={shown}: expected a positive integer up to 2\*\*31 - 1 "
+                                             rf"\(2147483647\)$"):
+            predict_file(run, src, tmp_path / "out.parquet", block_rows=value)
+    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", "in.parquet", "out.parquet", "--initial",
+                "--block-rows", "99999999999999999999") == \
+        (1, "psrnn predict: error: block_rows=99999999999999999999: expected a positive integer up to 2**31 - 1 "
+            "(2147483647)")
+    assert not (tmp_path / "out.parquet").exists()
+    assert predict_file(run, src, tmp_path / "out.parquet", block_rows=MAX_BLOCK_ROWS)["rows"] == \
+        len(test[0]) + len(test[1])
+
+
+def test_forecast_steps_beyond_int64_are_refused(capsys, tmp_path, continuous_run, discrete_run):
+    """Nanosecond time stamps a day apart, 120000 steps on: the step column wrapped to negative values."""
+    from pipeline.inference import forecast_file
+
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    t0, day = 1_700_000_000_000_000_000, 86_400_000_000_000
+    x = test[0][:3] * run.std + run.mean
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["s"] * 3, "step": [t0, t0 + day, t0 + 2 * day],
+                                           "a": x[:, 0], "b": x[:, 1]})
+    message = (f"{src}: trajectory 's': last step {t0 + 2 * day} + 120000 steps × spacing {day} is beyond the "
+               "int64 step column (2**63 - 1); expected fewer steps or smaller step values")
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        forecast_file(run, src, tmp_path / "fc.parquet", steps=120_000)
+    assert _cli(capsys, tmp_path, "forecast", "lgssm", "psrnn", "0", str(src), "fc.parquet", "--initial",
+                "--steps", "120000") == (1, f"psrnn forecast: error: {message}")
+    assert not (tmp_path / "fc.parquet").exists()
+    # within range the steps are exact (no float rounding of 1.7e18)
+    forecast_file(run, src, tmp_path / "fc.parquet", steps=3)
+    assert pq.read_table(tmp_path / "fc.parquet").column("step").to_pylist() == [t0 + k * day for k in (3, 4, 5)]
+    # steps 2**63 apart: their differences wrap in int64 too; the spacing is still the exact median
+    drun, _ = discrete_run
+    src = _write(tmp_path / "far.parquet", {"trajectory": [0] * 3, "step": [-2 ** 63, 0, 2 ** 63 - 1],
+                                            "symbol": [10, 20, 30]})
+    with pytest.raises(ValueError, match=r"trajectory 0: last step 9223372036854775807 \+ 1 steps × spacing "
+                                         r"9223372036854775808 is beyond the int64 step column"):
+        forecast_file(drun, src, tmp_path / "far_fc.parquet", steps=1)

@@ -1,0 +1,306 @@
+"""pipeline.api on bad input: fit_model checks every argument and trajectory before any 2SR work, and a fitted
+model's predict / evaluate / forecast check theirs; each refusal is one ValueError naming the argument, the
+trajectory index and what was expected (never an IndexError, a torch shape error, LinAlgError or a silent
+truncation)."""
+
+import re
+
+import numpy as np
+import pytest
+
+import pipeline.api
+import pipeline.train
+from pipeline.api import fit_model, load_fitted
+from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
+
+SMALL = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+A_LIST = "expected a list of trajectories (arrays of shape (T,) or (T, m))"
+
+
+def _refused(message, call, *args, **kwargs):
+    """``call`` raises a ValueError whose whole message is ``message``."""
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        call(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def symbols():
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=6, n_test=2, length=40, seed=0)
+    return ds
+
+
+@pytest.fixture(scope="module")
+def features():
+    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=2, length=40, seed=0)
+    return ds
+
+
+@pytest.fixture(scope="module")
+def discrete_fit(symbols):
+    return fit_model(symbols.train, symbols.test, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def continuous_fit(features):
+    return fit_model(features.train, features.test, **SMALL)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if fit_model gets as far as 2SR or training: the checks must come first."""
+    def ran(*args, **kwargs):
+        raise AssertionError("2SR or training ran before the input was refused")
+
+    for name in ("multilayer_two_stage", "linear_two_stage", "cp_decompose"):
+        monkeypatch.setattr(pipeline.api, name, ran)
+    monkeypatch.setattr(pipeline.train, "fit", ran)
+
+
+# ------------------------------------------------------------------------------------ 1. one kind of trajectory
+
+def test_integer_and_float_trajectories_are_not_mixed(no_work):
+    """The floats were truncated to the integers and scored with accuracy 1.0."""
+    ints, floats = np.array([0, 1, 2, 3] * 8), np.array([0.7, 1.9, 2.5, 3.99] * 8)
+    _refused("train[1]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
+             "(an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
+             "float arrays (features)", fit_model, [ints, floats], **SMALL)
+    _refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds continuous features (a float64 "
+             "array of shape (32,)); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
+             "float arrays (features)", fit_model, [floats, ints], **SMALL)
+    _refused("test[0]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
+             "(an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
+             "float arrays (features)", fit_model, [ints], [floats], **SMALL)
+    _refused("valid[0]: continuous features (a float64 array of shape (32, 1)), but train[0] holds discrete "
+             "symbols (an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays "
+             "(symbols) or float arrays (features)", fit_model, [ints], valid=[floats[:, None]], **SMALL)
+
+
+def test_continuous_trajectories_have_one_width(features, no_work):
+    wide = np.zeros((30, 3))
+    _refused("train[2]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
+             [features.train[0], features.train[1], wide], **SMALL)
+    _refused("test[1]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
+             features.train, [features.test[0], wide], **SMALL)
+    _refused("valid[0]: 1 features per step (shape (30,)); expected 2, as train[0] has", fit_model,
+             features.train, valid=[np.zeros(30)], **SMALL)
+
+
+def test_one_feature_may_be_given_as_t_or_t_by_1(features):
+    """(T,) and (T, 1) float arrays are the same width, and an integer (T, m) array is continuous too."""
+    x = [t[:, 0] for t in features.train]
+    fitted = fit_model(x[:3] + [t[:, None] for t in x[3:]], **{**SMALL, "epochs": 0})
+    assert not fitted.model.config.discrete and fitted.model.config.input_dim == 1
+    assert fitted.predict([x[0]])[0].shape == (40, 1)
+    counts = [np.round(t * 10).astype(np.int64) for t in features.train]
+    fitted = fit_model(counts, **{**SMALL, "epochs": 0})
+    assert not fitted.model.config.discrete and fitted.model.config.input_dim == 2
+
+
+# --------------------------------------------------------------------------------- 3. checked before any 2SR work
+
+@pytest.mark.parametrize("train, message", [
+    ([], f"train: empty; {A_LIST}, at least one"),
+    ([np.zeros((30, 2, 2))], "train[0]: shape (30, 2, 2); expected an array of shape (T,) or (T, m), one row per "
+                             "step"),
+    ([np.zeros((30, 2)), np.zeros((0, 2))], "train[1]: an empty trajectory; expected at least one observation"),
+    ([np.zeros((30, 0))], "train[0]: shape (30, 0); expected an array of shape (T,) or (T, m), one row per step"),
+    ([3], "train[0]: the scalar 3; expected an array of shape (T,) or (T, m), one row per step"),
+    ([np.array(["a", "b"])], "train[0]: an array of dtype <U1; expected integer symbols or float features"),
+    ([np.ones((30, 2)), np.array([[1.0, 2.0], [np.nan, 0.0]])],
+     "train[1]: nan at step 1, feature 0; expected finite values within float32 range (the models compute in "
+     "float32)"),
+    ([np.array([0.0, np.inf, 1.0])], "train[0]: inf at step 1, feature 0; expected finite values within float32 "
+                                     "range (the models compute in float32)"),
+    ([np.array([0.0, 1e39])], "train[0]: 1e+39 at step 1, feature 0; expected finite values within float32 range "
+                              "(the models compute in float32)"),
+    ([np.array([0, 1, -1, 2])], "train[0]: symbol -1 at step 2; expected integers from 0 to 2147483646 (indices "
+                                "into a vocabulary: map other ids to 0 … V-1)"),
+    ([np.array([0, 2 ** 40])], "train[0]: symbol 1099511627776 at step 1; expected integers from 0 to 2147483646 "
+                               "(indices into a vocabulary: map other ids to 0 … V-1)"),
+    (np.zeros((30, 2)), f"train: one array of shape (30, 2); {A_LIST}, e.g. [array] for a single trajectory"),
+    (np.array([0, 1, 2, 1, 0] * 6), f"train: one array of shape (30,); {A_LIST}, e.g. [array] for a single "
+                                    "trajectory"),
+    ({"a": np.zeros(30)}, f"train: a dict; {A_LIST}"),
+    ((t for t in [np.zeros(30)]), f"train: a generator; {A_LIST}"),
+    ("0123", f"train: a str; {A_LIST}"),
+    (None, f"train: a NoneType; {A_LIST}"),
+])
+def test_bad_training_data_is_refused_before_2sr(train, message, no_work):
+    _refused(message, fit_model, train, **SMALL)
+
+
+def test_ragged_rows_are_refused_in_one_line(no_work):
+    with pytest.raises(ValueError, match=r"^train\[0\]: not an array \([^\n]*\); expected an array of shape \(T,\) "
+                                         r"or \(T, m\)$"):
+        fit_model([[[1.0, 2.0], [3.0]]], **SMALL)
+
+
+def test_a_dataframe_is_refused_in_one_line(no_work):
+    pd = pytest.importorskip("pandas")
+    _refused(f"train: a DataFrame; {A_LIST}", fit_model, pd.DataFrame({"x": np.zeros(30)}), **SMALL)
+
+
+def test_test_and_valid_sets_are_checked_too(features, no_work):
+    _refused("test[0]: shape (40, 2, 1); expected an array of shape (T,) or (T, m), one row per step", fit_model,
+             features.train, [features.test[0][:, :, None]], **SMALL)
+    _refused(f"test: one array of shape (40, 2); {A_LIST}, e.g. [array] for a single trajectory", fit_model,
+             features.train, features.test[0], **SMALL)
+    _refused("valid[1]: nan at step 0, feature 1; expected finite values within float32 range (the models "
+             "compute in float32)", fit_model, features.train, valid=[features.test[0], np.array([[0.0, np.nan]])],
+             **SMALL)
+
+
+@pytest.mark.parametrize("argument, message", [
+    ({"rank": 2.5, "model": "factorized_psrnn"}, "rank=2.5: expected an integer from 1 to 2**31 - 1"),
+    ({"model": "factorized_psrnn"}, "model='factorized_psrnn' needs rank= (the CP rank, a positive integer)"),
+    ({"epochs": 1.5}, "epochs=1.5: expected an integer >= 0"),
+    ({"epochs": -1}, "epochs=-1: expected an integer >= 0"),
+    ({"n_layers": 1.5}, "n_layers=1.5: expected an integer from 1 to 2**31 - 1"),
+    ({"state_dim": 0}, "state_dim=0: expected an integer from 1 to 2**31 - 1"),
+    ({"obs_dim": True}, "obs_dim=True: expected an integer from 1 to 2**31 - 1"),
+    ({"n_features": 2 ** 40}, "n_features=1099511627776: expected an integer from 1 to 2**31 - 1"),
+    ({"horizon": "2"}, "horizon='2': expected an integer from 1 to 2**31 - 1"),
+    ({"past_window": 0}, "past_window=0: expected an integer from 1 to 2**31 - 1"),
+    ({"batch_size": 0}, "batch_size=0: expected an integer >= 1"),
+    ({"bptt": 3.0}, "bptt=3.0: expected an integer >= 0"),
+    ({"seed": -1}, "seed=-1: expected an integer with 0 <= seed < 2**32"),
+    ({"seed": 2 ** 32}, "seed=4294967296: expected an integer with 0 <= seed < 2**32"),
+    ({"lr": 0}, "lr=0: expected a finite number > 0"),
+    ({"lr": float("nan")}, "lr=nan: expected a finite number > 0"),
+    ({"clip": -1.0}, "clip=-1.0: expected a finite number >= 0"),
+    ({"ridge": float("inf")}, "ridge=inf: expected a finite number >= 0"),
+    ({"bias_scale": float("nan")}, "bias_scale=nan: expected a finite number (or None)"),
+    ({"device": "gpu"}, "device='gpu': expected auto, cpu, cuda or cuda:<index> (e.g. cuda:0)"),
+    ({"model": "transformer"}, "model='transformer': expected one of psrnn, factorized_psrnn, lstm, gru, rnn, kf"),
+    ({"init": "zeros"}, "init='zeros': expected '2sr' or 'random'"),
+    ({"init": "random", "model": "lstm"}, "init='random': applies to psrnn and factorized_psrnn; lstm is "
+                                          "initialised by Xavier"),
+    ({"model": "kf"}, "model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
+                      "(integer 1-D arrays); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols"),
+    ({"train_options": {"epochs": 2.5}}, "train_options['epochs']=2.5: expected an integer >= 0"),
+    ({"train_options": {"patience": -1}}, "train_options['patience']=-1: expected an integer >= 0"),
+    ({"train_options": {"monitor": "valid"}}, "train.monitor: 'valid', but the data have no validation split; "
+                                              "expected 'auto', 'train' or 'test'"),
+    ({"train_options": ["adam"]}, "train_options: a list; expected a dict of TrainConfig fields"),
+    ({"two_stage_options": {"past_window": 1.5}}, "two_stage_options['past_window']=1.5: expected an integer from "
+                                                   "1 to 2**31 - 1"),
+    ({"two_stage_options": {"oversample": -5}}, "two_stage.oversample: expected an integer >= 0, got -5"),
+])
+def test_bad_arguments_are_refused_before_2sr(argument, message, symbols, no_work):
+    _refused(message, fit_model, symbols.train, symbols.test, **{**SMALL, **argument})
+
+
+def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_work):
+    _refused("state_dim=5: the Kalman filter's state has at most future window × features = 2 × 2 dimensions; "
+             "expected a smaller state_dim or a longer horizon", fit_model, features.train, model="kf",
+             **{**SMALL, "state_dim": 5, "horizon": 2})
+
+
+def test_vocabulary_covers_every_split(symbols):
+    """Symbols are indices 0 … V-1: one seen only in test is part of the vocabulary, not an IndexError."""
+    test = [np.append(symbols.test[0], 5)]
+    fitted = fit_model(symbols.train, test, **{**SMALL, "epochs": 0})
+    assert fitted.model.config.input_dim == 6
+    assert fitted.predict(test)[0].shape == (41, 6)
+
+
+# ------------------------------------------------------------------------ 2. a fitted model's predict / forecast
+
+def test_discrete_model_refuses_non_integer_symbols(discrete_fit, symbols):
+    """[0.9, 1.9, 2.9] was read as [0, 1, 2]; floats with integer values are those integers (documented)."""
+    for call in (discrete_fit.predict, discrete_fit.evaluate, lambda t: discrete_fit.forecast(t, 2)):
+        _refused("trajectories[1]: 0.9 at step 0 is not an integer symbol; expected integer symbols (the model "
+                 "is discrete)", call, [symbols.test[0], np.array([0.9, 1.9, 2.9])])
+        _refused("trajectories[0]: nan at step 1 is not an integer symbol; expected integer symbols (the model is "
+                 "discrete)", call, [np.array([1.0, np.nan])])
+        _refused("trajectories[0]: symbol 4 at step 2; expected symbols 0 … 3, the model's vocabulary", call,
+                 [np.array([0, 1, 4])])
+        _refused("trajectories[0]: symbol -1 at step 0; expected symbols 0 … 3, the model's vocabulary", call,
+                 [np.array([-1, 1])])
+        _refused("trajectories[0]: shape (2, 2); expected a 1-D array of symbols (the model is discrete)", call,
+                 [np.array([[0, 1], [1, 2]])])
+        _refused(f"trajectories: one array of shape (3,); {A_LIST}, e.g. [array] for a single trajectory", call,
+                 np.array([0, 1, 2]))
+    whole = np.array([0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(discrete_fit.predict([whole])[0], discrete_fit.predict([whole.astype(int)])[0])
+    assert list(discrete_fit.forecast([whole], 3)[0]) == list(discrete_fit.forecast([whole.astype(int)], 3)[0])
+
+
+def test_continuous_model_refuses_nan_inf_and_wrong_widths(continuous_fit, features):
+    """NaN/Inf gave finite nonsense; a wrong width was a torch shape error."""
+    good = features.test[0]
+    nan = good.copy()
+    nan[5, 1] = np.nan
+    for call in (continuous_fit.predict, continuous_fit.evaluate, lambda t: continuous_fit.forecast(t, 2)):
+        _refused("trajectories[1]: nan at step 5, feature 1; expected finite values within float32 range (the "
+                 "models compute in float32)", call, [good, nan])
+        _refused("trajectories[0]: -inf at step 0, feature 0; expected finite values within float32 range (the "
+                 "models compute in float32)", call, [np.array([[-np.inf, 0.0]])])
+        _refused("trajectories[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width", call,
+                 [np.zeros((3, 3))])
+        _refused("trajectories[0]: 1 features per step (shape (3,)); expected 2, the model's input width", call,
+                 [np.zeros(3)])
+        _refused("trajectories[0]: an empty trajectory; expected at least one observation", call,
+                 [np.zeros((0, 2))])
+    _refused("steps=0: expected a positive integer up to 1000000", continuous_fit.forecast, [good], 0)
+    _refused("seed=-1: expected an integer with 0 <= seed < 2**32", continuous_fit.forecast, [good], 2, seed=-1)
+
+
+def test_trained_run_forecast_encoded_checks_its_inputs(discrete_fit, continuous_fit):
+    """The model-unit entry point of forecasts (FittedModel.forecast's) refuses what the model cannot read."""
+    from pipeline.inference import TrainedRun
+
+    run = TrainedRun(model=discrete_fit.model, dataset="", variant="psrnn", seed=0, epoch=1, kind="discrete")
+    _refused("encoded[0]: 0.9 at step 0 is not an integer symbol; expected integer symbols (the model is "
+             "discrete)", run.forecast_encoded, [np.array([0.9, 1.9])], 2, sample=False, seed=0, device="cpu")
+    c = continuous_fit.model.config
+    run = TrainedRun(model=continuous_fit.model, dataset="", variant="psrnn", seed=0, epoch=1, kind="continuous",
+                     mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
+    _refused("encoded[0]: nan at step 1, feature 0; expected finite values within float32 range (the models "
+             "compute in float32)", run.forecast_encoded, [np.array([[0.0, 1.0], [np.nan, 1.0]])], 2,
+             sample=False, seed=0, device="cpu")
+    _refused("encoded[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width",
+             run.forecast_encoded, [np.zeros((3, 3))], 2, sample=False, seed=0, device="cpu")
+
+
+# ---------------------------------------------------------------------------------------- 4. misleading messages
+
+def test_psrnn_init_other_than_2sr_or_random_is_named(symbols):
+    from pipeline.api import initialise_model
+    from pipeline.models.common import ModelConfig
+
+    config = ModelConfig(model="psrnn", discrete=True, input_dim=4, output_dim=4, state_dim=3, obs_dim=3,
+                         n_rff=32, init="zeros")
+    _refused("init='zeros': expected '2sr' or 'random' for psrnn", initialise_model, config)
+
+
+def test_load_fitted_names_what_the_file_is_not(tmp_path, continuous_fit):
+    """load_checkpoint's advice (delete it and rerun refine) is for the pipeline's files, not the user's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    expected = "expected a model file saved by FittedModel.save"
+    pq.write_table(pa.table({"a": [1.0]}), tmp_path / "data.parquet")
+    _refused(f"{tmp_path / 'data.parquet'}: not a readable checkpoint; {expected}", load_fitted,
+             tmp_path / "data.parquet")
+    _refused(f"{tmp_path}: a directory; {expected}", load_fitted, tmp_path)
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"{tmp_path / 'none.pt'}: file not found; "
+                                                                f"{expected}") + "$"):
+        load_fitted(tmp_path / "none.pt")
+    continuous_fit.save(tmp_path / "m.pt")
+    assert load_fitted(tmp_path / "m.pt").history == continuous_fit.history
+
+
+# --------------------------------------------------------------------------------------- 5. no test set given
+
+@pytest.mark.parametrize("test", [None, []])
+def test_without_a_test_set_the_history_test_entries_are_the_training_metrics(test, features):
+    fitted = fit_model(features.train, test, **SMALL)
+    assert [h["test"] for h in fitted.history] == [h["train"] for h in fitted.history]
+    assert fitted.history[-1]["test"]["mse"] == pytest.approx(fitted.evaluate(features.train)["mse"], rel=1e-9)
+
+
+def test_a_tuple_of_lists_still_fits(symbols):
+    """The checks refuse only what is wrong: a tuple of lists of ints is a sequence of integer trajectories."""
+    fitted = fit_model(tuple(list(t) for t in symbols.train), **{**SMALL, "epochs": 0})
+    assert fitted.model.config.discrete and fitted.model.config.input_dim == 4
