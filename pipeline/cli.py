@@ -36,8 +36,15 @@ _EXPECTED_MODULES = frozenset({"mlflow", "sqlalchemy", "alembic", "requests", "u
 _MAX_MESSAGE = 600
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line like every other failure (the usage is one ``--help`` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="psrnn", description="PSRNN pipeline stages (normally run by `dvc repro`).")
+    p = _OneLineParser(prog="psrnn", description="PSRNN pipeline stages (normally run by `dvc repro`).")
     p.add_argument("--params", default=None, help="params file (default: <project root>/params.yaml)")
     p.add_argument("--root", default=None,
                    help="project root (default: $DVC_ROOT in the workspace, else the nearest folder of params.yaml, "

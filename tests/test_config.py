@@ -112,6 +112,22 @@ def test_cli_reports_one_line(tmp_path, capsys, defaults):
     assert len(err) == 1 and "ptb.train.lrr: unknown key" in err[0]
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["features", "ptb", "x"], "psrnn features: error: argument seed: invalid int value: 'x' (see psrnn features "
+                               "--help)"),
+    (["refine"], "psrnn refine: error: the following arguments are required: dataset (see psrnn refine --help)"),
+    (["forecast", "ptb", "psrnn", "0", "in.parquet", "out.parquet", "--steps", "many"],
+     "psrnn forecast: error: argument --steps: invalid int value: 'many' (see psrnn forecast --help)"),
+])
+def test_cli_usage_errors_are_one_line(argv, line, capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
 # ------------------------------------------------------------------------------- values, sections, typos
 
 
