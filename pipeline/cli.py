@@ -160,7 +160,9 @@ def _terminate_cleanly():
         return
 
     def handler(signum, frame):
-        raise Terminated()
+        from pipeline.io import raise_or_hold
+
+        raise_or_hold(Terminated())   # not in the middle of an MLflow write (pipeline.tracking holds it off)
 
     before = signal.signal(signal.SIGTERM, handler)
     try:

@@ -23,6 +23,31 @@ import numpy as np
 
 
 _UMASK_LOCK = threading.Lock()
+_HOLD: dict[str, Any] = {"depth": 0, "pending": None}   # interrupts held off (signal handlers run in one thread)
+
+
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Hold an exception that a signal handler raises through :func:`raise_or_hold` (``psrnn``'s SIGTERM) until
+    the block is done: a write to the MLflow store cut in half leaves its session unusable, and the run could not
+    be closed as failed."""
+    _HOLD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HOLD["depth"] -= 1
+        pending = _HOLD["pending"]
+        if _HOLD["depth"] == 0 and pending is not None:
+            _HOLD["pending"] = None
+            raise pending
+
+
+def raise_or_hold(exc: BaseException) -> None:
+    """Raise ``exc`` now, or at the end of the :func:`held_interrupts` block the program is in."""
+    if _HOLD["depth"]:
+        _HOLD["pending"] = exc
+        return
+    raise exc
 
 
 def _umask() -> int:

@@ -44,6 +44,19 @@ class TrackingError(RuntimeError):
     """The tracking store cannot be used; the message names the URI."""
 
 
+def _uninterrupted(method):
+    """A RunTracker method that talks to the store, run whole: SIGTERM waits for it (:func:`held_interrupts`)."""
+    import functools
+
+    from pipeline.io import held_interrupts
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with held_interrupts():
+            return method(*args, **kwargs)
+    return wrapper
+
+
 def store_root(path: str | os.PathLike) -> Path:
     """The repo whose ``mlflow.db`` a stage at ``path`` logs into: ``path`` itself, or, for a temporary
     experiment copy ``<repo>/.dvc/tmp/...``, ``<repo>`` (:func:`pipeline.config.user_repo`)."""
@@ -200,6 +213,7 @@ class RunTracker:
             raise TrackingError(f"{_store_label(uri)}: cannot use the tracking store "
                                 f"({type(exc).__name__}: {first[:300]})") from None
 
+    @_uninterrupted
     def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None) -> None:
         mlflow, uri = self.mlflow, self.uri
         with _store_lock(uri):
@@ -233,6 +247,7 @@ class RunTracker:
                 raise
             return exp.experiment_id
 
+    @_uninterrupted
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -241,6 +256,7 @@ class RunTracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
+    @_uninterrupted
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         import time
 
@@ -252,6 +268,7 @@ class RunTracker:
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
+    @_uninterrupted
     def log_epoch(self, entry: Mapping[str, Any]) -> None:
         """Per-epoch metrics as ``train_bpc``, ``test_mse``..., ``epoch_seconds`` and ``lr`` at step = epoch
         (0 = the initialisation)."""
@@ -265,23 +282,29 @@ class RunTracker:
             metrics["lr"] = entry["lr"]
         self.log_metrics(metrics, step=int(entry["epoch"]))
 
+    @_uninterrupted
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 
+    @_uninterrupted
     def delete_tag(self, key: str) -> None:
         """Remove the tag ``key`` of the run, if it has one (a continued run's tag that no longer holds)."""
         if key in self.client.get_run(self.run_id).data.tags:
             self.client.delete_tag(self.run_id, key)
 
+    @_uninterrupted
     def logged_steps(self, metric: str) -> set[int]:
         return {m.step for m in self.client.get_metric_history(self.run_id, metric)}
 
+    @_uninterrupted
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    @_uninterrupted
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         self.client.log_dict(self.run_id, dict(data), artifact_file)
 
+    @_uninterrupted
     def log_model(self, model, *, name: str = "model", pip_requirements: list[str] | None = None) -> None:
         """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
         ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced
@@ -298,6 +321,7 @@ class RunTracker:
                 pip_requirements=pip_requirements or [f"torch=={torch.__version__.split('+')[0]}"],
             )
 
+    @_uninterrupted
     def close_stale(self, run_id: str) -> None:
         """Mark an earlier run of the same (variant, seed) that a kill left RUNNING as KILLED."""
         try:
@@ -306,5 +330,6 @@ class RunTracker:
         except Exception:  # deleted, or in another store: nothing to close
             pass
 
+    @_uninterrupted
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)

@@ -190,3 +190,23 @@ def test_load_npz_corrupt_is_one_clear_error(good_npz: Path, damage: str) -> Non
 def test_load_npz_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="file not found"):
         io.load_npz(tmp_path / "nope.npz")
+
+
+def test_an_interrupt_raised_inside_held_interrupts_waits_for_the_block():
+    from pipeline.io import held_interrupts, raise_or_hold
+
+    class Stop(BaseException):
+        pass
+
+    done = []
+    with pytest.raises(Stop):
+        with held_interrupts():
+            with held_interrupts():      # nested: held until the outermost block ends
+                raise_or_hold(Stop())
+                done.append("inner")
+            done.append("outer")
+    assert done == ["inner", "outer"]
+    with pytest.raises(Stop):            # outside a block: at once
+        raise_or_hold(Stop())
+    with held_interrupts():              # nothing pending is left behind
+        pass
