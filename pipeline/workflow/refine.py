@@ -99,9 +99,8 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
 
     out = {}
     for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
-        out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared)
-        if variant_name is None:   # the command for one run prints this line itself
-            log.info("%s", summary_line(out[run_name(v, s)]))
+        out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared,
+                                         announce=variant_name is None)   # one run: the command prints it
     return out
 
 
@@ -170,10 +169,11 @@ def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str
 
 
 def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
-               shared: Callable[[], str] | None = None) -> dict[str, Any]:
+               shared: Callable[[], str] | None = None, announce: bool = False) -> dict[str, Any]:
     """BPTT of one (variant, seed) from its initial weights, tracked as one MLflow run; resumes from a checkpoint
     of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done.
-    ``shared``: see :func:`run_fingerprints`."""
+    ``shared``: see :func:`run_fingerprints`; ``announce``: print the :func:`summary_line` of a run it trained to
+    stderr (the stage's log under ``dvc repro``)."""
     from dataclasses import replace
 
     dp = params.dataset(dataset)
@@ -258,7 +258,13 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
                      resume=resume, on_epoch=tracker.log_epoch)
     except BaseException:
-        tracker.finish("FAILED")
+        try:
+            tracker.finish("FAILED")
+        except Exception as exc:   # an interrupt inside an MLflow call can leave the store unusable for now:
+            # the failure being raised is the one to report (a later refine closes or continues the run)
+            reason = (str(exc).strip().splitlines() or [""])[0][:200]
+            log.warning("refine: could not close MLflow run %s as FAILED (%s: %s)", tracker.run_id,
+                        type(exc).__name__, reason)
         raise
     history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
                "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
@@ -283,4 +289,6 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
     tracker.finish()
     write_text(done_file, fingerprint + "\n")
+    if announce:
+        print(summary_line(history), file=sys.stderr)
     return history
