@@ -73,8 +73,12 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     The temporary file is created private (``mkstemp``: mode 0600); before the rename it gets the ordinary mode of
     a new file, ``0o666 & ~umask``, so that artifacts are as readable as any other output."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
+    except OSError as exc:   # the error would name the random temporary file, not the output asked for
+        raise OSError(exc.errno, f"cannot write {path} (a temporary file in {path.parent} is needed first): "
+                                 f"{exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:

@@ -210,3 +210,16 @@ def test_an_interrupt_raised_inside_held_interrupts_waits_for_the_block():
         raise_or_hold(Stop())
     with held_interrupts():              # nothing pending is left behind
         pass
+
+
+def test_an_unwritable_output_is_named_not_its_temporary_file(tmp_path):
+    from pipeline.io import write_json
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    target = blocker / "out.json"
+    with pytest.raises(OSError) as err:
+        write_json(target, {"x": 1})
+    msg = str(err.value)
+    assert f"cannot write {target} (a temporary file in {blocker} is needed first)" in msg and ".out.json." not in msg
+    assert "\n" not in msg and blocker.read_text() == "not a directory"
