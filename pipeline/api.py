@@ -14,7 +14,6 @@ front, before any 2SR work, in one line naming the argument and trajectory (``tr
 from __future__ import annotations
 
 import collections.abc
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,8 +23,8 @@ import numpy as np
 
 from pipeline.decompose import CPFactors, cp_decompose
 from pipeline.models.common import ModelConfig, SequenceModel
-from pipeline.two_stage import LinearStateSpace, TwoStageConfig, TwoStageModel, brief_repr, linear_two_stage, \
-    multilayer_two_stage
+from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, brief_repr, \
+    is_finite_number, linear_two_stage, multilayer_two_stage
 
 
 def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = None,
@@ -67,7 +66,6 @@ def infer_kind(trajectories: Sequence[np.ndarray]) -> tuple[bool, int]:
 # ----------------------------------------------------------------------------------------- checking the inputs
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)   # the models compute in float32: larger values become Inf
-_SIZE_LIMIT = 2 ** 31 - 1                         # dimensions and vocabularies torch and the 2SR arrays index
 _A_LIST = "a list of trajectories (arrays of shape (T,) or (T, m))"
 
 
@@ -109,7 +107,7 @@ def _kind_text(a: np.ndarray) -> str:
 
 
 def _symbols(where: str, a: np.ndarray, vocab_size: int | None) -> np.ndarray:
-    """Symbols as int64 indices 0 … ``vocab_size`` - 1 (None: any below :data:`_SIZE_LIMIT`). Floats with integer
+    """Symbols as int64 indices 0 … ``vocab_size`` - 1 (None: any below :data:`MAX_SIZE`). Floats with integer
     values (2.0) are taken as those integers; other floats (0.9) are refused, never truncated."""
     if a.ndim != 1:
         raise ValueError(f"{where}: shape {a.shape}; expected a 1-D array of symbols (the model is discrete)")
@@ -121,12 +119,12 @@ def _symbols(where: str, a: np.ndarray, vocab_size: int | None) -> np.ndarray:
                              "symbols (the model is discrete)")
     elif a.dtype.kind not in "iu":
         raise ValueError(f"{where}: an array of dtype {a.dtype}; expected integer symbols (the model is discrete)")
-    high = _SIZE_LIMIT if vocab_size is None else vocab_size
+    high = MAX_SIZE if vocab_size is None else vocab_size
     bad = (a < 0) | (a >= high)
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         expected = (f"symbols 0 … {vocab_size - 1}, the model's vocabulary" if vocab_size is not None else
-                    f"integers from 0 to {_SIZE_LIMIT - 1} (indices into a vocabulary: map other ids to 0 … V-1)")
+                    f"integers from 0 to {MAX_SIZE - 1} (indices into a vocabulary: map other ids to 0 … V-1)")
         raise ValueError(f"{where}: symbol {a[j].item()!r} at step {j}; expected {expected}")
     return a.astype(np.int64)
 
@@ -179,24 +177,15 @@ def model_inputs(trajectories: Sequence[Any], config: ModelConfig, name: str = "
     return [_features(f"{name}[{i}]", a, config.input_dim, "the model's input width") for i, a in enumerate(arrays)]
 
 
-def _finite(v: Any) -> bool:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:   # an int beyond the float range
-        return False
-
-
-def _check_int(name: str, v: Any, low: int, high: int | None = _SIZE_LIMIT) -> None:
+def _check_int(name: str, v: Any, low: int, high: int | None = MAX_SIZE) -> None:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < low or \
             high is not None and v > high:
-        bound = f"from {low} to 2**31 - 1" if high == _SIZE_LIMIT else f">= {low}"
+        bound = f"from {low} to 2**31 - 1" if high == MAX_SIZE else f">= {low}"
         raise ValueError(f"{name}={brief_repr(v)}: expected an integer {bound}")
 
 
 def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
-    if not (_finite(v) and (v > 0 if positive else v >= 0)):
+    if not (is_finite_number(v) and (v > 0 if positive else v >= 0)):
         raise ValueError(f"{name}={brief_repr(v)}: expected a finite number {'> 0' if positive else '>= 0'}")
 
 
@@ -243,7 +232,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     _check_number("ridge", a["ridge"])
     _check_number("lr", a["lr"], positive=True)
     _check_number("clip", a["clip"])
-    if a["bias_scale"] is not None and not _finite(a["bias_scale"]):
+    if a["bias_scale"] is not None and not is_finite_number(a["bias_scale"]):
         raise ValueError(f"bias_scale={brief_repr(a['bias_scale'])}: expected a finite number (or None)")
     resolve_device(a["device"], "device=")
     two_stage_options = {} if two_stage_options is None else two_stage_options

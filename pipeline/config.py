@@ -41,7 +41,8 @@ from typing import Any, Callable
 import yaml
 
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
-from pipeline.two_stage import MAX_POWER_ITERATIONS, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, brief_repr
+from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, \
+    brief_repr
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
@@ -68,7 +69,6 @@ _VARIANT = re.compile(r"psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<rand
                       r"|factorized_psrnn_r(?P<rank>[0-9]+)"
                       r"(?P<frandom>_random)?|lstm|gru|rnn|kf")
 MAX_LAYERS = 64   # a bound on PSRNN depth (variants and two_stage.layers), far beyond any useful stack
-MAX_INT = 2 ** 31 - 1   # a bound on every count and size in params.yaml (seeds have their own, 2**32)
 MAX_PREFIX = 200        # tracking.experiment_prefix; the experiment is named <prefix>-<dataset>
 MAX_MAGNITUDE = 1e30    # a bound on every finite number: beyond it, products like ridge·n or lr·gradient overflow
 
@@ -315,19 +315,18 @@ def _yaml11_hint(value: Any) -> str:
     return ""
 
 
-def _check_int(key: str, v: Any, minimum: int = 1, maximum: int | None = None) -> None:
+def _check_int(key: str, v: Any, minimum: int = 1, maximum: int = MAX_SIZE) -> None:
     if not _is_int(v) or v < minimum:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ParamsError(f"{key}: expected {what}, got {_describe(v)}")
-    _check_int_ceiling(key, v, MAX_INT if maximum is None else maximum)
+    _check_int_ceiling(key, v, maximum)
 
 
-def _check_int_ceiling(key: str, v: int, maximum: int = None) -> None:
+def _check_int_ceiling(key: str, v: int, maximum: int = MAX_SIZE) -> None:
     """Counts and sizes far beyond any run (10**30 trajectories, RFF features or power iterations) would hang a stage
-    or fail deep in numpy without naming the key: refused here."""
-    maximum = MAX_INT if maximum is None else maximum
+    or fail deep in numpy without naming the key: refused here (seeds have their own bound, 2**32)."""
     if v > maximum:
-        bound = "2**31 - 1" if maximum == MAX_INT else str(maximum)
+        bound = "2**31 - 1" if maximum == MAX_SIZE else str(maximum)
         raise ParamsError(f"{key}: expected an integer <= {bound}, got {_describe(v)}")
 
 

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 WIDTH_FAMILIES = ("obs", "past", "future")   # the RFF families of pipeline.features.fit_feature_maps
 MIN_KERNEL_WIDTH = 1e-150   # the RFF frequencies have standard deviation 1/width: below it 1/width² overflows
 MAX_POWER_ITERATIONS = 100   # the range finder converges in a few; more only costs time
+MAX_SIZE = 2 ** 31 - 1       # a bound on every count and size (params.yaml, TwoStageConfig, fit_model arguments)
 
 
 @dataclass
@@ -73,9 +74,10 @@ class TwoStageConfig:
             v = getattr(self, key)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"two_stage.{key}: expected a positive integer, got {brief_repr(v)}")
-            if v > (MAX_POWER_ITERATIONS if key == "power_iterations" else 2 ** 31 - 1):
-                bound = MAX_POWER_ITERATIONS if key == "power_iterations" else "2**31 - 1"
-                raise ValueError(f"two_stage.{key}: expected an integer <= {bound}, got {brief_repr(v)}")
+            bound = MAX_POWER_ITERATIONS if key == "power_iterations" else MAX_SIZE
+            if v > bound:
+                shown = "2**31 - 1" if bound == MAX_SIZE else bound
+                raise ValueError(f"two_stage.{key}: expected an integer <= {shown}, got {brief_repr(v)}")
         if not isinstance(self.oversample, (int, np.integer)) or isinstance(self.oversample, bool) \
                 or self.oversample < 0:
             raise ValueError(f"two_stage.oversample: expected an integer >= 0, got {brief_repr(self.oversample)}")
@@ -86,9 +88,9 @@ class TwoStageConfig:
                                  "features")
         for key in ("ridge", "decoder_ridge", "obs_ridge"):
             v = getattr(self, key)
-            if not _finite_number(v) or v < 0:
+            if not is_finite_number(v) or v < 0:
                 raise ValueError(f"two_stage.{key}: expected a finite number >= 0, got {brief_repr(v)}")
-        if not _finite_number(self.width_scale) or self.width_scale <= 0:
+        if not is_finite_number(self.width_scale) or self.width_scale <= 0:
             raise ValueError(f"two_stage.width_scale: expected a finite number > 0, got {brief_repr(self.width_scale)}")
         if self.widths is not None:
             if not isinstance(self.widths, dict):
@@ -97,7 +99,7 @@ class TwoStageConfig:
             for k, w in self.widths.items():
                 if k not in WIDTH_FAMILIES:
                     raise ValueError(f"two_stage.widths.{k}: unknown family; expected obs, past or future")
-                if w is not None and (not _finite_number(w) or w < MIN_KERNEL_WIDTH):
+                if w is not None and (not is_finite_number(w) or w < MIN_KERNEL_WIDTH):
                     raise ValueError(f"two_stage.widths.{k}: expected a finite number >= {MIN_KERNEL_WIDTH:g}, got "
                                      f"{brief_repr(w)}")
         if self.svd not in ("randomized", "exact"):
@@ -108,7 +110,8 @@ class TwoStageConfig:
             raise ValueError(f"two_stage.obs_inverse: expected true or false, got {self.obs_inverse!r}")
 
 
-def _finite_number(v: Any) -> bool:
+def is_finite_number(v: Any) -> bool:
+    """A finite int or float (numpy's too), not a bool; an int beyond the float range is not."""
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
         return False
     try:
