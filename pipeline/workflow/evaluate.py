@@ -15,7 +15,7 @@ from pipeline.config import Params
 from pipeline.data.schema import SequenceDataset
 from pipeline.io import read_json, write_json
 from pipeline.workflow.initialise import load_initial
-from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, run_name
+from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, prune, run_name
 
 
 log = logging.getLogger(__name__)
@@ -91,14 +91,8 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
     for v, s in runs:
         finished_checkpoint(root, dataset, v, s)
     ds = load_prepared(root, dataset)
-    # outside DVC (which empties a stage's outputs before it runs) the files of runs no longer in params.yaml would
-    # stay and the report would show them
-    keep = {run_name(v, s) for v, s in runs}
     for folder, suffix in ((metrics_dir(root, dataset), ".json"), (predictions_dir(root, dataset), ".parquet")):
-        for stale in sorted(folder.glob(f"*{suffix}")) if folder.is_dir() else []:
-            if stale.name[:-len(suffix)] not in keep:
-                log.info("evaluate: removing %s (not a run of params.yaml)", stale)
-                stale.unlink()
+        prune(folder, {f"{run_name(v, s)}{suffix}" for v, s in runs}, "run", "evaluate", f"*{suffix}")
     results = {}
     for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
         results[run_name(v, s)] = evaluate_run(params, root, dataset, v, s, ds=ds)

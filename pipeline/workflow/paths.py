@@ -16,9 +16,13 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
 
 from pipeline.data.schema import SequenceDataset, read_dataset
+
+log = logging.getLogger(__name__)
 
 
 def raw_dir(root: Path, source: str) -> Path:
@@ -64,3 +68,15 @@ def metrics_dir(root: Path, dataset: str) -> Path:
 
 def predictions_dir(root: Path, dataset: str) -> Path:
     return root / "predictions" / dataset
+
+
+def prune(folder: Path, keep: set[str], what: str, stage: str, pattern: str = "*") -> None:
+    """Remove the entries of ``folder`` matching ``pattern`` whose names are not in ``keep``: the outputs of a
+    ``what`` (variant, seed, run) taken off params.yaml. Under DVC a stage's outputs are emptied before it runs;
+    a stage run by hand would otherwise leave them for the report to show."""
+    if not folder.is_dir():
+        return
+    for stale in sorted(folder.glob(pattern)):
+        if stale.name not in keep:
+            log.info("%s: removing %s (%s not in params.yaml)", stage, stale, what)
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()

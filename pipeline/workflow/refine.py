@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +29,8 @@ from pipeline.config import Params
 from pipeline.io import read_json, write_json, write_text
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
-    artifact_dir, dataset_models_dir, load_prepared, model_dir, plot_path, prepared_path, run_name, variant_dir,
+    artifact_dir, dataset_models_dir, load_prepared, model_dir, plot_path, prepared_path, prune, run_name,
+    variant_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -82,13 +82,13 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     variants = [v.name for v in dp.variants] if variant_name is None else [dp.variant(variant_name).name]
     seeds = list(params.seeds) if seed is None else [seed]
     if variant_name is None:
-        _prune(dataset_models_dir(root, dataset), set(variants), "variant")
-        _prune(root / "plots" / dataset, set(variants), "variant")
+        prune(dataset_models_dir(root, dataset), set(variants), "variant", "refine")
+        prune(root / "plots" / dataset, set(variants), "variant", "refine")
     if seed is None:
         for v in variants:
-            _prune(variant_dir(root, dataset, v), {f"s{s}" for s in seeds}, "seed")
-            _prune(plot_path(root, dataset, v, 0).parent, {plot_path(root, dataset, v, s).name for s in seeds},
-                   "seed")
+            prune(variant_dir(root, dataset, v), {f"s{s}" for s in seeds}, "seed", "refine")
+            prune(plot_path(root, dataset, v, 0).parent, {plot_path(root, dataset, v, s).name for s in seeds},
+                  "seed", "refine")
     runs = [(v, s) for v in variants for s in seeds]
     digest: list[str] = []  # dataset_digest, computed once, when the first run's initial weights are found
 
@@ -116,15 +116,6 @@ def summary_line(history: dict[str, Any]) -> str:
     return (f"refine {history['dataset']}: {run_name(history['variant'], history['seed'])} "
             f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (best epoch {history['best_epoch']})"
             f"{stopped}")
-
-
-def _prune(folder: Path, keep: set[str], what: str) -> None:
-    if not folder.is_dir():
-        return
-    for stale in sorted(folder.iterdir()):
-        if stale.name not in keep:
-            log.info("refine: removing %s (%s not in params.yaml)", stale, what)
-            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
 
 
 def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list[dict[str, Any]]) -> None:
