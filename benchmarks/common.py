@@ -66,6 +66,7 @@ def machine_info(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         if torch.cuda.is_available():
             info["cuda_device"] = torch.cuda.get_device_name(0)
             info["cuda_version"] = torch.version.cuda
+            info["cudnn_version"] = torch.backends.cudnn.version()
     except ImportError:
         info["torch"] = None
     info.update(extra or {})

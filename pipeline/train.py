@@ -289,7 +289,9 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
     stopped: str | None = None
 
     if checkpoint_path is not None and resume and Path(checkpoint_path).exists():
-        ck = load_checkpoint(checkpoint_path, map_location=device)
+        # read to the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses a CUDA one), and
+        # load_state_dict copies the weights and the optimiser state onto the model's device anyway
+        ck = load_checkpoint(checkpoint_path)
         check_resumable(checkpoint_path, ck, model.config.to_dict(), asdict(cfg))
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])

@@ -126,7 +126,7 @@ def test_two_stage_regression_alone_gives_the_mean_state(hmm):
 
 def test_factorized_psrnn_built_end_to_end_has_bias_scale_times_mean_state(hmm):
     fitted = fit_model(hmm.train, hmm.test, model="factorized_psrnn", rank=8, n_layers=2, state_dim=6, obs_dim=6,
-                       n_features=200, horizon=2, bias_scale=0.3, epochs=0)
+                       n_features=200, horizon=2, bias_scale=0.3, epochs=0, device="cpu")
     assert [h["epoch"] for h in fitted.history] == [0]
     for core, layer in zip(fitted.model.cores, fitted.two_stage.layers):
         assert np.linalg.norm(layer.mean_state) > 0.1

@@ -248,11 +248,11 @@ def test_fitted_model_saves_to_one_pickle_free_file_and_loads_back(model, contin
     if model == "kf":
         data = continuous
         fitted = fit_model(data.train, data.test, model="kf", state_dim=2, horizon=3, epochs=1, lr=0.05,
-                           batch_size=4)
+                           batch_size=4, device="cpu")   # load_fitted's default device (tests/test_cuda.py: GPU)
     else:
         data, _ = make_hmm_dataset(n_train=10, n_test=3, length=60, seed=2)
         fitted = fit_model(data.train, data.test, model=model, rank=5, state_dim=5, obs_dim=5, n_features=100,
-                           horizon=2, epochs=1, bptt=10, batch_size=5)
+                           horizon=2, epochs=1, bptt=10, batch_size=5, device="cpu")
     path = tmp_path / "fitted.pt"
     fitted.save(path)
     raw = torch.load(path, weights_only=True)
