@@ -15,14 +15,16 @@ init="random" (PSRNNs) or "xavier" (baselines): the weights do not matter for sp
 every repeat, the repeats are interleaved across models, and the medians are reported with ratios to the LSTM.
 
     python benchmarks/bench_throughput.py                 # 1 epoch per model and repeat, 2 torch threads
-    python benchmarks/bench_throughput.py --device cuda   # on a GPU
+    python benchmarks/bench_throughput.py --device cuda   # on a GPU (cuDNN LSTM/GRU/RNN): throughput_cuda.json
     python benchmarks/bench_throughput.py --quick         # smoke test: a few windows, 5000 test characters
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,12 +34,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import busy_warning, default_ptb_dir, load_ptb, machine_info, median, table, write_results  # noqa: E402
 
 BASELINES = ("lstm", "gru", "rnn")
+TORCH_OPS = "/torch-ops"   # a PSRNN variant run with the compiled kernels off (PSRNN_NATIVE=0, PSRNN_TRITON=0)
+
+
+@contextlib.contextmanager
+def kernels_for(name: str):
+    """Inside, a ``<model>/torch-ops`` variant runs its recurrence as plain torch ops (the reference path)."""
+    if not name.endswith(TORCH_OPS):
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("PSRNN_NATIVE", "PSRNN_TRITON")}
+    os.environ.update(PSRNN_NATIVE="0", PSRNN_TRITON="0")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def build(name: str, vocab: int, args, seed: int = 0):
     from pipeline.api import initialise_model
     from pipeline.models.common import ModelConfig
 
+    name = name.removesuffix(TORCH_OPS)
     is_psrnn = name in ("psrnn", "factorized_psrnn")
     cfg = ModelConfig(model=name, discrete=True, input_dim=vocab, output_dim=vocab, state_dim=args.hidden,
                       obs_dim=args.obs_dim or args.hidden, rank=args.rank if name == "factorized_psrnn" else None,
@@ -111,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke test: 4 timed windows, 5000 test chars, 1 repeat")
-    p.add_argument("--models", default="psrnn,factorized_psrnn,lstm,gru,rnn")
+    p.add_argument("--models", default="psrnn,factorized_psrnn,lstm,gru,rnn",
+                   help="comma-separated; psrnn/torch-ops or factorized_psrnn/torch-ops run the recurrence as torch "
+                        "ops, without the compiled kernels (C on the CPU, Triton on CUDA)")
+    p.add_argument("--torch-ops", action="store_true",
+                   help="add psrnn/torch-ops and factorized_psrnn/torch-ops to --models: the kernels' speed-up "
+                        "measured side by side")
     p.add_argument("--rank", type=int, default=60, help="rank of factorized_psrnn")
     p.add_argument("--hidden", type=int, default=20, help="state / hidden size")
     p.add_argument("--obs-dim", type=int, default=None, help="observation (embedding) size; default = --hidden")
@@ -127,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="runs per figure, median reported (default 3; quick 1)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--raw-dir", type=Path, default=None, help="PTB raw dir holding full/ptb.*.txt")
+    p.add_argument("--tag", default=None,
+                   help="results file benchmarks/results/throughput_<tag>.json (default: none on the CPU, the "
+                        "device type otherwise, so a GPU run never overwrites the CPU figures)")
     args = p.parse_args(argv)
 
     import torch
@@ -144,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.torch_ops:
+        models += [m + TORCH_OPS for m in ("psrnn", "factorized_psrnn") if m in models and m + TORCH_OPS not in models]
+    unknown = [m for m in models if m.removesuffix(TORCH_OPS) not in ("psrnn", "factorized_psrnn", *BASELINES)
+               or (m.endswith(TORCH_OPS) and m.removesuffix(TORCH_OPS) in BASELINES)]
+    if unknown:
+        p.error(f"--models: unknown {unknown}; expected psrnn, factorized_psrnn (either with {TORCH_OPS}), "
+                f"{', '.join(BASELINES)}")
     ds = load_ptb(args.raw_dir or default_ptb_dir())
     V = len(ds.vocab)
     train = ds.train
@@ -159,11 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         for m in models:
             model = build(m, V, args, seed=r)
             params[m] = model.n_parameters()
-            tr = train_run(model, train, args, device)
+            with kernels_for(m):
+                tr = train_run(model, train, args, device)
             runs[m]["train"].append(tr)
-            line = f"  repeat {r + 1} {m:17s} train {tr['chars_per_s']:10,.0f} chars/s ({tr['seconds']:.2f} s)"
+            line = f"  repeat {r + 1} {m:27s} train {tr['chars_per_s']:10,.0f} chars/s ({tr['seconds']:.2f} s)"
             if not args.no_eval:
-                ev = eval_run(build(m, V, args, seed=r), test, device)
+                with kernels_for(m):
+                    ev = eval_run(build(m, V, args, seed=r), test, device)
                 runs[m]["eval"].append(ev)
                 line += f"   eval {ev['chars_per_s']:10,.0f} chars/s ({ev['seconds']:.2f} s)"
             if tr["nonfinite_steps"]:
@@ -184,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m, s in summary.items():
         s["train_ratio_vs_" + ref] = s["train_chars_per_s"] / summary[ref]["train_chars_per_s"]
-        row = [m + (f" (rank {args.rank})" if m == "factorized_psrnn" else ""), s["n_parameters"],
+        row = [m + (f" (rank {args.rank})" if m.startswith("factorized_psrnn") else ""), s["n_parameters"],
                s["train_chars_per_s"], s["train_ratio_vs_" + ref]]
         if "eval_chars_per_s" in s:
             s["eval_ratio_vs_" + ref] = s["eval_chars_per_s"] / summary[ref]["eval_chars_per_s"]
@@ -201,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                "device": str(device), "train_chars_total": len(train[0]), "test_chars": len(test),
                "vocab_size": V, "reference": ref, "busy_warning": warning, "summary": summary, "runs": runs,
                "machine": machine_info()}
-    path = write_results("throughput", payload, quick=args.quick)
+    tag = args.tag if args.tag is not None else ("" if device.type == "cpu" else device.type)
+    path = write_results("throughput" + (f"_{tag}" if tag else ""), payload, quick=args.quick)
     print(f"\nresults written to {path}")
     return 0
 

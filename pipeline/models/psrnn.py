@@ -72,13 +72,19 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
 
     On the CPU the loop runs in compiled C (:mod:`pipeline.native`) with a hand-written backward
     (:class:`_NativeRecurrence`): the recurrence is a chain of tiny products whose cost in torch is dispatch, not
-    arithmetic. Elsewhere (CUDA, or no C compiler) :class:`_NormalizedRecurrence` runs the same backward as torch
-    ops, and without gradients on the CPU the loop runs in numpy.
+    arithmetic. On CUDA the loop and its reverse are Triton kernels (:class:`_GpuRecurrence`), one launch each.
+    Elsewhere (no C compiler, no triton, or a state larger than :data:`pipeline.native.GPU_MAX_DIM` on CUDA)
+    :class:`_NormalizedRecurrence` runs the same backward as torch ops, and without gradients on the CPU the loop
+    runs in numpy.
     """
     if native.usable(G, b, q, q_init):
         if not torch.is_grad_enabled():
             return native.full_forward(G, b, q, q_init, reset, eps)[0]
         return _NativeRecurrence.apply(G, b, q, q_init, reset, eps)
+    if native.gpu_usable(q.shape[-1], G, b, q, q_init):
+        if not torch.is_grad_enabled():
+            return native.gpu_kernels().full_forward(G, b, q, q_init, reset, eps, store_inputs=False)[0]
+        return _GpuRecurrence.apply(G, b, q, q_init, reset, eps)
     if not torch.is_grad_enabled():
         if G.device.type == "cpu":
             return _normalized_recurrence_numpy(G, b, q, q_init, reset, eps)
@@ -102,6 +108,10 @@ def factorized_recurrence(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor, b: 
         if not torch.is_grad_enabled():
             return native.factorized_forward(A, u, C, b, q, q_init, reset, eps, idx=symbols)[0]
         return _NativeFactorizedRecurrence.apply(A, u, C, b, q, q_init, reset, eps, symbols)
+    if symbols is not None and native.gpu_usable(q.shape[-1], A, u, C, b, q, q_init):
+        # on the GPU the (V, d, d) table of step matrices is one small einsum, indexed inside the kernel
+        return symbol_recurrence(factorized_step_matrices(A, u.unsqueeze(0), C).squeeze(0), symbols, b, q, q_init,
+                                 reset, eps)
     if symbols is not None:
         u = u[symbols]
     return normalized_recurrence(factorized_step_matrices(A, u, C), b, q, q_init, reset, eps)
@@ -126,6 +136,11 @@ def symbol_recurrence(G_table: torch.Tensor, symbols: torch.Tensor, b: torch.Ten
         if not torch.is_grad_enabled():
             return native.full_forward(G_table, b, q, q_init, reset, eps, idx=symbols)[0]
         return _NativeRecurrence.apply(G_table, b, q, q_init, reset, eps, symbols)
+    if native.gpu_usable(q.shape[-1], G_table, b, q, q_init):
+        if not torch.is_grad_enabled():
+            return native.gpu_kernels().full_forward(G_table, b, q, q_init, reset, eps, idx=symbols,
+                                                     store_inputs=False)[0]
+        return _GpuRecurrence.apply(G_table, b, q, q_init, reset, eps, symbols)
     return normalized_recurrence(G_table[symbols], b, q, q_init, reset, eps)
 
 
@@ -145,6 +160,36 @@ class _NativeRecurrence(torch.autograd.Function):
         G, inputs, out, norms, reset, symbols = ctx.saved_tensors
         grad_z, grad_G, g_q0, g_init = native.full_backward(G, inputs, out, norms, reset, ctx.eps, grad_out,
                                                             idx=symbols, grad_G=ctx.needs_input_grad[0])
+        return grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
+
+
+class _GpuRecurrence(torch.autograd.Function):
+    """:func:`normalized_recurrence` (or :func:`symbol_recurrence`, given ``symbols``) on CUDA: the loop and its
+    reverse in Triton (:mod:`pipeline.native.triton_kernels`), one launch each; ∂G_t = ∂z_t q_tᵀ as one batched
+    product, summed per symbol for a table by a product with the one-hot matrix (deterministic, unlike
+    scattered atomic adds)."""
+
+    @staticmethod
+    def forward(ctx, G, b, q, q_init, reset, eps, symbols=None):
+        ctx.kernels = native.gpu_kernels()    # kept: PSRNN_TRITON may change before the backward runs
+        out, inputs, norms = ctx.kernels.full_forward(G, b, q, q_init, reset, eps, idx=symbols)
+        ctx.save_for_backward(G, inputs, out, norms, reset, symbols)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        G, inputs, out, norms, reset, symbols = ctx.saved_tensors
+        grad_z, g_q0, g_init = ctx.kernels.full_backward(G, out, norms, reset, ctx.eps, grad_out, idx=symbols)
+        grad_G = None
+        if ctx.needs_input_grad[0]:
+            outer = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)                     # (L, B, d, d)
+            if symbols is None:
+                grad_G = outer
+            else:
+                V, d = G.shape[0], G.shape[-1]
+                one_hot = torch.nn.functional.one_hot(symbols.reshape(-1), V).to(outer.dtype)
+                grad_G = (one_hot.T @ outer.reshape(-1, d * d)).reshape(V, d, d)
         return grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
 
 

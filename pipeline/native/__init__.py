@@ -167,6 +167,44 @@ def usable(*tensors: torch.Tensor) -> bool:
     return library() is not None
 
 
+# ------------------------------------------------------------------------------------------ CUDA (Triton)
+
+#: the largest state dimension of the Triton kernels (a program holds one d x d step matrix in registers);
+#: larger states run as torch ops on CUDA
+GPU_MAX_DIM = 128
+
+
+def gpu_enabled() -> bool:
+    return os.environ.get("PSRNN_TRITON", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.lru_cache(maxsize=1)
+def _load_gpu():
+    try:
+        from pipeline.native import triton_kernels
+    except Exception as exc:  # triton absent or broken: the torch ops compute the same numbers, slower
+        warnings.warn(f"PSRNN Triton kernels unavailable ({type(exc).__name__}: {exc}); the PSRNN recurrences "
+                      "run as torch ops on CUDA (several times slower)", RuntimeWarning, stacklevel=3)
+        return None
+    return triton_kernels
+
+
+def gpu_kernels():
+    """:mod:`pipeline.native.triton_kernels`, or None when disabled (``PSRNN_TRITON=0``) or triton is missing."""
+    return _load_gpu() if gpu_enabled() else None
+
+
+def gpu_usable(state_dim: int, *tensors: torch.Tensor) -> bool:
+    """The Triton kernels apply to CUDA tensors on one device, of one dtype (float32/float64), for a state of at
+    most :data:`GPU_MAX_DIM` entries."""
+    t0 = tensors[0]
+    if t0.device.type != "cuda" or t0.dtype not in _ctypes_of or state_dim > GPU_MAX_DIM:
+        return False
+    if any(t.device != t0.device or t.dtype != t0.dtype for t in tensors):
+        return False
+    return gpu_kernels() is not None
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 

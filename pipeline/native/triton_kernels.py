@@ -1,0 +1,136 @@
+"""The PSRNN recurrence on CUDA: Triton kernels in which one program runs one chain through all L steps.
+
+Why: on a GPU the recurrence q_{t+1} = n(G_t q_t + b) of a 20-dimensional state is a chain of tiny products, and
+as torch ops each step costs about ten kernel launches of ~10 µs for well under 1 µs of arithmetic. Measured on
+an H100 (benchmarks/README.md) the torch loop trained at 0.37x and filtered at 0.02x the speed of cuDNN's LSTM.
+Here the whole loop is one launch: program c keeps its state in registers, reads G_t (or the symbol's matrix of
+a (V, d, d) table) from memory once per step and writes q_{t+1}; the backward is one launch of the reversed loop.
+
+This module imports triton and is imported only through :func:`pipeline.native.gpu_kernels`, when a CUDA tensor
+needs it (torch's CUDA wheels bring triton). The arithmetic is that of ``recurrence_impl.h`` (the C kernels) and
+of :class:`pipeline.models.psrnn._NormalizedRecurrence`, degenerate steps and resets included; tests run these
+kernels in Triton's interpreter on the CPU against the torch path, and on a GPU against the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _full_forward_kernel(G, IDX, BIAS, Q0, QINIT, RESET, INPUTS, OUT, NORMS, L, B, D, eps,
+                         HAS_IDX: tl.constexpr, HAS_RESET: tl.constexpr, STORE_INPUTS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    vm = i < D
+    tile = i[:, None] * D + i[None, :]
+    tm = vm[:, None] & vm[None, :]
+    bias = tl.load(BIAS + i, mask=vm, other=0.0)
+    qinit = tl.load(QINIT + i, mask=vm, other=0.0)
+    q = tl.load(Q0 + c * D + i, mask=vm, other=0.0)
+    for t in range(L):
+        tc = t * B + c
+        if HAS_RESET:
+            q = tl.where(tl.load(RESET + tc) != 0, qinit, q)
+        if STORE_INPUTS:
+            tl.store(INPUTS + tc * D + i, q, mask=vm)
+        if HAS_IDX:
+            base = tl.load(IDX + tc) * D * D
+        else:
+            base = tc * D * D
+        g = tl.load(G + base + tile, mask=tm, other=0.0)
+        z = tl.sum(g * q[None, :], axis=1) + bias
+        n = tl.sqrt(tl.sum(z * z, axis=0))
+        live = n > eps
+        # a zero vector (degenerate parameters only) becomes q_init instead of 0/0
+        q = tl.where(live, z * (1.0 / tl.where(live, n, 1.0)), qinit)
+        tl.store(OUT + tc * D + i, q, mask=vm)
+        tl.store(NORMS + tc, n)
+
+
+@triton.jit
+def _full_backward_kernel(G, IDX, OUT, NORMS, RESET, GRAD_OUT, GRAD_Z, G_Q0, G_INIT, L, B, D, eps,
+                          HAS_IDX: tl.constexpr, HAS_RESET: tl.constexpr, BLOCK: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    vm = i < D
+    tile = i[:, None] * D + i[None, :]
+    tm = vm[:, None] & vm[None, :]
+    gq = tl.zeros([BLOCK], dtype=GRAD_OUT.dtype.element_ty)     # the gradient reaching q_{t+1} from step t+1
+    gi = tl.zeros([BLOCK], dtype=GRAD_OUT.dtype.element_ty)     # ... and q_init, from resets and degenerate steps
+    for s in range(L):
+        tc = (L - 1 - s) * B + c
+        g = tl.load(GRAD_OUT + tc * D + i, mask=vm, other=0.0) + gq
+        qn = tl.load(OUT + tc * D + i, mask=vm, other=0.0)
+        n = tl.load(NORMS + tc)
+        live = n > eps
+        dot = tl.sum(qn * g, axis=0)
+        gz = tl.where(live, (g - qn * dot) * (1.0 / tl.where(live, n, 1.0)), 0.0)
+        gi = gi + tl.where(live, 0.0, g)
+        tl.store(GRAD_Z + tc * D + i, gz, mask=vm)
+        if HAS_IDX:
+            base = tl.load(IDX + tc) * D * D
+        else:
+            base = tc * D * D
+        gt = tl.load(G + base + tile, mask=tm, other=0.0)
+        gq = tl.sum(gt * gz[:, None], axis=0)                   # G_tᵀ ∂z_t
+        if HAS_RESET:
+            r = tl.load(RESET + tc) != 0                          # q_t was q_init, not the previous output
+            gi = tl.where(r, gi + gq, gi)
+            gq = tl.where(r, 0.0, gq)
+    tl.store(G_Q0 + c * D + i, gq, mask=vm)
+    tl.store(G_INIT + c * D + i, gi, mask=vm)
+
+
+def _launch_options(d: int) -> dict:
+    block = max(16, triton.next_power_of_2(d))
+    return {"BLOCK": block, "num_warps": 1 if block <= 32 else 2 if block <= 64 else 8}
+
+
+def _reset_bytes(reset: torch.Tensor | None) -> torch.Tensor | None:
+    return None if reset is None else reset.to(torch.uint8).contiguous()
+
+
+def full_forward(G: torch.Tensor, b: torch.Tensor, q0: torch.Tensor, q_init: torch.Tensor,
+                 reset: torch.Tensor | None, eps: float, idx: torch.Tensor | None = None,
+                 store_inputs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """q_{t+1} = n(G_t q_t + b) for t = 0 … L-1, G_t = G[t] (L, B, d, d) or G[idx[t]] of a (V, d, d) table:
+    returns (out, inputs, norms) of shapes (L, B, d), (L, B, d) (None unless ``store_inputs``), (L, B)."""
+    B, d = q0.shape
+    L = idx.shape[0] if idx is not None else G.shape[0]
+    G, b, q0, q_init = (t.contiguous() for t in (G, b, q0, q_init))
+    out = torch.empty((L, B, d), dtype=q0.dtype, device=q0.device)
+    inputs = torch.empty_like(out) if store_inputs else out
+    norms = torch.empty((L, B), dtype=q0.dtype, device=q0.device)
+    if L == 0:
+        return out, (inputs if store_inputs else None), norms
+    r = _reset_bytes(reset)
+    ix = idx.contiguous() if idx is not None else None
+    _full_forward_kernel[(B,)](G, ix if ix is not None else G, b, q0, q_init, r if r is not None else q0,
+                               inputs, out, norms, L, B, d, float(eps), HAS_IDX=ix is not None,
+                               HAS_RESET=r is not None, STORE_INPUTS=store_inputs, **_launch_options(d))
+    return out, (inputs if store_inputs else None), norms
+
+
+def full_backward(G: torch.Tensor, out: torch.Tensor, norms: torch.Tensor, reset: torch.Tensor | None, eps: float,
+                  grad_out: torch.Tensor, idx: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reversed loop of :func:`full_forward`: returns ∂z (L, B, d) and the gradients of q0 (B, d) and, per
+    chain, of q_init (B, d). ∂G_t = ∂z_t q_tᵀ and ∂b = Σ ∂z_t are left to the caller (one batched op each)."""
+    L, B, d = out.shape
+    grad_z = torch.empty_like(out)
+    g_q0 = torch.zeros((B, d), dtype=out.dtype, device=out.device)
+    g_init = torch.zeros_like(g_q0)
+    if L == 0:
+        return grad_z, g_q0, g_init
+    r = _reset_bytes(reset)
+    ix = idx.contiguous() if idx is not None else None
+    G = G.contiguous()
+    _full_backward_kernel[(B,)](G, ix if ix is not None else G, out.contiguous(), norms.contiguous(),
+                                r if r is not None else out, grad_out.contiguous(), grad_z, g_q0, g_init,
+                                L, B, d, float(eps), HAS_IDX=ix is not None, HAS_RESET=r is not None,
+                                **_launch_options(d))
+    return grad_z, g_q0, g_init
