@@ -203,7 +203,7 @@ def test_the_triton_kernels_run_on_cuda_and_equal_the_torch_ops_in_float64():
     import importlib.util
 
     from pipeline import native
-    from pipeline.models.psrnn import _GpuRecurrence, _NormalizedRecurrence
+    from pipeline.models.psrnn import _CompiledRecurrence, _NormalizedRecurrence
 
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed: CUDA runs the torch ops")
@@ -222,9 +222,9 @@ def test_the_triton_kernels_run_on_cuda_and_equal_the_torch_ops_in_float64():
     assert bool((symbols == 3).any())
     weights = torch.randn(L, B, d, generator=g, dtype=torch.float64).to(**dev)
     results = []
-    for fn in (_GpuRecurrence, _NormalizedRecurrence):
+    for fn in (_CompiledRecurrence, _NormalizedRecurrence):
         leaves = [t.clone().requires_grad_() for t in (table, b, q, q_init)]
-        out = (fn.apply(*leaves, reset, 1e-12, symbols) if fn is _GpuRecurrence
+        out = (fn.apply(native.gpu_kernels(), *leaves, reset, 1e-12, symbols) if fn is _CompiledRecurrence
                else fn.apply(leaves[0][symbols], *leaves[1:], reset, 1e-12))
         (out * weights).sum().backward()
         results.append([out.detach()] + [t.grad for t in leaves])

@@ -29,6 +29,17 @@ def _problem(L=7, B=3, d=5, V=None, dtype=torch.float64, seed=0, resets=True):
     return G, b, q, q_init, reset, idx
 
 
+class _TritonRecurrence:
+    """``_CompiledRecurrence`` on the Triton kernels, called as the torch path's ``_NormalizedRecurrence`` is."""
+
+    @staticmethod
+    def apply(*args):
+        from pipeline.models.psrnn import _CompiledRecurrence
+        from pipeline.native import triton_kernels
+
+        return _CompiledRecurrence.apply(triton_kernels, *args)
+
+
 def _reference(G, b, q, q_init, reset, idx, eps=1e-12):
     from pipeline.models.psrnn import _recurrence_forward
 
@@ -55,7 +66,7 @@ def test_forward_equals_the_torch_loop(dtype, V, d):
 
 def test_degenerate_steps_fall_back_to_q_init():
     """A step whose G_t q_t + b is the zero vector gives q_init (and no gradient through z), as in C and torch."""
-    from pipeline.models.psrnn import _GpuRecurrence, _NormalizedRecurrence
+    from pipeline.models.psrnn import _NormalizedRecurrence
     from pipeline.native import triton_kernels
 
     G, b, q, q_init, reset, _ = _problem(L=6, B=2, d=4)
@@ -67,7 +78,7 @@ def test_degenerate_steps_fall_back_to_q_init():
     torch.testing.assert_close(out[2, 1], q_init, rtol=0, atol=0)
     torch.testing.assert_close(out[4, 0], q_init, rtol=0, atol=0)
     torch.testing.assert_close(out, _reference(G, b, q, q_init, reset, None)[0], rtol=1e-12, atol=1e-12)
-    _compare_gradients(_GpuRecurrence, _NormalizedRecurrence, (G, b, q, q_init), reset, None)
+    _compare_gradients(_TritonRecurrence, _NormalizedRecurrence, (G, b, q, q_init), reset, None)
 
 
 def _compare_gradients(ours, reference, tensors, reset, idx, seed=1):
@@ -90,21 +101,19 @@ def _compare_gradients(ours, reference, tensors, reset, idx, seed=1):
 @pytest.mark.parametrize("V", [None, 4])
 @pytest.mark.parametrize("resets", [False, True])
 def test_backward_equals_the_torch_backward(V, resets):
-    from pipeline.models.psrnn import _GpuRecurrence, _NormalizedRecurrence
+    from pipeline.models.psrnn import _NormalizedRecurrence
 
     G, b, q, q_init, reset, idx = _problem(L=9, B=3, d=6, V=V, resets=resets, seed=3)
-    _compare_gradients(_GpuRecurrence, _NormalizedRecurrence, (G, b, q, q_init), reset, idx)
+    _compare_gradients(_TritonRecurrence, _NormalizedRecurrence, (G, b, q, q_init), reset, idx)
 
 
 def test_gradcheck():
-    from pipeline.models.psrnn import _GpuRecurrence
-
     G, b, q, q_init, reset, idx = _problem(L=4, B=2, d=3, V=3, seed=5)
     leaves = [t.clone().requires_grad_() for t in (G, b, q, q_init)]
-    assert torch.autograd.gradcheck(lambda *x: _GpuRecurrence.apply(*x, reset, 1e-12, idx), leaves)
+    assert torch.autograd.gradcheck(lambda *x: _TritonRecurrence.apply(*x, reset, 1e-12, idx), leaves)
     G, b, q, q_init, reset, _ = _problem(L=4, B=2, d=3, seed=6)
     leaves = [t.clone().requires_grad_() for t in (G, b, q, q_init)]
-    assert torch.autograd.gradcheck(lambda *x: _GpuRecurrence.apply(*x, reset, 1e-12), leaves)
+    assert torch.autograd.gradcheck(lambda *x: _TritonRecurrence.apply(*x, reset, 1e-12), leaves)
 
 
 def test_empty_window():
@@ -113,5 +122,5 @@ def test_empty_window():
     G, b, q, q_init, _, _ = _problem(L=3, B=2, d=4)
     out, inputs, norms = triton_kernels.full_forward(G[:0], b, q, q_init, None, 1e-12)
     assert out.shape == (0, 2, 4) and inputs.shape == (0, 2, 4) and norms.shape == (0, 2)
-    gz, gq, gi = triton_kernels.full_backward(G[:0], out, norms, None, 1e-12, out)
-    assert gz.shape == (0, 2, 4) and not gq.any() and not gi.any()
+    gz, gG, gq, gi = triton_kernels.full_backward(G[:0], inputs, out, norms, None, 1e-12, out)
+    assert gz.shape == (0, 2, 4) and gG.shape == (0, 2, 4, 4) and not gq.any() and not gi.any()

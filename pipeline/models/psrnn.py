@@ -70,21 +70,18 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
     ``reset[t, b]`` puts element b back to ``q_init`` before step t. A zero vector (possible only for
     degenerate parameters) is mapped to ``q_init`` instead of dividing by zero.
 
-    On the CPU the loop runs in compiled C (:mod:`pipeline.native`) with a hand-written backward
-    (:class:`_NativeRecurrence`): the recurrence is a chain of tiny products whose cost in torch is dispatch, not
-    arithmetic. On CUDA the loop and its reverse are Triton kernels (:class:`_GpuRecurrence`), one launch each.
+    On the CPU the loop runs in compiled C (:mod:`pipeline.native`) with a hand-written backward, on CUDA in
+    Triton kernels (:mod:`pipeline.native.triton_kernels`), one launch each way (:class:`_CompiledRecurrence`):
+    the recurrence is a chain of tiny products whose cost as torch ops is dispatch and launches, not arithmetic.
     Elsewhere (no C compiler, no triton, or a state larger than :data:`pipeline.native.GPU_MAX_DIM` on CUDA)
     :class:`_NormalizedRecurrence` runs the same backward as torch ops, and without gradients on the CPU the loop
     runs in numpy.
     """
-    if native.usable(G, b, q, q_init):
+    kernels = _compiled_kernels(G, b, q, q_init)
+    if kernels is not None:
         if not torch.is_grad_enabled():
-            return native.full_forward(G, b, q, q_init, reset, eps)[0]
-        return _NativeRecurrence.apply(G, b, q, q_init, reset, eps)
-    if native.gpu_usable(q.shape[-1], G, b, q, q_init):
-        if not torch.is_grad_enabled():
-            return native.gpu_kernels().full_forward(G, b, q, q_init, reset, eps, store_inputs=False)[0]
-        return _GpuRecurrence.apply(G, b, q, q_init, reset, eps)
+            return kernels.full_forward(G, b, q, q_init, reset, eps, store_inputs=False)[0]
+        return _CompiledRecurrence.apply(kernels, G, b, q, q_init, reset, eps)
     if not torch.is_grad_enabled():
         if G.device.type == "cpu":
             return _normalized_recurrence_numpy(G, b, q, q_init, reset, eps)
@@ -132,65 +129,44 @@ def symbol_recurrence(G_table: torch.Tensor, symbols: torch.Tensor, b: torch.Ten
     (V, d, d) table costs V·d_o·d² multiply-adds instead of L·B·d_o·d² for the per-step matrices, and its
     gradient is summed per symbol inside the compiled backward.
     """
-    if native.usable(G_table, b, q, q_init):
+    kernels = _compiled_kernels(G_table, b, q, q_init)
+    if kernels is not None:
         if not torch.is_grad_enabled():
-            return native.full_forward(G_table, b, q, q_init, reset, eps, idx=symbols)[0]
-        return _NativeRecurrence.apply(G_table, b, q, q_init, reset, eps, symbols)
-    if native.gpu_usable(q.shape[-1], G_table, b, q, q_init):
-        if not torch.is_grad_enabled():
-            return native.gpu_kernels().full_forward(G_table, b, q, q_init, reset, eps, idx=symbols,
-                                                     store_inputs=False)[0]
-        return _GpuRecurrence.apply(G_table, b, q, q_init, reset, eps, symbols)
+            return kernels.full_forward(G_table, b, q, q_init, reset, eps, idx=symbols, store_inputs=False)[0]
+        return _CompiledRecurrence.apply(kernels, G_table, b, q, q_init, reset, eps, symbols)
     return normalized_recurrence(G_table[symbols], b, q, q_init, reset, eps)
 
 
-class _NativeRecurrence(torch.autograd.Function):
-    """:func:`normalized_recurrence` (or :func:`symbol_recurrence`, given ``symbols``) in C; the backward of
-    :class:`_NormalizedRecurrence`, with ∂G_t = ∂z_t q_tᵀ formed in the same loop."""
+def _compiled_kernels(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor):
+    """The module whose ``full_forward`` / ``full_backward`` run the full cell's loop for these tensors:
+    :mod:`pipeline.native` (C) on the CPU, :mod:`pipeline.native.triton_kernels` on CUDA; None: torch ops."""
+    if native.usable(G, b, q, q_init):
+        return native
+    if native.gpu_usable(q.shape[-1], G, b, q, q_init):
+        return native.gpu_kernels()
+    return None
+
+
+class _CompiledRecurrence(torch.autograd.Function):
+    """:func:`normalized_recurrence` (or :func:`symbol_recurrence`, given ``symbols``) in compiled kernels: the
+    backward of :class:`_NormalizedRecurrence`. ``kernels`` is :mod:`pipeline.native` (C: ∂G_t = ∂z_t q_tᵀ formed
+    in the same loop) or :mod:`pipeline.native.triton_kernels` (CUDA: one batched product after it); both take
+    the same arguments and sum a symbol table's gradient per symbol. It is kept for the backward, which then runs
+    on the kernels of the forward even if ``PSRNN_NATIVE`` / ``PSRNN_TRITON`` changed in between."""
 
     @staticmethod
-    def forward(ctx, G, b, q, q_init, reset, eps, symbols=None):
-        out, inputs, norms = native.full_forward(G, b, q, q_init, reset, eps, idx=symbols)
+    def forward(ctx, kernels, G, b, q, q_init, reset, eps, symbols=None):
+        out, inputs, norms = kernels.full_forward(G, b, q, q_init, reset, eps, idx=symbols)
         ctx.save_for_backward(G, inputs, out, norms, reset, symbols)
-        ctx.eps = eps
+        ctx.kernels, ctx.eps = kernels, eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         G, inputs, out, norms, reset, symbols = ctx.saved_tensors
-        grad_z, grad_G, g_q0, g_init = native.full_backward(G, inputs, out, norms, reset, ctx.eps, grad_out,
-                                                            idx=symbols, grad_G=ctx.needs_input_grad[0])
-        return grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
-
-
-class _GpuRecurrence(torch.autograd.Function):
-    """:func:`normalized_recurrence` (or :func:`symbol_recurrence`, given ``symbols``) on CUDA: the loop and its
-    reverse in Triton (:mod:`pipeline.native.triton_kernels`), one launch each; ∂G_t = ∂z_t q_tᵀ as one batched
-    product, summed per symbol for a table by a product with the one-hot matrix (deterministic, unlike
-    scattered atomic adds)."""
-
-    @staticmethod
-    def forward(ctx, G, b, q, q_init, reset, eps, symbols=None):
-        ctx.kernels = native.gpu_kernels()    # kept: PSRNN_TRITON may change before the backward runs
-        out, inputs, norms = ctx.kernels.full_forward(G, b, q, q_init, reset, eps, idx=symbols)
-        ctx.save_for_backward(G, inputs, out, norms, reset, symbols)
-        ctx.eps = eps
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        G, inputs, out, norms, reset, symbols = ctx.saved_tensors
-        grad_z, g_q0, g_init = ctx.kernels.full_backward(G, out, norms, reset, ctx.eps, grad_out, idx=symbols)
-        grad_G = None
-        if ctx.needs_input_grad[0]:
-            outer = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)                     # (L, B, d, d)
-            if symbols is None:
-                grad_G = outer
-            else:
-                V, d = G.shape[0], G.shape[-1]
-                one_hot = torch.nn.functional.one_hot(symbols.reshape(-1), V).to(outer.dtype)
-                grad_G = (one_hot.T @ outer.reshape(-1, d * d)).reshape(V, d, d)
-        return grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
+        grad_z, grad_G, g_q0, g_init = ctx.kernels.full_backward(G, inputs, out, norms, reset, ctx.eps, grad_out,
+                                                                 idx=symbols, grad_G=ctx.needs_input_grad[1])
+        return None, grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
 
 
 class _NativeFactorizedRecurrence(torch.autograd.Function):

@@ -218,8 +218,10 @@ def _reset_bytes(reset: torch.Tensor | None) -> torch.Tensor | None:
 # ----------------------------------------------------------------------------------------------- kernels
 
 
-def full_forward(G, b, q0, q_init, reset, eps, idx=None):
-    """q_{t+1} = n(G_t q_t + b): returns (out, inputs, norms) with shapes (L,B,d), (L,B,d), (L,B).
+def full_forward(G, b, q0, q_init, reset, eps, idx=None, store_inputs=True):
+    """q_{t+1} = n(G_t q_t + b): returns (out, inputs, norms) with shapes (L,B,d), (L,B,d), (L,B); inputs is None
+    unless ``store_inputs`` (the loop writes them anyway: the argument is for the interface it shares with
+    :func:`pipeline.native.triton_kernels.full_forward`).
 
     G is (L,B,d,d), or with ``idx`` (L,B) int64 a table (V,d,d) from which step t of chain b takes G[idx[t,b]];
     a table is passed to the loop transposed (its faster layout: axpys instead of dot products), which costs
@@ -239,7 +241,7 @@ def full_forward(G, b, q0, q_init, reset, eps, idx=None):
     args = (_ptr(G), int(transposed), _ptr(ix), _ptr(b), _ptr(q0), _ptr(q_init), _ptr(rb), float(eps),
             _ptr(inputs), _ptr(out), _ptr(norms))
     fn(L, B, d, *args)
-    return out, inputs, norms
+    return out, (inputs if store_inputs else None), norms
 
 
 def full_backward(G, inputs, out, norms, reset, eps, grad_out, idx=None, grad_G=True):

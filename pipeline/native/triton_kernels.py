@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pipeline.native import _index, _reset_bytes
+
 
 @triton.jit
 def _full_forward_kernel(G, IDX, BIAS, Q0, QINIT, RESET, INPUTS, OUT, NORMS, L, B, D, eps,
@@ -90,47 +92,55 @@ def _launch_options(d: int) -> dict:
     return {"BLOCK": block, "num_warps": 1 if block <= 32 else 2 if block <= 64 else 8}
 
 
-def _reset_bytes(reset: torch.Tensor | None) -> torch.Tensor | None:
-    return None if reset is None else reset.to(torch.uint8).contiguous()
-
-
 def full_forward(G: torch.Tensor, b: torch.Tensor, q0: torch.Tensor, q_init: torch.Tensor,
                  reset: torch.Tensor | None, eps: float, idx: torch.Tensor | None = None,
                  store_inputs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """q_{t+1} = n(G_t q_t + b) for t = 0 … L-1, G_t = G[t] (L, B, d, d) or G[idx[t]] of a (V, d, d) table:
-    returns (out, inputs, norms) of shapes (L, B, d), (L, B, d) (None unless ``store_inputs``), (L, B)."""
+    returns (out, inputs, norms) of shapes (L, B, d), (L, B, d) (None unless ``store_inputs``), (L, B).
+    The arguments and results of :func:`pipeline.native.full_forward`, symbol indices checked as there (the
+    kernel reads the table unchecked)."""
     B, d = q0.shape
     L = idx.shape[0] if idx is not None else G.shape[0]
-    G, b, q0, q_init = (t.contiguous() for t in (G, b, q0, q_init))
+    G, b, q0, q_init = (t.detach().contiguous() for t in (G, b, q0, q_init))
     out = torch.empty((L, B, d), dtype=q0.dtype, device=q0.device)
     inputs = torch.empty_like(out) if store_inputs else out
     norms = torch.empty((L, B), dtype=q0.dtype, device=q0.device)
     if L == 0:
         return out, (inputs if store_inputs else None), norms
     r = _reset_bytes(reset)
-    ix = idx.contiguous() if idx is not None else None
+    ix = _index(idx, G.shape[0])
     _full_forward_kernel[(B,)](G, ix if ix is not None else G, b, q0, q_init, r if r is not None else q0,
                                inputs, out, norms, L, B, d, float(eps), HAS_IDX=ix is not None,
                                HAS_RESET=r is not None, STORE_INPUTS=store_inputs, **_launch_options(d))
     return out, (inputs if store_inputs else None), norms
 
 
-def full_backward(G: torch.Tensor, out: torch.Tensor, norms: torch.Tensor, reset: torch.Tensor | None, eps: float,
-                  grad_out: torch.Tensor, idx: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reversed loop of :func:`full_forward`: returns ∂z (L, B, d) and the gradients of q0 (B, d) and, per
-    chain, of q_init (B, d). ∂G_t = ∂z_t q_tᵀ and ∂b = Σ ∂z_t are left to the caller (one batched op each)."""
+def full_backward(G: torch.Tensor, inputs: torch.Tensor, out: torch.Tensor, norms: torch.Tensor,
+                  reset: torch.Tensor | None, eps: float, grad_out: torch.Tensor, idx: torch.Tensor | None = None,
+                  grad_G: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The reversed loop of :func:`full_forward`, as :func:`pipeline.native.full_backward`: returns (∂z (L, B, d),
+    ∂G (the shape of G; None unless ``grad_G``), ∂q0 (B, d), ∂q_init per chain (B, d)). ∂G_t = ∂z_t q_tᵀ is one
+    batched product after the loop, summed per symbol for a table by a product with the one-hot matrix
+    (deterministic, unlike atomic adds)."""
     L, B, d = out.shape
     grad_z = torch.empty_like(out)
     g_q0 = torch.zeros((B, d), dtype=out.dtype, device=out.device)
     g_init = torch.zeros_like(g_q0)
-    if L == 0:
-        return grad_z, g_q0, g_init
-    r = _reset_bytes(reset)
-    ix = idx.contiguous() if idx is not None else None
-    G = G.contiguous()
-    _full_backward_kernel[(B,)](G, ix if ix is not None else G, out.contiguous(), norms.contiguous(),
-                                r if r is not None else out, grad_out.contiguous(), grad_z, g_q0, g_init,
-                                L, B, d, float(eps), HAS_IDX=ix is not None, HAS_RESET=r is not None,
-                                **_launch_options(d))
-    return grad_z, g_q0, g_init
+    if L:
+        r = _reset_bytes(reset)
+        ix = _index(idx, G.shape[0], check=False)
+        G = G.detach().contiguous()
+        _full_backward_kernel[(B,)](G, ix if ix is not None else G, out.contiguous(), norms.contiguous(),
+                                    r if r is not None else out, grad_out.contiguous(), grad_z, g_q0, g_init,
+                                    L, B, d, float(eps), HAS_IDX=ix is not None, HAS_RESET=r is not None,
+                                    **_launch_options(d))
+    gG = None
+    if grad_G:
+        outer = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)                         # (L, B, d, d)
+        if idx is None:
+            gG = outer
+        else:
+            one_hot = torch.nn.functional.one_hot(idx.reshape(-1), G.shape[0]).to(outer.dtype)
+            gG = (one_hot.T @ outer.reshape(-1, d * d)).reshape(G.shape)
+    return grad_z, gG, g_q0, g_init
