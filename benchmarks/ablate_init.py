@@ -222,13 +222,13 @@ def main(argv=None) -> int:
     import tempfile
 
     import torch
-    import yaml
+    from pipeline.config import read_yaml
 
     from pipeline.config import parse_params
 
     torch.set_num_threads(args.threads)
     root = args.root.resolve()
-    raw = yaml.safe_load((root / "params.yaml").read_text())
+    raw = read_yaml((root / "params.yaml").read_text())
     params = parse_params(raw)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else params.seeds
     datasets = [d for d in args.datasets.split(",") if d]

@@ -501,7 +501,7 @@ def _check_params_file(root: Path, dvc_yaml: Path, file: str, key: str | None, s
     is YAML or JSON, hold ``key``. ``loaded`` caches the files read, by name."""
     import json
 
-    import yaml
+    from pipeline.config import YAMLError, read_yaml
 
     target = root / file
     if not target.is_file():
@@ -512,8 +512,8 @@ def _check_params_file(root: Path, dvc_yaml: Path, file: str, key: str | None, s
     if file not in loaded:
         try:
             text = target.read_text()
-            loaded[file] = json.loads(text) if target.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
+            loaded[file] = json.loads(text) if target.suffix.lower() == ".json" else read_yaml(text)
+        except (OSError, ValueError, YAMLError) as exc:
             raise ValueError(f"{target}: cannot read it as a params file: {' '.join(str(exc).split())[:200]}") \
                 from None
     if _lookup(loaded[file], key) is _MISSING:
@@ -531,12 +531,12 @@ def _item_value(item: Any, ref: str) -> str:
 
 def _read_dvc_yaml(path: Path) -> tuple[str, dict[str, Any]]:
     """The text of dvc.yaml and its ``stages`` mapping; an unreadable file is one ValueError naming it."""
-    import yaml
+    from pipeline.config import YAMLError, read_yaml
 
     try:
         text = path.read_text()
-        return text, (yaml.safe_load(text) or {}).get("stages") or {}
-    except (OSError, yaml.YAMLError) as exc:
+        return text, (read_yaml(text) or {}).get("stages") or {}
+    except (OSError, YAMLError) as exc:
         raise ValueError(f"{path}: cannot read it to check it against params.yaml: "
                          f"{' '.join(str(exc).split())[:200]}") from None
 
@@ -563,9 +563,7 @@ def custom_stage(template: dict, name: str) -> dict:
 
 def _custom_stage_text(root: Path, params, name: str) -> str:
     """``psrnn custom-stage``: the stage as YAML indented to go under ``stages:`` at the end of dvc.yaml."""
-    import yaml
-
-    from pipeline.config import is_custom
+    from pipeline.config import dump_yaml, is_custom
 
     if name == "custom" or not is_custom(name):
         raise ValueError(f"{name}: expected custom_<name> (lower-case letters, digits, underscores); custom itself "
@@ -579,8 +577,7 @@ def _custom_stage_text(root: Path, params, name: str) -> str:
         raise ValueError(f"{path}: no preprocess_custom stage to copy; expected the dvc.yaml this project ships")
     if f"preprocess_{name}" in stages:
         raise ValueError(f"{path}: has a preprocess_{name} stage already")
-    body = yaml.safe_dump({f"preprocess_{name}": custom_stage(stages["preprocess_custom"], name)},
-                          sort_keys=False, default_flow_style=False)
+    body = dump_yaml({f"preprocess_{name}": custom_stage(stages["preprocess_custom"], name)})
     lines = [f"  # {name}: your file {params.dataset(name).source['path']} (README, 'Adding your own dataset')"]
     lines += ["  " + line if line else line for line in body.splitlines()]
     # a blank line first; the stage goes under `stages:`, dvc.yaml's only top-level key, so appending is enough

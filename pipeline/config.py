@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+from ruamel.yaml import YAML, YAMLError
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
 from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, \
@@ -299,19 +300,23 @@ def _check_number(key: str, v: Any, *, low: float | None = None, low_open: bool 
         raise ParamsError(f"{key}: expected {want}, got {v!r}")
 
 
-def _yaml11_hint(value: Any) -> str:
-    """Why a number written like ``1e-3`` arrived as a string: PyYAML reads YAML 1.1, whose floats need a dot."""
+def _number_hint(value: Any) -> str:
+    """Why a number arrived as a string: it was written in quotes."""
     if isinstance(value, str):
         try:
             float(value)
-            unquoted = yaml.safe_load(value)
-        except (ValueError, yaml.YAMLError):
+            unquoted = read_yaml(value)
+        except (ValueError, YAMLError):
             return ""
-        if isinstance(unquoted, (int, float)):   # it was written in quotes
+        if isinstance(unquoted, (int, float)) and not isinstance(unquoted, bool):
             return " (a quoted number is text: remove the quotes)"
-        if re.fullmatch(r"[-+]?[0-9_.]*[eE][-+]?[0-9]+", value.strip()):
-            return (" (PyYAML reads YAML 1.1, where a number with an exponent needs a dot and a sign: write 1.0e-3 "
-                    "or 1.0e+3, not 1e-3 or 1.0e3)")
+    return ""
+
+
+def _bool_hint(value: Any) -> str:
+    """YAML 1.1's other booleans are text in YAML 1.2, which DVC and we read."""
+    if isinstance(value, str) and value.lower() in ("yes", "no", "on", "off", "y", "n"):
+        return " (params.yaml is read as YAML 1.2, as DVC reads it: yes/no/on/off are text; write true or false)"
     return ""
 
 
@@ -342,7 +347,8 @@ def _check_names(key: str, v: Any, *, item: str = "names", allow_empty: bool = F
                           f"got {_describe(v)}")
     for x in v:
         if not isinstance(x, str) or not x:
-            raise ParamsError(f"{key}: expected a list of {item}, got {_describe(x)} in {_describe(v)}")
+            hint = " (a name of digits is a number in YAML: quote it, e.g. \"07_09\")" if _is_int(x) else ""
+            raise ParamsError(f"{key}: expected a list of {item}, got {_describe(x)} in {_describe(v)}{hint}")
     if len(set(v)) != len(v):
         dup = sorted({x for x in v if v.count(x) > 1})
         raise ParamsError(f"{key}: duplicated {dup} in {v}; expected each name once")
@@ -396,7 +402,8 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         if isinstance(v, bool) and bool not in schema[k]:
             raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
         if not isinstance(v, schema[k]):
-            raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}")
+            hint = _bool_hint(v) if bool in schema[k] else _number_hint(v) if float in schema[k] else ""
+            raise ParamsError(f"{key}.{k}: expected {_type_names(schema[k])}, got {_describe(v)}{hint}")
         if _is_int(v) and k in _NONNEGATIVE_INT_KEYS:
             if v < 0:
                 raise ParamsError(f"{key}.{k}: expected an integer >= 0 ({_NONNEGATIVE_INT_KEYS[k]}), got "
@@ -503,8 +510,14 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
     return dict(source)
 
 
-def _type_names(types: tuple[type, ...]) -> str:
-    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+_YAML_KINDS = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    """Python types as params.yaml's reader would say them (``(int, type(None))``: "an integer or null")."""
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(_YAML_KINDS.get(t, t.__name__) for t in types)
 
 
 def _known_length(name: str, source: dict[str, Any]) -> tuple[int, str] | None:
@@ -682,7 +695,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return _coerce(value, non_none[0], key)
     if hint is float:
         if not _is_number(value):
-            raise ParamsError(f"{key}: expected a number, got {_describe(value)}{_yaml11_hint(value)}")
+            raise ParamsError(f"{key}: expected a number, got {_describe(value)}{_number_hint(value)}")
         if isinstance(value, int) and abs(value) > sys.float_info.max:
             raise ParamsError(f"{key}: expected a number within the float range, got {_describe(value)}")
         return float(value)
@@ -692,7 +705,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise ParamsError(f"{key}: expected true or false, got {_describe(value)}")
+            raise ParamsError(f"{key}: expected true or false, got {_describe(value)}{_bool_hint(value)}")
         return value
     if hint is str:
         if not isinstance(value, str):
@@ -788,7 +801,7 @@ def _check_figure_option(key: str, option: str, v: Any) -> None:
         _check_choice(k, v, _FIGURE_SPLITS)
     elif option in ("show_train", "factorized_ranks", "enabled"):
         if not isinstance(v, bool):
-            raise ParamsError(f"{k}: expected true or false, got {_describe(v)}")
+            raise ParamsError(f"{k}: expected true or false, got {_describe(v)}{_bool_hint(v)}")
     elif option == "logy":
         if not (isinstance(v, bool) or v == "auto"):
             raise ParamsError(f"{k}: expected true, false or 'auto', got {_describe(v)}")
@@ -870,7 +883,8 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         if k not in t_allowed:
             raise _unknown("tracking", k, t_allowed)
         if not isinstance(v, t_allowed[k]):
-            raise ParamsError(f"tracking.{k}: expected {t_allowed[k].__name__}, got {_describe(v)}")
+            hint = _bool_hint(v) if t_allowed[k] is bool else ""
+            raise ParamsError(f"tracking.{k}: expected {_type_names(t_allowed[k])}, got {_describe(v)}{hint}")
     if tracking.get("experiment_prefix") == "":
         raise ParamsError("tracking.experiment_prefix: expected a non-empty string, got ''")
     if len(tracking.get("experiment_prefix", "")) > MAX_PREFIX:   # MLflow's names hold 500 characters
@@ -989,18 +1003,43 @@ def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) 
     return list(names)
 
 
+def read_yaml(text: str) -> Any:
+    """YAML text as DVC reads params.yaml and dvc.yaml: ruamel.yaml's safe loader, YAML 1.2.
+
+    Not PyYAML, whose YAML 1.1 reads ``1e-3`` as text, ``1:30`` as the integer 90 (base 60), ``010`` as 8 and
+    ``yes``/``on`` as true: a stage must see the values DVC hashed into dvc.lock and shows in ``dvc params diff``.
+    Raises :class:`YAMLError` (ruamel's ``MarkedYAMLError``, which has ``problem`` and ``problem_mark``)."""
+    return YAML(typ="safe").load(text)
+
+
+def dump_yaml(data: Any, *, flow_leaves: bool = False) -> str:
+    """``data`` as YAML text that :func:`read_yaml` (and so DVC) reads back equal, keys in insertion order.
+
+    PyYAML's dumper quotes only what YAML 1.1 would misread, so the text ``'07_09'`` (a Mocap trial) comes out
+    bare and DVC reads it as the integer 709. ``flow_leaves``: innermost collections on one line."""
+    import io as _io
+
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = None if flow_leaves else False
+    yaml.sort_base_mapping_type_on_output = False
+    out = _io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue()
+
+
 def _duplicate_keys(node: Any, path: str, source: str, seen_nodes: set[int]) -> None:
-    """Refuse a mapping that gives a key twice (YAML loaders keep the last one silently)."""
+    """Refuse a mapping that gives a key twice (with the key's dotted path and both lines; ruamel's own check would
+    name the key alone)."""
     if id(node) in seen_nodes:
         return
     seen_nodes.add(id(node))
-    if isinstance(node, yaml.MappingNode):
+    if isinstance(node, MappingNode):
         first: dict[tuple[str, str], str] = {}
         for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            if isinstance(key_node, yaml.ScalarNode):
-                ident = (key_node.tag, key_node.value)
+            if isinstance(key_node, ScalarNode):
+                ident = (str(key_node.tag), key_node.value)
                 mark = key_node.start_mark
                 line = f"line {mark.line + 1}, column {mark.column + 1}"
                 full = f"{path}.{key_node.value}" if path else str(key_node.value)
@@ -1011,12 +1050,13 @@ def _duplicate_keys(node: Any, path: str, source: str, seen_nodes: set[int]) -> 
                 _duplicate_keys(value_node, full, source, seen_nodes)
             else:
                 _duplicate_keys(value_node, path, source, seen_nodes)
-    elif isinstance(node, yaml.SequenceNode):
+    elif isinstance(node, SequenceNode):
         for i, item in enumerate(node.value):
             _duplicate_keys(item, f"{path}[{i}]", source, seen_nodes)
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: Exception) -> str:
+    """A YAML error in one line: the problem and where (1-based line and column)."""
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None)
     if problem and mark is not None:
@@ -1030,13 +1070,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ParamsError(f"{path}: params file not found")
     try:
         text = path.read_text()
-        _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), "", str(path), set())
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
+        _duplicate_keys(YAML(typ="safe", pure=True).compose(text), "", str(path), set())
+        raw = read_yaml(text)
+    except YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML ({yaml_problem(exc)})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ParamsError(f"{path}: cannot read the params file ({exc})") from None
-    except RecursionError:   # PyYAML composes nested collections recursively
+    except RecursionError:   # the YAML composer recurses into nested collections
         raise ParamsError(f"{path}: nested too deeply to read (thousands of levels); expected the sections of "
                           "params.yaml") from None
     try:

@@ -3,7 +3,8 @@
 from pathlib import Path
 
 import pytest
-import yaml
+
+from pipeline.config import read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -11,4 +12,4 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def defaults():
     """The project's params.yaml as loaded, once per session: deep-copy it before changing anything."""
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return read_yaml((ROOT / "params.yaml").read_text())

@@ -5,9 +5,8 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
-from pipeline.config import ParamsError, Variant, check_windows, load_params, parse_params
+from pipeline.config import ParamsError, Variant, check_windows, dump_yaml, load_params, parse_params, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +47,8 @@ def test_default_and_tiny_params_are_valid(defaults):
     (lambda p: p["ptb"]["source"].update(unknown="ignore"), r"ptb\.source\.unknown"),
     (lambda p: p.update(seeds=[]), r"seeds: expected a non-empty list"),
     (lambda p: p.update(seeds=[0, 0]), r"seeds: duplicated"),
-    (lambda p: p["tracking"].update(log_model="yes"), r"tracking\.log_model: expected bool"),
+    (lambda p: p["tracking"].update(log_model="yes"), r"tracking\.log_model: expected true or false, got a string "
+                                                      r"'yes' \(params\.yaml is read as YAML 1\.2"),
     (lambda p: p["ptb"]["train"].update(optimizer="rmsprop"), r"ptb\.train.*optimizer"),
     (lambda p: p["custom"]["source"].update(valid_fraction=1.0),
      r"^custom\.source\.valid_fraction: expected a finite number in \[0, 1\)"),
@@ -106,7 +106,7 @@ def test_cli_reports_one_line(tmp_path, capsys, defaults):
 
     raw = copy.deepcopy(defaults)
     raw["ptb"]["train"]["lrr"] = 1
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert main(["--root", str(tmp_path), "check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ptb.train.lrr: unknown key" in err[0]
@@ -182,9 +182,8 @@ def _custom(**source):
                                                               r"float range, got an integer of about 401 digits$"),
     (lambda p: p["hmm"]["source"].update(stickiness=10 ** 400), r"^hmm\.source\.stickiness: expected a number within "
                                                                 r"the float range"),
-    (lambda p: p["ptb"]["train"].update(lr="1e-3"), r"^ptb\.train\.lr: expected a number, got a string '1e-3' "
-                                                    r"\(PyYAML reads YAML 1\.1, where a number with an exponent needs "
-                                                    r"a dot and a sign: write 1\.0e-3"),
+    (lambda p: p["ptb"]["train"].update(lr="1e-3"), r"^ptb\.train\.lr: expected a number, got a string '1e-3' \(a "
+                                                    r"quoted number is text: remove the quotes\)$"),
     (lambda p: p["ptb"]["train"].update(lr="0.5"), r"^ptb\.train\.lr: expected a number, got a string '0\.5' \(a "
                                                    r"quoted number is text: remove the quotes\)$"),
     (lambda p: p["ptb"]["train"].update(lr="nan"), r"^ptb\.train\.lr: expected a number, got a string 'nan'$"),
@@ -330,6 +329,36 @@ def test_library_two_stage_options_are_validated_like_params(option, message):
         fit_model([rng.integers(0, 3, 40) for _ in range(4)], n_features=50, state_dim=4, obs_dim=3, epochs=0,
                   two_stage_options=option)
     assert str(info.value) == message
+
+
+def test_params_read_as_dvc_reads_them(tmp_path):
+    """params.yaml is YAML 1.2, as DVC (ruamel.yaml) reads it, so a stage sees the values dvc.lock records: 1e-3 is
+    a number (YAML 1.1 text), 010 is ten (1.1: eight), 1:30 is text (1.1: 90 in base 60), yes is text (1.1: true)."""
+    from dvc.utils.serialize import parse_yaml
+
+    path = tmp_path / "params.yaml"
+    text = (ROOT / "params.yaml").read_text()
+    line = "  train: {epochs: 10, lr: 1.0, optimizer: sgd, clip: 0.25, bptt: 35,"
+    assert line in text
+    path.write_text(text.replace(line, line.replace("epochs: 10, lr: 1.0", "epochs: 010, lr: 1e-3"), 1))
+    params = load_params(path)
+    assert params.dataset("ptb").train.lr == 0.001 and params.dataset("ptb").train.epochs == 10
+    assert parse_yaml(path.read_text(), str(path))["ptb"]["train"] == {**parse_yaml(text, "")["ptb"]["train"],
+                                                                        "epochs": 10, "lr": 0.001}
+    path.write_text(text.replace("seeds: [0, 1]", "seeds: [1:30]", 1))
+    with pytest.raises(ParamsError, match=r"^seeds: expected a non-empty list of integers in \[0, 2\*\*32\), got "
+                                          r"a list \['1:30'\]$"):
+        load_params(path)
+    path.write_text(text.replace('"07_09"', "07_09", 1))
+    with pytest.raises(ParamsError, match=r"^mocap\.source\.trials: expected a list of trial names, got an integer 709 "
+                                          r"in a list .* \(a name of digits is a number in YAML: quote it, e\.g\. "
+                                          r"\"07_09\"\)$"):
+        load_params(path)
+    path.write_text(text.replace("log_checkpoints: true", "log_checkpoints: yes", 1))
+    with pytest.raises(ParamsError, match=r"^tracking\.log_checkpoints: expected true or false, got a string 'yes' "
+                                          r"\(params\.yaml is read as YAML 1\.2, as DVC reads it: yes/no/on/off are "
+                                          r"text; write true or false\)$"):
+        load_params(path)
 
 
 def test_duplicate_yaml_keys(tmp_path):
@@ -495,7 +524,7 @@ def test_cli_check_malformed_sections_one_line(tmp_path, capsys, defaults):
                    lambda p: p["hmm"].update(variants=[["psrnn"]]), lambda p: p.update(tracking=True)):
         raw = copy.deepcopy(defaults)
         mutate(raw)
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+        (tmp_path / "params.yaml").write_text(dump_yaml(raw))
         assert main(["--root", str(tmp_path), "check"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("psrnn check: error: ") and "expected" in err[0], err
@@ -540,7 +569,7 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     del raw["custom"]   # its file, the shipped example, is not in tmp_path (the test below reads it)
     raw["ptb"]["two_stage"]["layers"] = 3
     raw["mocap"]["variants"] = ["psrnn", "lstm"]  # its kf section stays
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 33 model variants, "
@@ -591,7 +620,7 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     shutil.copy2(ROOT / "examples" / "custom_series.parquet", tmp_path / "examples")
     raw = copy.deepcopy(defaults)
     raw["datasets"] = ["hmm", "lgssm"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("custom: examples/custom_series.parquet: continuous, 2 features, 20 train / 5 test "
@@ -602,11 +631,11 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
                        "stage)"]
 
     raw["datasets"] = ["hmm", "custom"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     dvc_yaml = (ROOT / "dvc.yaml").read_text()
-    stages = yaml.safe_load(dvc_yaml)
+    stages = read_yaml(dvc_yaml)
     del stages["stages"]["preprocess_custom"]
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(stages, sort_keys=False))
+    (tmp_path / "dvc.yaml").write_text(dump_yaml(stages))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"psrnn check: error: datasets: lists custom, but {tmp_path / 'dvc.yaml'} has no "
@@ -614,13 +643,13 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
                    "'Adding your own dataset')"]
     (tmp_path / "dvc.yaml").write_text(dvc_yaml)   # as shipped
     del raw["datasets"]   # dvc.yaml iterates over it: required there, though the library defaults it
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"psrnn check: error: datasets: required, {tmp_path / 'dvc.yaml'} iterates over it; expected the datasets "
         "to run, e.g. datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm, custom]")
     raw["datasets"] = ["hmm", "custom"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].endswith(": valid (2 datasets: hmm, custom; 11 model variants, seeds [0, 1])")
@@ -661,7 +690,7 @@ def test_check_wants_every_param_dvc_yaml_reads(defaults, tmp_path, capsys, monk
     for part in parents:
         section = section[part]
     del section[last]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     code = cli.main(["--root", str(tmp_path), "check"])
     err = capsys.readouterr().err.strip().splitlines()
     if message is None:
@@ -694,9 +723,9 @@ def test_check_reads_params_entries_that_name_a_file(defaults, tmp_path, capsys,
     raw = copy.deepcopy(defaults)
     raw["datasets"] = ["hmm"]
     del raw["custom"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     dvc_yaml = {"stages": {"extra": {"cmd": "true", "params": [entry]}}}
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml))
+    (tmp_path / "dvc.yaml").write_text(dump_yaml(dvc_yaml))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     code = cli.main(["--root", str(tmp_path), "check"])
@@ -729,7 +758,7 @@ def test_verbose_and_debug_count_before_or_after_the_stage_name(defaults, tmp_pa
     raw = copy.deepcopy(defaults)
     raw["datasets"] = ["hmm"]
     del raw["custom"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     for argv in (["-v", "check"], ["check", "-v"], ["check", "--verbose", "--debug"]):
         assert cli.main(["--root", str(tmp_path), *argv]) == 0
     parser = cli.build_parser()

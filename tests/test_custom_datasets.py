@@ -10,10 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from pipeline import cli
-from pipeline.config import ParamsError, is_custom, parse_params
+from pipeline.config import ParamsError, dump_yaml, is_custom, parse_params, read_yaml
 from pipeline.data.schema import read_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +71,7 @@ def _project(tmp_path: Path, defaults) -> None:
     raw = copy.deepcopy(defaults)
     raw["custom_sales"] = _sales_section()
     raw["datasets"] = ["hmm", "custom_sales"]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
 
 
 def test_custom_stage_prints_the_stage_and_check_wants_it_exact(tmp_path, defaults, capsys, monkeypatch):
@@ -97,7 +96,7 @@ def test_custom_stage_prints_the_stage_and_check_wants_it_exact(tmp_path, defaul
     code, stage_text, err = cli_run("custom-stage", "custom_sales")
     assert code == 0, err
     dvc_yaml.write_text(shipped + stage_text)                       # what `>> dvc.yaml` does
-    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+    stages = read_yaml(dvc_yaml.read_text())["stages"]
     template = stages["preprocess_custom"]
     stage = stages["preprocess_custom_sales"]
     assert stage["cmd"] == "python stages/preprocess.py custom_sales"
@@ -105,7 +104,7 @@ def test_custom_stage_prints_the_stage_and_check_wants_it_exact(tmp_path, defaul
     assert "pipeline/data/custom.py" in stage["deps"]
     assert stage["params"] == [p.replace("custom.", "custom_sales.", 1) for p in template["params"]]
     assert stage["outs"] == ["data/prepared/custom_sales.parquet"]
-    assert list(stages)[:-1] == list(yaml.safe_load(shipped)["stages"])            # the shipped ones untouched
+    assert list(stages)[:-1] == list(read_yaml(shipped)["stages"])            # the shipped ones untouched
     code, out, err = cli_run("check")
     assert code == 0, err
     assert "custom_sales: data/sales.parquet: discrete, 3 symbols, 4 train / 2 valid / 2 test trajectories" in out
@@ -147,13 +146,13 @@ def test_check_refuses_monitoring_a_validation_split_the_file_does_not_give(tmp_
     raw = copy.deepcopy(defaults)
     raw["datasets"] = ["custom"]
     raw["custom"]["train"]["overrides"]["kf"]["monitor"] = "valid"
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     assert capsys.readouterr().err.strip() == (
         "psrnn check: error: custom.train.overrides.kf.monitor: 'valid', but examples/custom_series.parquet gives no "
         "validation split; expected custom.source.valid_fraction > 0 or 'valid' rows in its split column")
     raw["custom"]["source"]["valid_fraction"] = 0.2
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     assert "custom: examples/custom_series.parquet: continuous, 2 features, 15 train / 5 valid / 5 test" in \
         capsys.readouterr().out

@@ -343,7 +343,7 @@ def test_auto_features_none_left(tmp_path: Path) -> None:
 def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """`psrnn check` reads a custom section's file as preprocess will: a missing file, windows longer than its
     trajectories (the Kalman filter's too, which preprocess leaves to two_stage) each fail in one line."""
-    import yaml
+    from pipeline.config import dump_yaml
 
     from pipeline import cli
 
@@ -358,7 +358,7 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
 
     def check(**changes: Any) -> tuple[int, str, str]:
         custom = {**section, **changes}
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"seeds": [0], "custom": custom}))
+        (tmp_path / "params.yaml").write_text(dump_yaml({"seeds": [0], "custom": custom}))
         code = cli.main(["--root", str(tmp_path), "check"])
         out, err = capsys.readouterr()
         return code, out, err.strip()

@@ -475,11 +475,11 @@ def test_params_validation_leaves_the_cross_subject_warning_to_preprocess(caplog
     end-to-end run); only prepare_mocap (the preprocess stage) says it."""
     import copy
 
-    import yaml
+    from pipeline.config import read_yaml
 
     from pipeline.config import parse_params
 
-    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    raw = read_yaml((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     raw = copy.deepcopy(raw)
     raw["mocap"]["source"]["test_trials"] = ["35_01"]
     with caplog.at_level("WARNING", logger="pipeline.data.mocap"):

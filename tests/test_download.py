@@ -523,9 +523,9 @@ def test_a_relative_mirror_resolves_against_the_users_repo_in_a_queued_experimen
     (tmp_path / "shared" / "data").symlink_to(MIRROR)
     copy = repo / ".dvc" / "tmp" / "exps" / "tmpabc"
     copy.mkdir(parents=True)
-    import yaml
+    from pipeline.config import read_yaml
 
-    tiny = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_params.yaml").read_text())
+    tiny = read_yaml((Path(__file__).parent / "fixtures" / "tiny_params.yaml").read_text())
     params = parse_params({"seeds": [0], "data": {"mirror": "../shared/data"}, "hmm": tiny["hmm"]})
     got = download(params, copy, "handwriting")
     assert got and all((copy / "data" / "raw" / "handwriting" / name).is_file() for name in got)

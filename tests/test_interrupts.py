@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from pipeline.config import dump_yaml, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
@@ -51,11 +52,11 @@ def _project(base: Path, name: str, env: dict[str, str]) -> Path:
         elif src.exists():
             shutil.copy2(src, dst)
     # only the hmm stages (params `datasets` drives the rest): drop the preparation of the downloaded sets
-    dvc = yaml.safe_load((root / "dvc.yaml").read_text())
+    dvc = read_yaml((root / "dvc.yaml").read_text())
     dvc["stages"] = {k: v for k, v in dvc["stages"].items() if not k.startswith(("download", "preprocess"))}
     dvc["stages"]["synthesize"]["foreach"] = ["hmm"]
-    (root / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
-    (root / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
+    (root / "dvc.yaml").write_text(dump_yaml(dvc))
+    (root / "params.yaml").write_text(dump_yaml(PARAMS))
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "kill test"]):
         subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
     return root

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+
+from pipeline.config import dump_yaml, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MIRROR = ROOT.parent / "shared" / "data"
@@ -91,9 +92,9 @@ def _add_custom_dataset(root: Path) -> None:
                             "datasets: [ptb, swimmer, mocap, handwriting, hmm, lgssm, custom]")
     # a second dataset of one's own (README, "More than one file of your own"): a custom_<name> section and the
     # stage `psrnn custom-stage` prints; prepared, not in `datasets` (training it is the same code under its name)
-    section = yaml.safe_load(params)["custom"]
+    section = read_yaml(params)["custom"]
     section["source"] = {**section["source"], "features": ["flow", "temperature"], "valid_fraction": 0.0}
-    (root / "params.yaml").write_text(params + yaml.safe_dump({"custom_flow": section}, default_flow_style=None))
+    (root / "params.yaml").write_text(params + dump_yaml({"custom_flow": section}, flow_leaves=True))
     stage = subprocess.run([sys.executable, "-m", "pipeline.cli", "--root", str(root), "custom-stage", "custom_flow"],
                            cwd=root, capture_output=True, text=True, check=True).stdout
     with open(root / "dvc.yaml", "a") as f:
@@ -102,7 +103,7 @@ def _add_custom_dataset(root: Path) -> None:
 
 def test_repro_produces_metrics_report_and_mlflow_runs(project):
     root, env, first, _ = project
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    params = read_yaml((root / "params.yaml").read_text())
     datasets = params["datasets"]
     assert "custom" in datasets and "preprocess_custom" in first
     from pipeline.data.schema import read_dataset
@@ -299,7 +300,7 @@ def test_every_stage_lists_exactly_the_code_it_imports(project):
     `dvc repro`; modules that only validating params.yaml imported do not count, the stage does not run them),
     and every code dep it declares was imported, so a code change reruns exactly the stages it affects."""
     root, _, _, trace = project
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    stages = read_yaml((ROOT / "dvc.yaml").read_text())["stages"]
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert {r["stage"] for r in records} >= {"download", "preprocess", "features", "two_stage", "decompose",
                                              "initialise", "refine", "evaluate", "report"}
@@ -322,7 +323,7 @@ def test_every_stage_lists_exactly_the_code_it_imports(project):
 def test_training_code_of_the_fingerprint_is_in_the_refine_deps():
     from pipeline.workflow.refine import TRAINING_CODE
 
-    deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["refine"]["do"]["deps"]
+    deps = read_yaml((ROOT / "dvc.yaml").read_text())["stages"]["refine"]["do"]["deps"]
     assert set(TRAINING_CODE) <= set(deps)
 
 
@@ -372,5 +373,5 @@ def test_one_experiment_reruns_exactly_what_its_params_touch_and_shows_metrics(p
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny-hmm")
     tagged = client.search_runs([exp.experiment_id], filter_string="tags.dvc_exp_name = 'lr-half'")
-    assert len(tagged) == len(yaml.safe_load((root / "params.yaml").read_text())["hmm"]["variants"])
+    assert len(tagged) == len(read_yaml((root / "params.yaml").read_text())["hmm"]["variants"])
     assert all(r.data.params["train.lr"] == "0.5" for r in tagged)

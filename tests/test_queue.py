@@ -35,13 +35,13 @@ STAGE = textwrap.dedent('''
     import time
     from pathlib import Path
 
-    import yaml
+    from pipeline.config import dump_yaml, read_yaml
 
     from pipeline.config import project_root
     from pipeline.tracking import RunTracker, tracking_uri
 
     root = project_root()
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    params = read_yaml((root / "params.yaml").read_text())
     info = {"cwd": os.getcwd(), "root": str(root), "uri": tracking_uri(root),
             **{k: v for k, v in os.environ.items() if k.startswith("DVC_")}}
     (root / "info.json").write_text(json.dumps(info, indent=1))

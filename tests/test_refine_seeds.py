@@ -10,9 +10,8 @@ import json
 import shutil
 
 import pytest
-import yaml
 
-from pipeline.config import load_params
+from pipeline.config import dump_yaml, load_params
 from pipeline.workflow import data, evaluate, initialise, refine, spectral
 from pipeline.workflow.paths import model_dir, plot_path, prepared_path
 
@@ -41,7 +40,7 @@ def _params(root, seeds, variants=("psrnn",), epochs=2, overrides=None, **tracki
         p["hmm"]["train"]["overrides"] = overrides
     p["hmm"]["variants"] = list(variants)
     p["tracking"].update(tracking)
-    (root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    (root / "params.yaml").write_text(dump_yaml(p))
     params = load_params(root / "params.yaml")
     if not prepared_path(root, "hmm").exists():
         data.prepare(params, root, "hmm")
@@ -276,7 +275,7 @@ def test_sigterm_during_refine_closes_the_run_and_leaves_no_temporary_file(tmp_p
 
 
 def test_missing_initial_weights_name_the_file(tmp_path, clean_env):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
+    (tmp_path / "params.yaml").write_text(dump_yaml(PARAMS))
     params = load_params(tmp_path / "params.yaml")
     with pytest.raises(FileNotFoundError, match=r"init/psrnn\.npz"):
         refine.refine(params, tmp_path, "hmm")
