@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per child process")
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS/OpenMP threads of the children (OMP/OPENBLAS/MKL_NUM_THREADS; default: inherited)")
+    p.add_argument("--tag", default=None,
+                   help="suffix of the results file, e.g. a machine's name: results/two_stage_<tag>.json (and "
+                        "two_stage_scaling_<tag>.json for part b)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     payload["machine"] = machine_info()
     # each part has its own record, so running one part never overwrites the other's
     name = {"a": "two_stage", "b": "two_stage_scaling"}.get(args.parts, "two_stage")
-    path = write_results(name, payload, quick=args.quick)
+    path = write_results(name + (f"_{args.tag}" if args.tag else ""), payload, quick=args.quick)
     print(f"\nresults written to {path}")
     return 0
 
