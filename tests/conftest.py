@@ -1,5 +1,6 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and where the raw-data mirror is (``from conftest import MIRROR``)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,9 @@ import pytest
 from pipeline.config import read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the raw-data mirror, as the download stage finds it: $PSRNN_DATA_MIRROR, else ../shared/data beside the project
+#: (tests that need a data set skip when its folder is absent)
+MIRROR = Path(os.environ.get("PSRNN_DATA_MIRROR") or ROOT.parent / "shared" / "data")
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import MIRROR
 from pipeline.data.handwriting import UnipenParseError, digit_trajectory, parse_unipen, prepare_handwriting
 from pipeline.data.schema import read_dataset, write_dataset
 
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 HW = MIRROR / "handwriting"
 
 

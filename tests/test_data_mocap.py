@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import MIRROR
 from pipeline.data import mocap
 from pipeline.data.mocap import (
     DEFAULT_TRIALS,
@@ -20,8 +21,7 @@ from pipeline.data.mocap import (
     prepare_mocap,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-RAW = DATA / "mocap"
+RAW = MIRROR / "mocap"
 FRAMES = {"07_01": 316, "07_02": 329, "07_09": 306, "07_10": 301, "07_11": 315, "16_15": 471, "35_01": 358}
 
 

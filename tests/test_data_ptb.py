@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import MIRROR
 from pipeline.data.ptb import UNK_SYMBOL, first_lines, prepare_ptb
 from pipeline.data.schema import read_dataset, write_dataset
 
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 PTB = MIRROR / "ptb"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import MIRROR
 from pipeline.data.swimmer import (
     LinearPolicy,
     collect_angle_trajectories,
@@ -17,8 +18,7 @@ from pipeline.data.swimmer import (
     train_linear_policy_cem,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-RAW = DATA / "swimmer"
+RAW = MIRROR / "swimmer"
 
 SMALL = dict(n_trajectories=5, n_train=3, length=12, cem_iterations=2, cem_population=4, cem_episode_length=20)
 

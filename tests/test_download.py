@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MIRROR
 from pipeline.data.download import (
     MANIFEST,
     RECORDED_MANIFEST,
@@ -31,7 +32,6 @@ from pipeline.data.download import (
     sha256_file,
 )
 
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 PAYLOAD = b"hello psrnn\n" * 1000
 SHA = hashlib.sha256(PAYLOAD).hexdigest()
 

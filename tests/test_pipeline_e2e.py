@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import MIRROR
 from pipeline.config import dump_yaml, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-MIRROR = ROOT.parent / "shared" / "data"
 COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
         ".dvc/.gitignore"]
 
