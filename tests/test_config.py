@@ -361,6 +361,19 @@ def test_params_read_as_dvc_reads_them(tmp_path):
         load_params(path)
 
 
+def test_dump_yaml_reads_back_equal_as_dvc_reads_it():
+    """Every text a YAML 1.2 reader would take for something else comes out quoted; numbers, booleans and null
+    keep their kind; key order is kept (dvc.yaml's stage order matters)."""
+    from dvc.utils.serialize import parse_yaml
+
+    data = {"z": ["07_09", "1e-3", "yes", "on", "1:30", "null", "~", "010", "0x1f", ".inf", "true", "2026-11-27"],
+            "a": {"lr": 0.001, "tiny": 1e-300, "flag": True, "none": None, "n": 10 ** 20, "s": "${item}"}}
+    for flow in (False, True):
+        text = dump_yaml(data, flow_leaves=flow)
+        assert read_yaml(text) == data and parse_yaml(text, "x.yaml") == data
+        assert list(read_yaml(text)) == ["z", "a"]
+
+
 def test_duplicate_yaml_keys(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text((ROOT / "params.yaml").read_text().replace(
