@@ -484,6 +484,9 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
 
     features = sorted({f for _, t in tables.values() for f in pc.unique(t.column("feature")).to_pylist()
                        if f is not None})
+    if not features:
+        notes.append(f"`{fname}`: prediction files on `{ds}` have no rows")
+        return None
     feature = cfg["feature"]
     if isinstance(feature, int) and not isinstance(feature, bool):
         if not 0 <= feature < len(features):
@@ -491,16 +494,20 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
             return None
         feature = features[feature]
     elif feature is None:
-        if not features:
-            notes.append(f"`{fname}`: prediction files on `{ds}` have no rows")
-            return None
         feature = features[0]
     feature = str(feature)
-    trajectory = cfg["trajectory"]
-    if trajectory is None:
-        ids = [pc.min(t.column("trajectory")).as_py() for _, t in tables.values() if t.num_rows]
-        trajectory = min(i for i in ids if i is not None)
-    trajectory = int(trajectory)
+    if feature not in features:   # a typo in params must not read as missing data
+        notes.append(f"`{fname}`: feature `{feature}` is not in the predictions on `{ds}`; "
+                     f"`report.figures.fig4b.feature` expects one of {_names(features)}")
+        return None
+    ids = sorted({i for _, t in tables.values() for i in pc.unique(t.column("trajectory")).to_pylist()
+                  if i is not None})
+    trajectory = ids[0] if cfg["trajectory"] is None else int(cfg["trajectory"])
+    if trajectory not in ids:
+        shown = ", ".join(str(i) for i in ids) if len(ids) <= 12 else f"{ids[0]} to {ids[-1]}, {len(ids)} in all"
+        notes.append(f"`{fname}`: trajectory {trajectory} is not among the test trajectories on `{ds}` ({shown}); "
+                     "`report.figures.fig4b.trajectory` names one of them")
+        return None
 
     columns = []
     for v in variants:
@@ -784,7 +791,9 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             stale = out_dir / rel
             if stale.is_file():
                 stale.unlink()
-            (log.info if off_list else log.warning)("report: skipped %s (data not available)", rel)
+            why = [n for n in notes if n.startswith(f"`{name}.png`: ")]
+            (log.info if off_list else log.warning)("report: skipped %s (%s)", rel,
+                                                    why[-1].split(": ", 1)[1] if why else "data not available")
         else:
             written.append(rel)
             log.info("report: wrote %s", out_dir / rel)

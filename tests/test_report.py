@@ -233,7 +233,14 @@ def test_figure_config_overrides(project: Path, tmp_path: Path):
     res = write_report(project, tmp_path / "r2", figures={**off, "fig4b": {"trajectory": 99}})
     assert res == {"written": ["results.md", "summary.json"], "skipped": ["figures/fig4b.png"]}
     assert "figures/fig4b.png" in res["skipped"]
-    assert "trajectory 99" in (tmp_path / "r2" / "results.md").read_text()
+    assert ("- `fig4b.png`: trajectory 99 is not among the test trajectories on `swimmer` (" in
+            (tmp_path / "r2" / "results.md").read_text())
+    # a feature name the data do not have is named with the ones they have, not taken for missing data
+    res = write_report(project, tmp_path / "r3", figures={**off, "fig4b": {"feature": "qvel_9"}})
+    assert res["skipped"] == ["figures/fig4b.png"]
+    md = (tmp_path / "r3" / "results.md").read_text()
+    assert "- `fig4b.png`: feature `qvel_9` is not in the predictions on `swimmer`; `report.figures.fig4b.feature` " \
+           "expects one of `" in md and "`qvel_1`" in md and "has no predictions" not in md
 
 
 def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
