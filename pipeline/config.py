@@ -30,6 +30,7 @@ Layout of ``params.yaml``::
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import re
 import sys
@@ -1017,12 +1018,10 @@ def dump_yaml(data: Any, *, flow_leaves: bool = False) -> str:
 
     PyYAML's dumper quotes only what YAML 1.1 would misread, so the text ``'07_09'`` (a Mocap trial) comes out
     bare and DVC reads it as the integer 709. ``flow_leaves``: innermost collections on one line."""
-    import io as _io
-
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = None if flow_leaves else False
     yaml.sort_base_mapping_type_on_output = False
-    out = _io.StringIO()
+    out = io.StringIO()
     yaml.dump(data, out)
     return out.getvalue()
 
