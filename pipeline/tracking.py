@@ -194,7 +194,11 @@ class RunTracker:
     """A thin wrapper around one MLflow run, resumable by id (a killed refine continues its run)."""
 
     def __init__(self, *, root: str | os.PathLike, experiment: str, run_name: str, run_id: str | None = None,
-                 tags: Mapping[str, str] | None = None):
+                 tags: Mapping[str, str] | None = None, owner_tags: tuple[str, ...] = ()):
+        """Open the run ``run_id`` again if it exists in ``experiment`` and has the same value as ``tags`` (or
+        none, like ``tags``) for every key of ``owner_tags``; else create a new run. ``continued`` says which;
+        ``foreign`` is True when ``run_id`` exists but belongs to another owner (left as it is)."""
+        self.continued = self.foreign = False
         uri = tracking_uri(root)
         check_tracking_uri(uri)
         # an unreachable server must not keep a stage hanging in MLflow's retry loop
@@ -205,7 +209,7 @@ class RunTracker:
         self.mlflow = mlflow
         self.uri = uri
         try:
-            self._open(experiment, run_name, run_id, tags)
+            self._open(experiment, run_name, run_id, tags, owner_tags)
         except TrackingError:
             raise
         except Exception as exc:  # MlflowException, SQLAlchemy errors...: one line naming the store
@@ -214,8 +218,10 @@ class RunTracker:
                                 f"({type(exc).__name__}: {first[:300]})") from None
 
     @_uninterrupted
-    def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None) -> None:
+    def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None,
+              owner_tags: tuple[str, ...]) -> None:
         mlflow, uri = self.mlflow, self.uri
+        tags = dict(tags or {})
         with _store_lock(uri):
             self.client = mlflow.MlflowClient(uri)
             exp = self.client.get_experiment_by_name(experiment)  # creates a new SQLite store's tables
@@ -223,17 +229,20 @@ class RunTracker:
         if run_id is not None:
             try:
                 run = self.client.get_run(run_id)
-                if run.info.experiment_id != exp_id:
-                    run_id = None
             except Exception:
+                run = None
+            if run is None or run.info.experiment_id != exp_id:
                 run_id = None
+            elif any(run.data.tags.get(k) != tags.get(k) for k in owner_tags):
+                self.foreign, run_id = True, None
         if run_id is None:
-            run = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+            run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = run.info.run_id
         else:
             self.client.update_run(run_id, status="RUNNING")
-            for k, v in (tags or {}).items():
+            for k, v in tags.items():
                 self.client.set_tag(run_id, k, v)
+            self.continued = True
         self.run_id = run_id
         self.experiment_id = exp_id
 
@@ -287,10 +296,9 @@ class RunTracker:
         self.client.set_tag(self.run_id, key, value)
 
     @_uninterrupted
-    def delete_tag(self, key: str) -> None:
-        """Remove the tag ``key`` of the run, if it has one (a continued run's tag that no longer holds)."""
-        if key in self.client.get_run(self.run_id).data.tags:
-            self.client.delete_tag(self.run_id, key)
+    def tag(self, key: str) -> str | None:
+        """The run's tag ``key``, or None."""
+        return self.client.get_run(self.run_id).data.tags.get(key)
 
     @_uninterrupted
     def logged_steps(self, metric: str) -> set[int]:
@@ -309,8 +317,9 @@ class RunTracker:
         """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
         ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced
         forward, which a recurrent filter over sequences of any length is not; MLflow therefore stores this
-        model with its pickle format. Our own artifacts (checkpoints, tensors) stay pickle-free, and
-        ``pipeline.inference.load_mlflow_run`` rebuilds the model from the checkpoint artifact instead."""
+        model with its pickle format. Our own artifacts (checkpoints, tensors) hold plain tensors only (read
+        with ``weights_only=True``), and ``pipeline.inference.load_mlflow_run`` rebuilds the model from the
+        checkpoint artifact instead."""
         import torch
 
         with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False), \
@@ -322,13 +331,19 @@ class RunTracker:
             )
 
     @_uninterrupted
-    def close_stale(self, run_id: str) -> None:
-        """Mark an earlier run of the same (variant, seed) that a kill left RUNNING as KILLED."""
+    def close_stale(self, run_id: str, *, only_if: Mapping[str, str] | None = None) -> None:
+        """Mark an earlier run of the same (variant, seed) that a kill left RUNNING as KILLED; with ``only_if``,
+        only a run that has those tag values (a run still RUNNING elsewhere, e.g. in a queued experiment's
+        copy of the project, is not stale)."""
         try:
-            if self.client.get_run(run_id).info.status == "RUNNING":
-                self.client.set_terminated(run_id, status="KILLED")
+            run = self.client.get_run(run_id)
         except Exception:  # deleted, or in another store: nothing to close
-            pass
+            return
+        if run.info.status != "RUNNING":
+            return
+        if any(run.data.tags.get(k) != v for k, v in (only_if or {}).items()):
+            return
+        self.client.set_terminated(run_id, status="KILLED")
 
     @_uninterrupted
     def finish(self, status: str = "FINISHED") -> None:

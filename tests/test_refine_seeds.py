@@ -97,15 +97,35 @@ def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
         for s in (0, 1):
             assert (model_dir(root, "hmm", v, s) / "done").is_file() and plot_path(root, "hmm", v, s).is_file()
 
-    # the tracking params are part of the configuration: a run is logged again where they change
+    # the tracking params do not decide the model: where they change, the run is logged again, not retrained
+    # (into its own MLflow run, which now gets its checkpoint)
+    from mlflow import MlflowClient
+
     params = _params(root, [1], ("gru",), log_checkpoints=True)
     gru1 = _mtime(root, "gru", 1)
+    run_gru1 = (model_dir(root, "hmm", "gru", 1) / "run_id").read_text().strip()
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    assert [a.path for a in client.list_artifacts(run_gru1)] == ["data_units.json", "history.json"]
     refine.refine(params, root, "hmm")
     assert not (root / "models" / "hmm" / "psrnn").exists(), "a variant no longer in params.yaml must go"
     assert not (root / "plots" / "hmm" / "psrnn").exists()
     assert not model_dir(root, "hmm", "gru", 0).exists(), "a seed no longer in params.yaml must go"
-    assert _mtime(root, "gru", 1) != gru1
-    assert len(_runs(root)) == 5
+    assert _mtime(root, "gru", 1) == gru1, "a change of tracking params must not retrain"
+    assert (model_dir(root, "hmm", "gru", 1) / "run_id").read_text().strip() == run_gru1
+    assert len(_runs(root)) == 4
+    assert [a.path for a in client.list_artifacts(run_gru1, "checkpoints")] == ["checkpoints/checkpoint.pt"]
+    # another experiment: a new MLflow run there, with every epoch and the final metrics
+    refine.refine(_params(root, [1], ("gru",), log_checkpoints=True, experiment_prefix="moved"), root, "hmm")
+    assert _mtime(root, "gru", 1) == gru1
+    moved = (model_dir(root, "hmm", "gru", 1) / "run_id").read_text().strip()
+    run = client.get_run(moved)
+    assert moved != run_gru1 and client.get_experiment(run.info.experiment_id).name == "moved-hmm"
+    assert run.info.status == "FINISHED" and run.data.tags["variant"] == "gru"
+    assert [m.step for m in client.get_metric_history(moved, "test_bpc")] == \
+        [m.step for m in client.get_metric_history(run_gru1, "test_bpc")] == [0, 1, 2]
+    assert run.data.metrics["final_test_bpc"] == client.get_run(run_gru1).data.metrics["final_test_bpc"]
+    assert json.loads((model_dir(root, "hmm", "gru", 1) / "history.json").read_text())["run_id"] == moved
+    params = _params(root, [1], ("gru",), log_checkpoints=True)
 
     # PSRNN_RETRAIN=1 ignores the done marker; a temporary file a kill left behind is removed
     stray = model_dir(root, "hmm", "gru", 1) / ".checkpoint.pt.abc123.pt"
@@ -114,7 +134,7 @@ def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
     clean_env.setenv("PSRNN_RETRAIN", "1")
     refine.refine(params, root, "hmm")
     assert _mtime(root, "gru", 1) != gru1 and not stray.exists()
-    assert len(_runs(root)) == 6 and all(status == "FINISHED" for *_, status in _runs(root))
+    assert len(_runs(root)) == 5 and all(status == "FINISHED" for *_, status in _runs(root))
 
 
 def test_a_train_override_retrains_only_its_variant(tmp_path, clean_env):
@@ -151,14 +171,64 @@ def test_a_run_killed_before_its_first_checkpoint_continues_its_mlflow_run(tmp_p
     refine.refine(params, root, "hmm")
     assert [(run_id, status) for *_, run_id, status in _runs(root)] == [(orphan, "FINISHED")]
 
-    # of another configuration: a new run, and the orphan is closed as KILLED instead of left RUNNING
+    # of another configuration: a new run, and the orphan (of this workspace, as refine tags its runs) is closed
+    # as KILLED instead of left RUNNING; one RUNNING in another copy of the project (a queued experiment's) is not
     (mdir / "done").unlink()
     (mdir / "fingerprint.txt").write_text("another configuration\n")
-    orphan2 = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0", tags=TAGS).run_id
+    elsewhere = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0",
+                           tags={**TAGS, "workspace": str(root / ".dvc" / "tmp" / "exps" / "tmp1")}).run_id
+    (mdir / "run_id").write_text(elsewhere + "\n")
+    refine.refine(params, root, "hmm")
+    (mdir / "done").unlink()
+    (mdir / "fingerprint.txt").write_text("another configuration\n")
+    orphan2 = RunTracker(root=root, experiment="seeds-hmm", run_name="psrnn_s0",
+                         tags={**TAGS, "workspace": str(root.resolve())}).run_id
     (mdir / "run_id").write_text(orphan2 + "\n")
     refine.refine(params, root, "hmm")
     statuses = {run_id: status for *_, run_id, status in _runs(root)}
-    assert statuses[orphan2] == "KILLED" and list(statuses.values()).count("FINISHED") == 2
+    assert statuses[elsewhere] == "RUNNING" and statuses[orphan2] == "KILLED"
+    assert list(statuses.values()).count("FINISHED") == 3
+
+
+def test_an_experiment_that_extends_a_workspace_run_logs_a_run_of_its_own(tmp_path, clean_env):
+    """``dvc exp run --queue -S hmm.train.epochs=3`` (twice, other values) copies the workspace's checkpoint and
+    run id into each experiment's folder: each resumes the checkpoint (only the new epochs train) but logs to a
+    new MLflow run of its own, with the earlier epochs logged again; the workspace's run is left as it was."""
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")
+    ((_, _, base, _),) = _runs(root)
+    mdir = model_dir(root, "hmm", "psrnn", 0)
+    workspace = tmp_path / "workspace-models"
+    shutil.copytree(mdir, workspace)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+
+    def steps(run_id):
+        return sorted((m.step, m.value) for m in client.get_metric_history(run_id, "test_bpc"))
+
+    before = steps(base)
+    assert [s for s, _ in before] == [0, 1, 2]
+    runs = {}
+    for name, epochs in (("exp-a", 3), ("exp-b", 4)):
+        shutil.rmtree(mdir)
+        shutil.copytree(workspace, mdir)           # each experiment starts from the workspace's files
+        clean_env.setenv("DVC_EXP_NAME", name)
+        refine.refine(_params(root, [0], epochs=epochs), root, "hmm")
+        runs[name] = (mdir / "run_id").read_text().strip()
+        history = json.loads((mdir / "history.json").read_text())["history"]
+        assert [h["epoch"] for h in history] == list(range(epochs + 1))
+        got = steps(runs[name])
+        assert [s for s, _ in got] == list(range(epochs + 1)), name
+        assert got[:3] == before, "the resumed epochs are the workspace run's"
+        run = client.get_run(runs[name])
+        assert run.data.tags["dvc_exp_name"] == name and run.info.status == "FINISHED"
+        assert run.data.metrics["final_test_bpc"] == pytest.approx(history[-1]["test"]["bpc"])
+    assert len({base, *runs.values()}) == 3 and len(_runs(root)) == 3
+    assert steps(base) == before
+    base_run = client.get_run(base)
+    assert "dvc_exp_name" not in base_run.data.tags and base_run.info.status == "FINISHED"
+    assert base_run.data.tags["epochs"] == "2"
 
 
 def test_more_epochs_continue_the_run_and_equal_training_them_in_one_go(tmp_path, clean_env):
@@ -294,3 +364,51 @@ def test_the_training_code_is_part_of_the_fingerprint(tmp_path):
         changed = refine.code_hash(base=tmp_path)
         assert changed != before, f"editing {rel} must change the fingerprint"
         before = changed
+
+
+def test_an_unreachable_store_stops_refine_before_any_result_is_touched(tmp_path, clean_env):
+    """A changed training param with a dead ``MLFLOW_TRACKING_URI``: refine fails within seconds naming the URI,
+    and every file of the runs trained before (checkpoint, history, markers, plots) is as it was."""
+    import socket
+    import time
+
+    from pipeline.tracking import TrackingError
+
+    root = tmp_path
+    refine.refine(_params(root, [0], ("psrnn", "gru")), root, "hmm")
+    before = {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) + sorted((root / "plots").rglob("*"))
+              if p.is_file()}
+    assert any(p.name == "checkpoint.pt" for p in before) and any(p.name == "done" for p in before)
+    params = _params(root, [0], ("psrnn",), epochs=3)   # also drops a variant: its folder would be pruned
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    clean_env.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    t0 = time.perf_counter()
+    with pytest.raises(TrackingError, match=rf"^MLFLOW_TRACKING_URI=http://127.0.0.1:{port}: .*unreachable"):
+        refine.refine(params, root, "hmm")
+    assert time.perf_counter() - t0 < 10
+    after = {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) + sorted((root / "plots").rglob("*"))
+             if p.is_file()}
+    assert after == before
+
+
+def test_a_run_marked_done_by_the_previous_fingerprint_is_kept(tmp_path, clean_env):
+    """Versions before the ``tracked`` marker fingerprinted the tracking params with the rest: their finished
+    runs are kept (not trained or logged again) after an upgrade, and marked as this version marks them."""
+    root = tmp_path
+    params = _params(root, [0])
+    refine.refine(params, root, "hmm")
+    mdir = model_dir(root, "hmm", "psrnn", 0)
+    runs, mtime = _runs(root), _mtime(root, "psrnn", 0)
+    (mdir / "done").write_text(refine._legacy_fingerprint(params, root, "hmm", "psrnn", 0) + "\n")
+    (mdir / "tracked").unlink()
+    refine.refine(params, root, "hmm")
+    assert _mtime(root, "psrnn", 0) == mtime and _runs(root) == runs
+    assert (mdir / "done").read_text().strip() == refine.run_fingerprints(params, root, "hmm", "psrnn", 0)[0]
+    assert (mdir / "tracked").read_text().strip() == refine.tracking_fingerprint(params, root)
+    # markers of neither fingerprint are a run of another configuration: trained again
+    (mdir / "done").write_text("another configuration\n")
+    (mdir / "fingerprint.txt").write_text("another configuration\n")
+    refine.refine(params, root, "hmm")
+    assert _mtime(root, "psrnn", 0) != mtime and len(_runs(root)) == 2

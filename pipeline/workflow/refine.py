@@ -2,8 +2,10 @@
 
 A (variant, seed) already trained with the same configuration is skipped: its ``done`` marker holds a fingerprint of
 everything that decides the result — the train config, the initial weights, the prepared data, the training code
-(:data:`TRAINING_CODE`) and the tracking params. Adding a seed or a variant therefore trains only the new runs, and a
-2SR change that leaves a variant's initial weights as they were costs only the check. ``PSRNN_RETRAIN=1`` ignores
+(:data:`TRAINING_CODE`). Adding a seed or a variant therefore trains only the new runs, and a 2SR change that leaves
+a variant's initial weights as they were costs only the check. Its ``tracked`` marker holds where and how it was
+logged (the tracking params and URI): where those changed, the run is logged again from its history and checkpoint,
+not trained again. ``PSRNN_RETRAIN=1`` ignores
 the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f refine@ptb`` retrains a dataset from scratch: ``-f``
 alone reruns the stage, which then finds every run done). Variant and seed folders no longer in params.yaml are
 removed, so the stage's output matches its params.
@@ -11,7 +13,9 @@ removed, so the stage's output matches its params.
 After a kill, a run whose checkpoint has the same fingerprint resumes from it (its MLflow run continues too); so
 does a finished run whose ``train.epochs`` was raised, which trains only the new epochs. (The MLflow param
 ``train.epochs`` keeps its first value, MLflow params being immutable; the run's ``epochs`` tag has the current
-one.)
+one.) The MLflow run continues only within one DVC experiment (tag ``dvc_exp_name``, or none in the workspace):
+an experiment that resumes a checkpoint of the workspace, e.g. ``dvc exp run -S ptb.train.epochs=20``, logs to a
+new run of its own, with the earlier epochs logged again, so two queued experiments never share a run.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pipeline.workflow.paths import (
 log = logging.getLogger(__name__)
 
 #: The code that decides a trained model, relative to the repository root. The ``refine`` stages of dvc.yaml list
-#: the same paths as dependencies (``tests/test_dvc_graph.py`` checks that they cover every module refine imports).
+#: the same paths as dependencies (``tests/test_pipeline_e2e.py`` checks that they cover every module refine imports).
 TRAINING_CODE = ("pipeline/train.py", "pipeline/train_config.py", "pipeline/optim.py", "pipeline/batching.py",
                  "pipeline/metrics.py", "pipeline/models", "pipeline/native")
 _CODE_SUFFIXES = (".py", ".c", ".h")
@@ -78,9 +82,14 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     histories by run name."""
     from pipeline.progress import progress
 
+    from pipeline.tracking import check_tracking_uri, tracking_uri
+
     dp = params.dataset(dataset)
     variants = [v.name for v in dp.variants] if variant_name is None else [dp.variant(variant_name).name]
     seeds = list(params.seeds) if seed is None else [seed]
+    # an unreachable store fails now, before a run folder, checkpoint or marker is touched (RunTracker would
+    # find it only after refine_run has cleared the previous results of a changed run)
+    check_tracking_uri(tracking_uri(root))
     if variant_name is None:
         prune(dataset_models_dir(root, dataset), set(variants), "variant", "refine")
         prune(root / "plots" / dataset, set(variants), "variant", "refine")
@@ -135,9 +144,28 @@ def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list
 
 
 def dataset_digest(params: Params, root: Path, dataset: str) -> str:
-    """The part of every run fingerprint that one dataset's runs share: its prepared data, the training code and
-    the tracking params (computed once per refine stage, not once per run)."""
-    return _fingerprint(prepared_path(root, dataset), code_hash(), dict(params.tracking))
+    """The part of every run fingerprint that one dataset's runs share: its prepared data and the training code
+    (computed once per refine stage, not once per run). The tracking params do not decide the model: a change of
+    them logs the finished runs again (:func:`tracking_fingerprint`) without training them again."""
+    return _fingerprint(prepared_path(root, dataset), code_hash())
+
+
+def tracking_fingerprint(params: Params, root: Path) -> str:
+    """Where and how a finished run is logged: the tracking params and the tracking URI. A run whose ``tracked``
+    marker differs is logged again (into a new MLflow run where the experiment or the DVC experiment differs)."""
+    from pipeline.tracking import tracking_uri
+
+    return _fingerprint(dict(params.tracking), tracking_uri(root))
+
+
+def _legacy_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> str:
+    """The run fingerprint of versions that counted the tracking params in (their ``done`` markers), so that a
+    run they trained and logged is kept, not trained again, after an upgrade."""
+    from dataclasses import replace
+
+    init = _fingerprint(artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz")
+    train = asdict(replace(params.dataset(dataset).train_config(variant_name), seed=seed))
+    return _fingerprint(train, init, _fingerprint(prepared_path(root, dataset), code_hash(), dict(params.tracking)))
 
 
 def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
@@ -173,21 +201,27 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     # resumable, without train.epochs: a checkpoint of the same run continues, also to more epochs than it was
     # trained for (not to fewer: the checkpoint holds only its last epoch); fingerprint.txt holds it
     fingerprint, resumable = run_fingerprints(params, root, dataset, variant_name, seed, shared)
+    tracked = tracking_fingerprint(params, root)
     mdir = model_dir(root, dataset, variant_name, seed)
-    done_file, history_file = mdir / "done", mdir / "history.json"
+    done_file, history_file, tracked_file = mdir / "done", mdir / "history.json", mdir / "tracked"
     retrain = _retrain()
-    if (not retrain and done_file.is_file() and done_file.read_text().strip() == fingerprint
-            and history_file.is_file()):
+    done = done_file.read_text().strip() if done_file.is_file() else None
+    if (not retrain and done is not None and done != fingerprint and not tracked_file.exists()
+            and done == _legacy_fingerprint(params, root, dataset, variant_name, seed)):
+        # trained and logged by a version that fingerprinted the tracking params with the rest: both still hold
+        write_text(tracked_file, tracked + "\n")
+        write_text(done_file, fingerprint + "\n")
+        done = fingerprint
+    if not retrain and done == fingerprint and history_file.is_file():
         history = read_json(history_file)
         _write_plot(root, dataset, variant_name, seed, history["history"])
-        print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, kept "
-              "(PSRNN_RETRAIN=1 retrains)", file=sys.stderr)
-        return history
+        if tracked_file.is_file() and tracked_file.read_text().strip() == tracked:
+            print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, "
+                  "kept (PSRNN_RETRAIN=1 retrains)", file=sys.stderr)
+            return history
+        return _log_again(params, root, dataset, variant_name, seed, history, tracked)
 
-    import torch
-
-    from pipeline.tracking import RunTracker, git_commit
-    from pipeline.train import fit, load_checkpoint, trained_epoch, trained_weights
+    from pipeline.train import fit, load_checkpoint
 
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
@@ -198,8 +232,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     ckpt = mdir / "checkpoint.pt"
     fp_file = mdir / "fingerprint.txt"
     run_id_file = mdir / "run_id"
-    if done_file.exists():
-        done_file.unlink()
+    for marker in (done_file, tracked_file):
+        if marker.exists():
+            marker.unlink()
     same = not retrain and fp_file.exists() and fp_file.read_text().strip() == resumable
     ck = load_checkpoint(ckpt) if same and ckpt.exists() else None
     resume = ck is not None and ck["epoch"] <= tcfg.epochs
@@ -211,33 +246,12 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             if stale.exists():
                 stale.unlink()
     write_text(fp_file, resumable + "\n")
-    prefix = params.tracking.get("experiment_prefix", "psrnn")
-    tags = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": str(seed),
-            "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}")}
-    commit = git_commit(root)
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    if os.environ.get("DVC_EXP_NAME"):
-        tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
-    # A run killed before its first checkpoint continues its MLflow run when the configuration is the same;
-    # one of another configuration is closed as KILLED rather than left RUNNING.
-    tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
-                         run_id=previous if reuse_run else None, tags={**tags, "epochs": str(tcfg.epochs)})
-    if previous and previous != tracker.run_id:
-        tracker.close_stale(previous)
-    if reuse_run and "dvc_exp_name" not in tags:   # an experiment's run continued in the workspace is no longer its
-        tracker.delete_tag("dvc_exp_name")
-    write_text(run_id_file, tracker.run_id + "\n")
-    config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
-                              "model": model.config.to_dict(), "train": asdict(tcfg),
-                              "n_params": model.n_parameters(), "source": dp.source}
-    if variant.family == "kf":
-        config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
-    else:
-        config["two_stage"] = asdict(dp.two_stage)
-    tracker.log_params(config)
+    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, previous=previous,
+                            continue_previous=reuse_run)
+    tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
     if resume:
-        # a kill can fall between an epoch's checkpoint and its MLflow logging: log what the run lacks
+        # a kill can fall between an epoch's checkpoint and its MLflow logging, and a new run (of another
+        # experiment) has none of them: log what the run lacks
         from pipeline.metrics import primary_metric
 
         logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
@@ -263,23 +277,117 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
-    ck = load_checkpoint(ckpt)
-    last = result.history[trained_epoch(ck)]   # the last epoch's, or the best's with restore_best
-    tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
-    if result.stopped_early:
-        tracker.set_tag("stopped_early", result.stopped_early)
-    if params.tracking.get("log_checkpoints", True):
-        tracker.log_artifact(ckpt, "checkpoints")
-    tracker.log_artifact(history_file)
-    # the logged model works in the dataset's units (vocabulary indices, standardised features): this says which,
-    # so that pipeline.inference.load_mlflow_run can take and give data in the original units
-    tracker.log_dict({**ds.units(), "dataset": dataset, "variant": variant_name, "seed": seed,
-                      "epoch": int(last["epoch"])}, "data_units.json")
-    if params.tracking.get("log_model", True):
-        model.load_state_dict(trained_weights(ck))
-        tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
-    tracker.finish()
+    _log_outcome(tracker, params, ds, model, mdir, history)
+    write_text(tracked_file, tracked + "\n")
     write_text(done_file, fingerprint + "\n")
     if announce:
         print(summary_line(history), file=sys.stderr)
+    return history
+
+
+def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:
+    """The MLflow params of a run: what trained it, and the 2SR (or linear 2SR) settings that initialised it."""
+    dp = params.dataset(dataset)
+    config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
+                              "model": model.config.to_dict(), "train": asdict(tcfg),
+                              "n_params": model.n_parameters(), "source": dp.source}
+    if dp.variant(variant_name).family == "kf":
+        config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
+    else:
+        config["two_stage"] = asdict(dp.two_stage)
+    return config
+
+
+def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
+                  previous: str | None, continue_previous: bool):
+    """The MLflow run of (variant, seed), its id written to the run folder's ``run_id``.
+
+    ``previous`` (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
+    experiment's run (tag ``dvc_exp_name``, or none in the workspace) in the same MLflow experiment: a checkpoint
+    that a queued experiment found in its copy of the workspace (e.g. to train more epochs) opens a new run,
+    into which the epochs so far are logged again, so the workspace's run and every other experiment's are left
+    as they are. A previous run of another configuration that a kill in this workspace left RUNNING is closed
+    as KILLED."""
+    from pipeline.tracking import RunTracker, git_commit
+
+    prefix = params.tracking.get("experiment_prefix", "psrnn")
+    tags = {"dataset": dataset, "variant": variant_name, "family": params.dataset(dataset).variant(variant_name).family,
+            "seed": str(seed), "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}"),
+            # the folder that trains it: a queued experiment's copy of the project has its own, and DVC locks a
+            # workspace, so a RUNNING run of this one is a killed run, while one of another may be training
+            "workspace": str(Path(root).resolve())}
+    commit = git_commit(root)
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+    tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
+                         run_id=previous if continue_previous else None,
+                         tags={**tags, "epochs": str(tcfg.epochs)}, owner_tags=("dvc_exp_name",))
+    if previous and previous != tracker.run_id:
+        tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
+    write_text(model_dir(root, dataset, variant_name, seed) / "run_id", tracker.run_id + "\n")
+    return tracker
+
+
+def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[str, Any]) -> None:
+    """Log what a finished run's MLflow run holds besides its epochs: the final test metrics, the checkpoint,
+    the history, the data units and (``tracking.log_model``) the model with its trained weights; then close it.
+    The model is logged once per MLflow run (tag ``model_logged``), also when a run is logged again."""
+    import torch
+
+    from pipeline.train import load_checkpoint, trained_epoch, trained_weights
+
+    ckpt = mdir / "checkpoint.pt"
+    ck = load_checkpoint(ckpt)
+    last = history["history"][trained_epoch(ck)]   # the last epoch's, or the best's with restore_best
+    tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
+    if history.get("stopped_early"):
+        tracker.set_tag("stopped_early", history["stopped_early"])
+    if params.tracking.get("log_checkpoints", True):
+        tracker.log_artifact(ckpt, "checkpoints")
+    tracker.log_artifact(mdir / "history.json")
+    # the logged model works in the dataset's units (vocabulary indices, standardised features): this says which,
+    # so that pipeline.inference.load_mlflow_run can take and give data in the original units
+    tracker.log_dict({**ds.units(), "dataset": history["dataset"], "variant": history["variant"],
+                      "seed": history["seed"], "epoch": int(last["epoch"])}, "data_units.json")
+    if params.tracking.get("log_model", True) and tracker.tag("model_logged") != "true":
+        model.load_state_dict(trained_weights(ck))
+        tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+        tracker.set_tag("model_logged", "true")
+    tracker.finish()
+
+
+def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed: int, history: dict[str, Any],
+               tracked: str) -> dict[str, Any]:
+    """A finished run whose tracking params (or URI) changed: logged again from its history and checkpoint,
+    not trained again; into its MLflow run where that is in the same experiment (and DVC experiment), else
+    into a new one."""
+    from dataclasses import replace
+
+    from pipeline.metrics import primary_metric
+
+    dp = params.dataset(dataset)
+    tcfg = replace(dp.train_config(variant_name), seed=seed)
+    mdir = model_dir(root, dataset, variant_name, seed)
+    if not (mdir / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"{mdir / 'checkpoint.pt'}: the checkpoint of a finished run is missing; "
+                                "PSRNN_RETRAIN=1 trains it again")
+    ds = load_prepared(root, dataset)
+    model = load_initial(root, dataset, variant_name, seed)
+    run_id_file = mdir / "run_id"
+    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg,
+                            previous=run_id_file.read_text().strip() if run_id_file.exists() else None,
+                            continue_previous=True)
+    tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
+    logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
+    for entry in history["history"]:
+        if entry["epoch"] not in logged:
+            tracker.log_epoch(entry)
+    history = {**history, "run_id": tracker.run_id}
+    write_json(mdir / "history.json", history)
+    _log_outcome(tracker, params, ds, model, mdir, history)
+    write_text(mdir / "tracked", tracked + "\n")
+    print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, logged "
+          f"again for the changed tracking params (MLflow run {tracker.run_id})", file=sys.stderr)
     return history
