@@ -4,7 +4,7 @@
     >>> fitted = fit_model(train_trajectories, test_trajectories, model="psrnn", epochs=5)
     >>> fitted.history[-1]["test"]          # {"mse": ...} or {"bpc": ..., "accuracy": ...}
     >>> predictions = fitted.predict(test_trajectories)
-    >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one pickle-free file
+    >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one file, loaded with weights_only=True
 
 Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of shape (T,) or (T, m) as continuous; every
 trajectory of train, valid and test must be of one kind (and, continuous, of one width). Bad input is refused up
@@ -14,6 +14,7 @@ front, before any 2SR work, in one line naming the argument and trajectory (``tr
 from __future__ import annotations
 
 import collections.abc
+import inspect
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,6 +191,8 @@ def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
 
 
 PSRNN_MODELS = ("psrnn", "factorized_psrnn")
+# the Kalman filter's default ridge, a ratio of the mean eigenvalue of its regressors' Gram (not of n, as 2SR's)
+_KF_RIDGE = inspect.signature(linear_two_stage).parameters["ridge"].default
 
 
 @dataclass
@@ -203,6 +206,7 @@ class _FitPlan:
     train_config: Any                     # pipeline.train.TrainConfig
     two_stage: TwoStageConfig | None      # PSRNNs initialised by 2SR
     windows: dict[str, int]
+    kf_ridge: float | None = None          # the Kalman filter's linear 2SR
 
 
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
@@ -229,7 +233,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         if a[key] is not None:
             _check_int(key, a[key], low, None)
     check_seed(a["seed"])
-    _check_number("ridge", a["ridge"])
+    if a["ridge"] is not None:
+        _check_number("ridge", a["ridge"])
     _check_number("lr", a["lr"], positive=True)
     _check_number("clip", a["clip"])
     if a["bias_scale"] is not None and not is_finite_number(a["bias_scale"]):
@@ -249,6 +254,16 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     if "seed" in train_options:
         check_seed(train_options["seed"], "train_options['seed']=")
 
+    spectral = model == "kf" or (model in PSRNN_MODELS and a["init"] == "2sr")
+    if not spectral and (two_stage_options or a["ridge"] is not None):
+        given = "two_stage_options" if two_stage_options else f"ridge={brief_repr(a['ridge'])}"
+        how = "initialised at random (init='random')" if model in PSRNN_MODELS else "initialised by Xavier"
+        raise ValueError(f"{given}: {model} is {how}, not by 2SR; leave it out")
+    if model == "kf":
+        other = sorted(set(two_stage_options) - {"past_window", "future_window", "ridge"})
+        if other:
+            raise ValueError(f"two_stage_options: {other} apply to the PSRNNs' 2SR on random features; the Kalman "
+                             "filter's linear 2SR takes past_window, future_window and ridge")
     discrete, input_dim, arrays = _checked_splits(data)
     if model == "kf" and discrete:
         raise ValueError("model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
@@ -274,14 +289,20 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     valid = arrays.get("valid") or None
     tcfg.monitored_split(bool(valid))
     ts_cfg = None
+    kf_ridge = None
     if model in PSRNN_MODELS and a["init"] == "2sr":
+        ridge = TwoStageConfig.ridge if a["ridge"] is None else a["ridge"]
         ts_cfg = TwoStageConfig(**{"state_dim": a["state_dim"], "obs_dim": a["obs_dim"], "past_dim": a["state_dim"],
-                                   "n_features": a["n_features"], "ridge": a["ridge"], "seed": a["seed"], **windows,
+                                   "n_features": a["n_features"], "ridge": ridge, "seed": a["seed"], **windows,
                                    **options})
         ts_cfg.validate()
+    elif model == "kf":
+        kf_ridge = options.get("ridge", _KF_RIDGE if a["ridge"] is None else a["ridge"])
+        _check_number("two_stage_options['ridge']" if "ridge" in options else "ridge", kf_ridge)
     train = arrays["train"]
     return _FitPlan(train=train, test=arrays.get("test") or train,   # none given: train is scored as "test"
-                    valid=valid, model=cfg, train_config=tcfg, two_stage=ts_cfg, windows=windows)
+                    valid=valid, model=cfg, train_config=tcfg, two_stage=ts_cfg, windows=windows,
+                    kf_ridge=kf_ridge)
 
 
 @dataclass
@@ -417,7 +438,7 @@ def fit_model(
     n_features: int = 2000,
     horizon: int = 1,
     past_window: int | None = None,
-    ridge: float = 1e-2,
+    ridge: float | None = None,
     init: str = "2sr",
     bias_scale: float | None = None,
     epochs: int = 5,
@@ -435,11 +456,14 @@ def fit_model(
     * ``horizon``: the future window k of 2SR (observations predicted from a state, the paper's "horizon");
       ``past_window``: the history window p (default: ``horizon``). Both apply to the PSRNNs' 2SR and to the
       KF's linear 2SR.
+    * ``ridge``: the ridge of 2SR; ``None`` is each model's default: 10⁻² (λ = ridge · n, the paper's) for the
+      PSRNNs, 10⁻³ for the KF's linear 2SR (λ = ridge × the mean eigenvalue of each regression's Gram matrix).
     * ``two_stage_options``: any other :class:`pipeline.two_stage.TwoStageConfig` field (``width_scale``,
-      ``obs_inverse``, ``decoder_ridge``, ``past_dim``, ...; for the KF only the windows apply); a
-      ``past_window`` or ``future_window`` given there overrides the arguments above, and ``ridge`` / ``seed``
-      there override the arguments of that name for 2SR. ``state_dim``, ``obs_dim``, ``n_features`` shape the
-      network too and are refused there.
+      ``obs_inverse``, ``decoder_ridge``, ``past_dim``, ...; for the KF only ``past_window``, ``future_window``
+      and ``ridge``); a ``past_window`` or ``future_window`` given there overrides the arguments above, and
+      ``ridge`` / ``seed`` there override the arguments of that name. ``state_dim``, ``obs_dim``,
+      ``n_features`` shape the network too and are refused there. Models not initialised by 2SR (the RNN
+      baselines, ``init="random"``) refuse ``two_stage_options`` and ``ridge``.
     * ``bptt``: the truncated-BPTT horizon; ``None`` (default) picks it by the kind of data, as the paper does:
       35 for discrete data, 0 (whole sequences) for continuous data.
     * ``epochs``, ``lr``, ``batch_size``, ``clip``, ``device``, ``seed`` go to :class:`pipeline.train.TrainConfig`;
@@ -480,7 +504,7 @@ def fit_model(
         if model == "factorized_psrnn":
             cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
     elif model == "kf":
-        lss = linear_two_stage(train, state_dim=state_dim, **windows)
+        lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
     net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
     result = fit(net, train, plan.test, tcfg, valid=plan.valid)
     return FittedModel(model=net, history=result.history, two_stage=tsm or lss,

@@ -196,6 +196,42 @@ def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_wor
              **{**SMALL, "state_dim": 5, "horizon": 2})
 
 
+@pytest.mark.parametrize("argument, message", [
+    ({"model": "lstm", "ridge": 0.1}, "ridge=0.1: lstm is initialised by Xavier, not by 2SR; leave it out"),
+    ({"model": "gru", "two_stage_options": {"width_scale": 0.5}},
+     "two_stage_options: gru is initialised by Xavier, not by 2SR; leave it out"),
+    ({"init": "random", "two_stage_options": {"obs_inverse": False}},
+     "two_stage_options: psrnn is initialised at random (init='random'), not by 2SR; leave it out"),
+    ({"model": "kf", "two_stage_options": {"width_scale": 0.5, "ridge": 0.1}},
+     "two_stage_options: ['width_scale'] apply to the PSRNNs' 2SR on random features; the Kalman filter's linear "
+     "2SR takes past_window, future_window and ridge"),
+    ({"model": "kf", "ridge": -1.0}, "ridge=-1.0: expected a finite number >= 0"),
+    ({"model": "kf", "two_stage_options": {"ridge": float("nan")}},
+     "two_stage_options['ridge']=nan: expected a finite number >= 0"),
+])
+def test_2sr_settings_a_model_would_not_use_are_refused(argument, message, features, no_work):
+    _refused(message, fit_model, features.train, **{**SMALL, "state_dim": 2, **argument})
+
+
+def test_the_kf_takes_its_ridge_from_fit_model(features, monkeypatch):
+    """``ridge`` (or ``two_stage_options['ridge']``) reaches the Kalman filter's linear 2SR; ``None`` is its own
+    default, 1e-3, not the PSRNNs' 1e-2 (the two are ratios of different scales)."""
+    seen = []
+    real = pipeline.api.linear_two_stage
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["ridge"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.api, "linear_two_stage", spy)
+    args = {**SMALL, "model": "kf", "state_dim": 2, "horizon": 2, "epochs": 0}
+    fits = [fit_model(features.train, **args),
+            fit_model(features.train, **args, ridge=0.5),
+            fit_model(features.train, **args, ridge=0.5, two_stage_options={"ridge": 0.25})]
+    assert seen == [1e-3, 0.5, 0.25]
+    assert not np.allclose(fits[0].two_stage.A, fits[1].two_stage.A)
+
+
 def test_vocabulary_covers_every_split(symbols):
     """Symbols are indices 0 … V-1: one seen only in test is part of the vocabulary, not an IndexError."""
     test = [np.append(symbols.test[0], 5)]
