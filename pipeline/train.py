@@ -373,13 +373,13 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
             out, state = model(x, state, reset)
             loss = masked_loss(out, y, mask, discrete)
             if not torch.isfinite(loss):
-                raise TrainingDiverged(_diverged(epoch, step, "loss", float(loss.detach()), checkpoint_path))
+                raise TrainingDiverged(_diverged(epoch, step, "loss", float(loss.detach()), checkpoint_path,
+                                                 clip=cfg.clip))
             if float(loss.detach()) > cfg.max_loss:
                 raise TrainingDiverged(_diverged(
-                    epoch, step, "loss", float(loss.detach()), checkpoint_path,
+                    epoch, step, "loss", float(loss.detach()), checkpoint_path, clip=cfg.clip,
                     advice=f"above train.max_loss={cfg.max_loss:g}; if the data are not normalised the loss may "
-                           "just be large: standardise them or raise train.max_loss, else lower train.lr or "
-                           "train.clip"))
+                           f"just be large: standardise them or raise train.max_loss, else {_remedy(cfg.clip)}"))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:
@@ -387,13 +387,15 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
             else:
                 gnorm = torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters() if p.grad is not None))
             if not torch.isfinite(gnorm):
-                raise TrainingDiverged(_diverged(epoch, step, "gradient norm", float(gnorm), checkpoint_path))
+                raise TrainingDiverged(_diverged(epoch, step, "gradient norm", float(gnorm), checkpoint_path,
+                                                 clip=cfg.clip))
             optimizer.step()
         entry = run_eval(epoch, time.perf_counter() - t0)
         entry["lr"] = lr
         test_value = entry["test"][metric]
         if not math.isfinite(test_value):
-            raise TrainingDiverged(_diverged(epoch, n_windows, f"test {metric}", test_value, checkpoint_path))
+            raise TrainingDiverged(_diverged(epoch, n_windows, f"test {metric}", test_value, checkpoint_path,
+                                             clip=cfg.clip))
         history.append(entry)
         if not consider(entry):
             for group in optimizer.param_groups:
@@ -428,10 +430,17 @@ def trained_epoch(ck: dict[str, Any]) -> int:
     return int(ck["best_epoch"] if _keeps_best(ck) else ck["epoch"])
 
 
-def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *,
+def _remedy(clip: float) -> str:
+    """What to change after a divergence: with clipping off, lowering train.clip is no remedy."""
+    if clip > 0:
+        return "lower train.lr or train.clip"
+    return "lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)"
+
+
+def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *, clip: float,
               advice: str | None = None) -> str:
     kept = f"; the last good checkpoint {checkpoint_path} is kept" if checkpoint_path else ""
     if advice is not None:
         return f"training stopped at epoch {epoch}, step {step}: {what} is {value:g}, {advice}{kept}."
-    return (f"training diverged at epoch {epoch}, step {step}: {what} is {value}{kept}. "
-            "Lower train.lr or train.clip.")
+    remedy = _remedy(clip)
+    return f"training diverged at epoch {epoch}, step {step}: {what} is {value}{kept}. {remedy[0].upper()}{remedy[1:]}."

@@ -152,9 +152,14 @@ def test_divergence_names_epoch_and_step_and_keeps_checkpoint(tmp_path, continuo
     poisoned = [t.copy() for t in ds.train]
     for t in poisoned:
         t[3] = np.nan  # every stream meets a NaN in its first window
-    with pytest.raises(TrainingDiverged, match=r"epoch 2, step 0: loss is nan.*checkpoint"):
+    with pytest.raises(TrainingDiverged, match=r"epoch 2, step 0: loss is nan.*checkpoint.*Lower train.lr or "
+                                               r"train.clip\.$"):
         fit(model, poisoned, ds.test, TrainConfig(epochs=3, lr=0.1, bptt=10, batch_size=4), checkpoint_path=ck)
     assert ck.read_bytes() == before
+    # with clipping off, the advice is to turn it on (a lower clip would change nothing)
+    with pytest.raises(TrainingDiverged, match=r"epoch 1, step 0: loss is nan.*Lower train.lr or turn "
+                                               r"gradient-norm clipping on \(train.clip > 0, e.g. 0.25\)\.$"):
+        fit(_gru(), poisoned, ds.test, TrainConfig(epochs=1, lr=0.1, bptt=10, batch_size=4, clip=0.0))
 
 
 def test_an_unusable_initial_model_is_named_before_any_update(tmp_path, continuous):
@@ -179,6 +184,7 @@ def test_a_loss_above_max_loss_names_the_setting(continuous):
         fit(_gru(), big, continuous.test, TrainConfig(epochs=1, lr=0.1, bptt=10, batch_size=4, max_loss=100.0))
     msg = str(err.value)
     assert "epoch 1, step 0: loss is" in msg and "train.max_loss=100" in msg and "\n" not in msg
+    assert msg.endswith("else lower train.lr or train.clip.")
 
 
 def test_flush_denormal_mode_is_restored_after_fit_and_evaluate(continuous):
