@@ -333,6 +333,23 @@ def test_auto_features_warn_about_dropped_columns(tmp_path: Path, caplog: pytest
     assert not [r for r in caplog.records if "dropped" in r.getMessage()]  # named features: nothing to warn about
 
 
+def test_auto_features_refuse_numbers_written_as_text(tmp_path: Path) -> None:
+    """A feature column cast to strings (e.g. read from a CSV as text) is not dropped with a warning alone."""
+    cols = _continuous()
+    cols["a"] = [f"{v:.3f}" for v in cols["a"]]
+    msg = _error(_write(tmp_path, cols), kind="continuous")
+    first = cols["a"][0]
+    assert msg.endswith(f"column 'a' holds numbers as text (string, e.g. {first!r}); expected an integer or float "
+                        "column: cast it before writing the file (pandas: df['a'] = df['a'].astype(float)), or name "
+                        "the feature columns in features to leave it out"), msg
+    cols["a"] = pa.array(cols["a"]).dictionary_encode()     # dictionary-encoded text alike
+    assert "column 'a' holds numbers as text" in _error(_write(tmp_path, cols, "dict.parquet"), kind="continuous")
+    # named features leave it out; text that is not all numbers (the 'name' column) stays a warning
+    assert load_custom(_write(tmp_path, cols, "named.parquet"), kind="continuous", features=["b"]).features == ["b"]
+    cols["a"] = ["1.5"] * (len(cols["b"]) - 1) + ["n/a"]
+    assert load_custom(_write(tmp_path, cols, "mixed.parquet"), kind="continuous").features == ["b", "c"]
+
+
 def test_auto_features_none_left(tmp_path: Path) -> None:
     path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "flag": [True, False, True, True],
                              "when": pa.array(np.arange(4).astype("datetime64[s]"))})

@@ -26,7 +26,8 @@ Auto-detected features (``features=None``): a column is a feature if its Parquet
 (dictionary-encoded too). Every other column besides ``trajectory``/``step``/``split`` and pandas index columns
 (strings, booleans, lists, structs, timestamps, dates, decimals, ...) is dropped with a logged WARNING naming the
 dropped columns; name the columns in ``features`` to silence it (a named non-numeric column is an error). If no
-column is left, that is an error.
+column is left, that is an error; so is a string column whose values all read as numbers (checked on its first
+100 values): a feature written as text, e.g. from a CSV, is not dropped silently.
 
 Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: a file
 that is not Parquet or whose structure is truncated or garbled (always detected); corrupt bytes inside a data page,
@@ -110,6 +111,31 @@ def _check_path(path: Any) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path={path!r}: expected a str or os.PathLike naming a Parquet file")
     return Path(path)
+
+
+def _numbers_as_text(path: Path, column: str, arrow_type: Any, sample: int = 100) -> str | None:
+    """The first value of a string ``column`` when its first ``sample`` non-null values all read as numbers
+    (a CSV's numbers converted to Parquet as text), else None: such a column is a feature stored as text, which
+    ``features=None`` would otherwise drop with a warning alone. Reads one row group of that column only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        return None
+    pf = pq.ParquetFile(path)
+    if pf.metadata.num_row_groups == 0:
+        return None
+    values = [v for v in pf.read_row_group(0, columns=[column]).column(0).to_pylist()[: 10 * sample]
+              if v is not None and v.strip()][:sample]
+    if not values:
+        return None
+    for v in values:
+        try:
+            float(v)
+        except ValueError:
+            return None
+    return values[0]
 
 
 def _is_real(value: Any) -> bool:
@@ -223,6 +249,13 @@ def read_rows(
             features = [n for n in names if n not in RESERVED and not _PANDAS_INDEX.fullmatch(n)
                         and _is_numeric(types[n])]
             skipped = [n for n in names if n not in RESERVED and n not in features and not _PANDAS_INDEX.fullmatch(n)]
+            for n in skipped:
+                sample = _numbers_as_text(path, n, types[n])
+                if sample is not None:
+                    raise fail(f"column {n!r} holds numbers as text ({types[n]}, e.g. {sample!r}); expected an "
+                               "integer or float column: cast it before writing the file (pandas: "
+                               f"df[{n!r}] = df[{n!r}].astype(float)), or name the feature columns in features to "
+                               "leave it out")
             if skipped:
                 log.warning("%s: non-numeric columns dropped from the features (features=None takes integer and "
                             "float columns only): %s; name the feature columns in features to silence this",
