@@ -21,8 +21,8 @@ in it is written), all measured on the test split at epoch 0 unless said otherwi
     python benchmarks/ablate_init.py --root /path/to/workspace          # all four, seeds from params.yaml
     python benchmarks/ablate_init.py --root . --parts encoder --seeds 0
 
-Writes ``benchmarks/results/ablate_init.json`` with the machine details (a subset of ``--parts``:
-``ablate_init_<parts>.json``, so that it never overwrites the full result).
+Writes ``benchmarks/results/ablate_init.json`` (or into ``--out-dir``) with the machine details and the code
+measured (a subset of ``--parts``: ``ablate_init_<parts>.json``, so that it never overwrites the full result).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, table, write_results  # noqa: E402
+from benchmarks.common import add_out_dir_argument, code_state, machine_info, table, write_results  # noqa: E402
 
 CONTINUOUS = ("swimmer", "handwriting", "mocap", "lgssm")
 DECODER_RUNS = ("ptb:factorized_psrnn_r60", "ptb:factorized_psrnn_r10", "ptb:psrnn", "hmm:factorized_psrnn_r10",
@@ -216,7 +216,10 @@ def main(argv=None) -> int:
                     help="continuous datasets for inverse, encoder and kf (default: %(default)s)")
     ap.add_argument("--no-train", action="store_true",
                     help="inverse and kf: epoch 0 only, skip the default training")
+    ap.add_argument("--decoder-runs", default=",".join(DECODER_RUNS),
+                    help="comma-separated dataset:variant runs of the decoder part (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    add_out_dir_argument(ap)
     args = ap.parse_args(argv)
 
     import tempfile
@@ -227,11 +230,15 @@ def main(argv=None) -> int:
     from pipeline.config import parse_params
 
     torch.set_num_threads(args.threads)
+    code = code_state()   # the code measured: taken before the run, compared with the tree after it
     root = args.root.resolve()
     raw = read_yaml((root / "params.yaml").read_text())
     params = parse_params(raw)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else params.seeds
     datasets = [d for d in args.datasets.split(",") if d]
+    decoder_runs = [r for r in args.decoder_runs.split(",") if r]
+    if any(r.count(":") != 1 for r in decoder_runs):
+        ap.error(f"--decoder-runs: expected dataset:variant items, got {args.decoder_runs!r}")
     parts = set(args.parts.split(","))
     unknown = parts - {"inverse", "encoder", "decoder", "kf"}
     if unknown:
@@ -243,7 +250,7 @@ def main(argv=None) -> int:
     if "encoder" in parts:
         out["linear_encoder"] = linear_encoder(params, root, datasets, seeds)
     if "decoder" in parts:
-        out["decoder_refit"] = decoder_refit(params, root, DECODER_RUNS, seeds)
+        out["decoder_refit"] = decoder_refit(params, root, decoder_runs, seeds)
     if "kf" in parts:
         out["kalman_init"] = kalman_init(params, root, datasets, seeds, not args.no_train)
 
@@ -270,7 +277,7 @@ def main(argv=None) -> int:
         rows = out["decoder_refit"]
         print("\ndecoder: epoch-0 test BPC / MSE, mean over seeds")
         lines = []
-        for run in DECODER_RUNS:
+        for run in decoder_runs:
             name, variant = run.split(":")
             before, after = (mean(rows, key, dataset=name, variant=variant)
                              for key in ("two_stage_decoder", "refitted_decoder"))
@@ -289,7 +296,8 @@ def main(argv=None) -> int:
                     lines))
     every = {"inverse", "encoder", "decoder", "kf"}
     name = "ablate_init" if parts == every else "ablate_init_" + "_".join(p for p in sorted(parts))
-    path = write_results(name, {"machine": machine_info(), **out})   # a subset never overwrites the full result
+    # a subset never overwrites the full result
+    path = write_results(name, {"machine": machine_info(code=code), **out}, out_dir=args.out_dir)
     print(f"\nwritten {path}")
     return 0
 

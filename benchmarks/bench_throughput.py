@@ -17,6 +17,9 @@ every repeat, the repeats are interleaved across models, and the medians are rep
     python benchmarks/bench_throughput.py                 # 1 epoch per model and repeat, 2 torch threads
     python benchmarks/bench_throughput.py --device cuda   # on a GPU (cuDNN LSTM/GRU/RNN): throughput_cuda.json
     python benchmarks/bench_throughput.py --quick         # smoke test: a few windows, 5000 test characters
+
+On the CPU, a full run that finds the machine busy waits up to --wait-idle seconds for it to become idle, then runs
+anyway; a run that saw the busy warning (or a --quick one) is recorded with "claims_valid": false.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import busy_warning, default_ptb_dir, load_ptb, machine_info, median, table, write_results  # noqa: E402
+from benchmarks.common import (add_busy_arguments, add_out_dir_argument, busy_footer, claims_line,  # noqa: E402
+                               claims_valid, code_state, default_ptb_dir, load_ptb, machine_info, median, table,
+                               wait_until_idle, write_results)
 
 BASELINES = ("lstm", "gru", "rnn")
 TORCH_OPS = "/torch-ops"   # a PSRNN variant run with the compiled kernels off (PSRNN_NATIVE=0, PSRNN_TRITON=0)
@@ -142,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=60, help="rank of factorized_psrnn")
     p.add_argument("--hidden", type=int, default=20, help="state / hidden size")
     p.add_argument("--obs-dim", type=int, default=None, help="observation (embedding) size; default = --hidden")
-    p.add_argument("--batch", type=int, default=20)
-    p.add_argument("--bptt", type=int, default=35)
-    p.add_argument("--lr", type=float, default=1.0)
-    p.add_argument("--clip", type=float, default=0.25)
+    p.add_argument("--batch", type=int, default=20, help="parallel training streams (default 20)")
+    p.add_argument("--bptt", type=int, default=35, help="truncated-BPTT window length (default 35)")
+    p.add_argument("--lr", type=float, default=1.0, help="SGD learning rate (default 1)")
+    p.add_argument("--clip", type=float, default=0.25, help="gradient-norm clipping (default 0.25)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--windows", type=int, default=None, help="timed BPTT windows per run (default: one epoch)")
     p.add_argument("--warmup", type=int, default=2, help="untimed windows at the start of each training run")
@@ -157,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default=None,
                    help="results file benchmarks/results/throughput_<tag>.json (default: none on the CPU, the "
                         "device type otherwise, so a GPU run never overwrites the CPU figures)")
+    add_out_dir_argument(p)
+    add_busy_arguments(p)
     args = p.parse_args(argv)
 
     import torch
@@ -168,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         args.test_chars = args.test_chars or 5000
     args.repeats = args.repeats or (1 if args.quick else 3)
     device = resolve_device(args.device, "--device")  # a clear error when cuda is asked for and absent
-    warning = busy_warning(args.threads) if device.type == "cpu" else None
-    if warning:
-        print(warning, flush=True)
+    code = code_state()   # the code measured: taken before the run, compared with the tree after it
+    warning = (wait_until_idle(args.threads, wait_s=args.wait_idle, allow_busy=args.allow_busy, quick=args.quick)
+               if device.type == "cpu" else None)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -234,15 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         headers += ["eval chars/s", f"eval / {ref}"]
     print(f"\nmedians of {args.repeats} repeat(s); ratios > 1 mean faster than {ref}")
     print(table(headers, rows))
+    if warning:
+        print(busy_footer(warning))
 
     payload = {"benchmark": "throughput", "quick": args.quick, "argv": sys.argv[1:] if argv is None else argv,
                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "device": str(device), "train_chars_total": len(train[0]), "test_chars": len(test),
-               "vocab_size": V, "reference": ref, "busy_warning": warning, "summary": summary, "runs": runs,
-               "machine": machine_info()}
+               "vocab_size": V, "reference": ref, "busy_warning": warning,
+               "claims_valid": claims_valid(args.quick, warning), "summary": summary, "runs": runs,
+               "machine": machine_info(code=code)}
     tag = args.tag if args.tag is not None else ("" if device.type == "cpu" else device.type)
-    path = write_results("throughput" + (f"_{tag}" if tag else ""), payload, quick=args.quick)
-    print(f"\nresults written to {path}")
+    path = write_results("throughput" + (f"_{tag}" if tag else ""), payload, quick=args.quick, out_dir=args.out_dir)
+    print(claims_line(args.quick, warning))
+    print(f"results written to {path}")
     return 0
 
 
