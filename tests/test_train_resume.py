@@ -42,6 +42,32 @@ def factorized_factory(discrete):
     return lambda: initialise_model(mc, two_stage=tsm, cp=cps)
 
 
+@pytest.fixture(scope="module")
+def psrnn_factory(discrete):
+    """A 2SR-initialised (full) PSRNN on the discrete data."""
+    cfg = TwoStageConfig(state_dim=6, obs_dim=6, past_dim=6, n_features=200, past_window=2, future_window=2,
+                         seed=0)
+    tsm = multilayer_two_stage(discrete.train, cfg, discrete=True, vocab_size=6)
+    mc = ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=6, obs_dim=6, n_rff=200)
+    return lambda: initialise_model(mc, two_stage=tsm)
+
+
+@pytest.fixture(scope="module")
+def continuous_factories(continuous):
+    """A 2SR-initialised PSRNN and a Kalman filter from linear 2SR on the continuous data (trained on whole
+    sequences, bptt 0, as the pipeline trains them)."""
+    from pipeline.two_stage import linear_two_stage
+
+    cfg = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=4, n_features=100, past_window=3, future_window=3,
+                         seed=0)
+    tsm = multilayer_two_stage(continuous.train, cfg, discrete=False)
+    lss = linear_two_stage(continuous.train, state_dim=2, past_window=3, future_window=3)
+    psrnn = ModelConfig(model="psrnn", discrete=False, input_dim=2, output_dim=2, state_dim=4, obs_dim=4, n_rff=100)
+    kf = ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2, state_dim=2, init="2sr")
+    return {"psrnn_whole": lambda: initialise_model(psrnn, two_stage=tsm),
+            "kf_whole": lambda: initialise_model(kf, linear=lss)}
+
+
 def _scrambled(model):
     """The same architecture with other weights: a resumed run must take everything from the checkpoint."""
     g = torch.Generator().manual_seed(99)
@@ -64,13 +90,22 @@ def _setup(kind, continuous, discrete, factorized_factory):
     return discrete, factorized_factory, "bpc"
 
 
-@pytest.mark.parametrize("optimiser", list(OPTIMISERS))
-@pytest.mark.parametrize("kind", ["gru", "factorized_psrnn"])
-def test_resume_equals_uninterrupted_training(tmp_path, continuous, discrete, factorized_factory, kind, optimiser):
+@pytest.mark.parametrize("kind, optimiser", [(k, o) for k in ("gru", "factorized_psrnn") for o in OPTIMISERS]
+                         + [("psrnn", "sgd"), ("psrnn_whole", "sgd"), ("kf_whole", "sgd")])
+def test_resume_equals_uninterrupted_training(tmp_path, continuous, discrete, factorized_factory, psrnn_factory,
+                                              continuous_factories, kind, optimiser):
     """Two epochs in one go == one epoch, checkpoint, resume, one more epoch: bitwise on the CPU. With momentum
-    or Adam this needs the optimiser state (momentum buffers, Adam's moments and step count) restored too."""
-    ds, make, metric = _setup(kind, continuous, discrete, factorized_factory)
-    cfg = TrainConfig(epochs=2, bptt=10, batch_size=4, seed=3, device="cpu", **OPTIMISERS[optimiser])
+    or Adam this needs the optimiser state (momentum buffers, Adam's moments and step count) restored too. Every
+    recurrent cell: the GRU baseline, the factorized and the full PSRNN on truncated BPTT, and the PSRNN and the
+    Kalman filter on whole sequences (``bptt=0``, the continuous sets' setting)."""
+    if kind == "psrnn":
+        ds, make, metric = discrete, psrnn_factory, "bpc"
+    elif kind.endswith("_whole"):
+        ds, make, metric = continuous, continuous_factories[kind], "mse"
+    else:
+        ds, make, metric = _setup(kind, continuous, discrete, factorized_factory)
+    bptt = 0 if kind.endswith("_whole") else 10
+    cfg = TrainConfig(epochs=2, bptt=bptt, batch_size=4, seed=3, device="cpu", **OPTIMISERS[optimiser])
     straight = make()
     r1 = fit(straight, ds.train, ds.test, cfg)
 
