@@ -165,6 +165,11 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
             assert float(run.data.params["train.lr"]) == lr
             if tags["variant"] == "kf":  # the linear 2SR's settings, not the RFF ones
                 assert "kf.ridge" in run.data.params and "two_stage.n_features" not in run.data.params
+            elif tags["family"] in ("lstm", "gru", "rnn") or tags["variant"].endswith("_random"):  # no 2SR at all
+                assert not [k for k in run.data.params if k.startswith(("two_stage.", "kf."))], run.data.params
+            else:
+                assert "two_stage.ridge" in run.data.params and "kf.ridge" not in run.data.params
+            assert tags["workspace"] == str(root.resolve())
             assert tags.get("mlflow.source.git.commit") == commit
             key = "bpc" if ds in ("ptb", "hmm") else "mse"
             steps = [m.step for m in client.get_metric_history(run.info.run_id, f"test_{key}")]

@@ -412,3 +412,29 @@ def test_a_run_marked_done_by_the_previous_fingerprint_is_kept(tmp_path, clean_e
     (mdir / "fingerprint.txt").write_text("another configuration\n")
     refine.refine(params, root, "hmm")
     assert _mtime(root, "psrnn", 0) != mtime and len(_runs(root)) == 2
+
+
+def test_switching_log_model_on_logs_the_trained_model_once_without_retraining(tmp_path, clean_env):
+    import torch
+    from mlflow import MlflowClient
+
+    from pipeline.inference import load_mlflow_run
+
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")
+    mtime = _mtime(root, "psrnn", 0)
+    ((_, _, run_id, _),) = _runs(root)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("seeds-hmm")
+    assert client.search_logged_models(experiment_ids=[exp.experiment_id]) == []
+    refine.refine(_params(root, [0], log_model=True), root, "hmm")
+    refine.refine(_params(root, [0], log_model=True, log_checkpoints=True), root, "hmm")
+    assert _mtime(root, "psrnn", 0) == mtime and [r for *_, r, _ in _runs(root)] == [run_id]
+    models = client.search_logged_models(experiment_ids=[exp.experiment_id])
+    assert [(m.name, m.source_run_id) for m in models] == [("model", run_id)], "logged once, to the run"
+    import mlflow
+
+    logged = mlflow.pytorch.load_model(models[0].artifact_location)
+    trained = load_mlflow_run(run_id, tracking_uri=f"sqlite:///{root / 'mlflow.db'}").model
+    for (k, a), b in zip(logged.state_dict().items(), trained.state_dict().values()):
+        assert torch.equal(a, b), k

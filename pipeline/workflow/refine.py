@@ -286,14 +286,18 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
 
 
 def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:
-    """The MLflow params of a run: what trained it, and the 2SR (or linear 2SR) settings that initialised it."""
+    """The MLflow params of a run: what trained it, and the 2SR (or linear 2SR) settings that initialised it
+    (none for a model initialised otherwise: a Xavier LSTM's run showing a 2SR ridge would mislead). Each value
+    is the one the run was trained with: a change of any of them changes the data or the initial weights, and so
+    the run's fingerprint."""
     dp = params.dataset(dataset)
+    variant = dp.variant(variant_name)
     config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
                               "model": model.config.to_dict(), "train": asdict(tcfg),
                               "n_params": model.n_parameters(), "source": dp.source}
-    if dp.variant(variant_name).family == "kf":
+    if variant.family == "kf":
         config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
-    else:
+    elif variant.init == "2sr":
         config["two_stage"] = asdict(dp.two_stage)
     return config
 
