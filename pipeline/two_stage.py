@@ -17,6 +17,16 @@ in the range bases Q (they are linear in each projection, and U = QR), so the da
 O(chunk·(n_rff + (d + oversample)²) + n_rff·(d + oversample)) besides the data and one (trajectory, t) index per
 window.
 
+Discrete data repeat (PTB's 120k characters hold 28.6k distinct 5-grams), so they are de-duplicated over all the
+data, not per chunk: a first pass, integers only, counts each family's distinct windows u (c_u rows each;
+:func:`pipeline.features.distinct_windows`). ΦᵀΦQ = Σ_u c_u φ_u φ_uᵀQ pairs no family with another, so the
+range-finder passes (and the exact Grams) run over the distinct windows, in chunks of them, and read no data; the
+last pass featurises each family's distinct windows once more into a (distinct × (d + oversample)) table of
+projections, from which the chunks of rows gather their h, f, s and o for the statistics that pair families.
+So the data are read twice, every distinct window is featurised ``power_iterations + 1`` times, and memory adds
+O(distinct · (d + oversample + window)), which grows slower than T. Continuous data (and discrete windows too
+long for int64 keys, de-duplicated per chunk) are streamed as above.
+
 Then the states are filtered through the training data with the normalised update, and a regression from states to
 the next observation initialises the decoder (softmax for discrete data, linear for continuous data). A multilayer
 PSRNN is initialised layer by layer, the states filtered by layer l being the observations of layer l+1 (Sec. 4.2);
@@ -32,7 +42,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pipeline.features import FeatureMaps, Windows, fit_feature_maps, make_windows
+from pipeline.features import (DistinctWindows, FeatureMaps, Windows, distinct_windows, fit_feature_maps,
+                               make_windows)
 from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
@@ -213,39 +224,46 @@ def top_projections(
     the singular directions U = QR, and the statistics are rotated by R (they are linear in each projection), so
     stage 1 costs no pass of its own. Exact: the D × D Grams, then one pass for the statistics.
 
+    For discrete data ΦᵀΦ = Σ_u c_u φ_u φ_uᵀ over the distinct windows u of the family, c_u their counts
+    (:func:`pipeline.features.distinct_windows`): the range finder and the Grams pair no family with another, so
+    they run over the distinct windows alone, in chunks of ``chunk_size`` of them, and read no data.
+
     Returns (projections {family: (D, dim)}, singular values {family: (dim,)}, statistics in the projections).
     """
     dtype = np.dtype(cfg.feature_dtype)
     D = maps.obs.n_features
     fams = _families(maps)
+    distinct = distinct_windows(windows, cfg.chunk_size)   # None for continuous data
     if cfg.svd == "exact":
         grams = {f: np.zeros((D, D)) for f in fams}
-        for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR gram"):
-            for f in fams:
-                phi, _, counts = maps.apply_unique(f, windows.rows(f, sl), dtype)
+        for f in fams:
+            for phi, counts in _feature_blocks(windows, maps, f, distinct, dtype, cfg.chunk_size, "2SR gram"):
                 phi = phi.astype(np.float64)
                 grams[f] += phi.T @ (phi if counts is None else phi * counts[:, None])
+                del phi   # so that the next block is made without this one alive
         out, sv = {}, {}
         for f in fams:
             evals, evecs = np.linalg.eigh(grams[f])
             order = np.argsort(evals)[::-1][: dims[f]]
             out[f] = _fix_signs(evecs[:, order])
             sv[f] = np.sqrt(np.maximum(evals[order], 0))
-        return out, sv, accumulate_statistics(windows, maps, out, cfg)
+        return out, sv, accumulate_statistics(windows, maps, out, cfg, distinct=distinct)
 
     rng = np.random.default_rng(cfg.seed + 17)
     Q = {f: _orth(rng.standard_normal((D, min(D, dims[f] + cfg.oversample)))) for f in fams}
     for it in range(cfg.power_iterations):
         Y = {f: np.zeros_like(Q[f]) for f in fams}
-        for sl in progress(list(windows.chunks(cfg.chunk_size)), desc=f"2SR range pass {it + 1}"):
-            for f in fams:
-                phi, _, counts = maps.apply_unique(f, windows.rows(f, sl), dtype)
-                proj = phi @ Q[f].astype(dtype)
+        for f in fams:
+            Q_f = Q[f].astype(dtype)
+            for phi, counts in _feature_blocks(windows, maps, f, distinct, dtype, cfg.chunk_size,
+                                               f"2SR range pass {it + 1}"):
+                proj = phi @ Q_f
                 if counts is not None:
                     proj *= counts[:, None].astype(dtype)
                 Y[f] += (phi.T @ proj).astype(np.float64)
+                del phi   # so that the next block is made without this one alive
         Q = {f: _orth(Y[f]) for f in fams}
-    stats = accumulate_statistics(windows, maps, Q, cfg, future_gram=True)
+    stats = accumulate_statistics(windows, maps, Q, cfg, future_gram=True, distinct=distinct)
     small = {"obs": stats.OO, "past": stats.HH, "future": stats.FF}   # PᵀP = QᵀΦᵀΦQ per family
     out, sv, rot = {}, {}, {}
     for f in fams:
@@ -256,6 +274,21 @@ def top_projections(
         out[f] = Q[f] @ rot[f]
         sv[f] = np.sqrt(np.maximum(evals[order], 0))
     return out, sv, stats.rotated(rot["past"], rot["future"], rot["obs"])
+
+
+def _feature_blocks(windows: Windows, maps: FeatureMaps, family: str, distinct: dict[str, DistinctWindows] | None,
+                    dtype: np.dtype, chunk_size: int, desc: str) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """The features of every ``family`` window in blocks (φ rows, multiplicity of each row or None for 1), so that
+    Σ_rows g(φ) = Σ_blocks Σ_i c_i g(φ_i): chunks of the distinct windows when there are tables, else chunks of
+    rows, de-duplicated within the chunk (discrete data whose windows have no int64 key) or not (continuous)."""
+    if distinct is not None:
+        table = distinct[family]
+        for s in progress(range(0, len(table), chunk_size), desc=f"{desc} ({family})"):
+            yield maps.apply(family, table.rows[s:s + chunk_size], dtype), table.counts[s:s + chunk_size]
+        return
+    for sl in progress(list(windows.chunks(chunk_size)), desc=f"{desc} ({family})"):
+        phi, _, counts = maps.apply_unique(family, windows.rows(family, sl), dtype)
+        yield phi, counts
 
 
 @dataclass
@@ -280,13 +313,76 @@ class Statistics:
                           FF=None if self.FF is None else R_f.T @ self.FF @ R_f)
 
 
+MAX_SYMBOL_GROUPS = 256   # Hᵀ(S ⊙⊗ O) by observation symbol up to this many distinct observations (see below)
+
+
 def accumulate_statistics(windows: Windows, maps: FeatureMaps, bases: dict[str, np.ndarray], cfg: TwoStageConfig,
-                          *, future_gram: bool = False) -> Statistics:
+                          *, future_gram: bool = False,
+                          distinct: dict[str, DistinctWindows] | None = None) -> Statistics:
     """One streamed pass: project each family's features on ``bases`` and accumulate :class:`Statistics`.
 
     The shifted future of window t is the future of window t+1 of the same trajectory, so its projection is
     reused and computed only at trajectory (and chunk) ends.
+
+    Discrete data (``distinct``: the tables of :func:`pipeline.features.distinct_windows`, made here when not
+    given): each family's distinct windows are featurised and projected once, into a (distinct × q) float64
+    table P, in chunks; a chunk of rows then gathers its h, f, s, o from the tables by its windows' positions.
+    The one-family statistics are weighted sums over a table (HᵀH = P_hᵀ diag(c_h) P_h, Σh = c_hᵀP_h, …), and
+    with few observation symbols v, Hᵀ(S ⊙⊗ O) = Σ_v A_v ⊗ P_o[v] with A_v = Σ_{t: o_t = v} h_t s_tᵀ,
+    accumulated per symbol on the chunk's rows sorted by symbol: q_h·q_f products per row instead of
+    q_h·q_f·q_o (on PTB ~10× less time than the row-wise Kronecker, which also builds a chunk × q_h·q_f array).
     """
+    if distinct is None:
+        distinct = distinct_windows(windows, cfg.chunk_size)
+    if distinct is None:
+        return _accumulate_rows(windows, maps, bases, cfg, future_gram=future_gram)
+    dtype = np.dtype(cfg.feature_dtype)
+    P_h, P_f, P_o = (_projected_table(maps, f, distinct[f], bases[f], dtype, cfg.chunk_size)
+                     for f in ("past", "future", "obs"))
+    c_h, c_f, c_o = (distinct[f].counts.astype(np.float64) for f in ("past", "future", "obs"))
+    q_h, q_f, q_o = P_h.shape[1], P_f.shape[1], P_o.shape[1]
+    grouped = len(distinct["obs"]) <= MAX_SYMBOL_GROUPS
+    HF = np.zeros((q_h, q_f))
+    A = np.zeros((len(distinct["obs"]), q_h, q_f)) if grouped else None   # A_v = Σ_{t: o_t = v} h_t s_tᵀ
+    HE = None if grouped else np.zeros((q_h, q_f * q_o))
+    for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR statistics"):
+        i_h = distinct["past"].index(windows.rows("past", sl))
+        i_f = distinct["future"].index(windows.rows("future", sl))
+        i_s = _shifted_from_future(windows, sl, i_f, distinct["future"].index)
+        i_o = distinct["obs"].index(windows.rows("obs", sl))
+        if grouped:
+            order = np.argsort(i_o, kind="stable")
+            i_h, i_f, i_s, i_o = i_h[order], i_f[order], i_s[order], i_o[order]
+        h, s = P_h[i_h], P_f[i_s]
+        HF += h.T @ P_f[i_f]
+        if grouped:
+            starts = np.flatnonzero(np.r_[True, i_o[1:] != i_o[:-1]])
+            for a, b in zip(starts, np.r_[starts[1:], len(i_o)]):
+                A[i_o[a]] += h[a:b].T @ s[a:b]
+        else:
+            o = P_o[i_o]
+            hs = (h[:, :, None] * s[:, None, :]).reshape(len(h), q_h * q_f)
+            HE += (hs.T @ o).reshape(q_h, q_f * q_o)
+    if grouped:
+        HE = np.einsum("vai,vj->aij", A, P_o).reshape(q_h, q_f * q_o)   # column i·q_o + j
+    return Statistics(HH=P_h.T @ (P_h * c_h[:, None]), HF=HF, HE=HE, OO=P_o.T @ (P_o * c_o[:, None]),
+                      h_sum=c_h @ P_h, n=len(windows),
+                      FF=P_f.T @ (P_f * c_f[:, None]) if future_gram else None)
+
+
+def _projected_table(maps: FeatureMaps, family: str, table: DistinctWindows, U: np.ndarray, dtype: np.dtype,
+                     chunk_size: int) -> np.ndarray:
+    """Uᵀφ of every window of a distinct-window table, (distinct × q) float64, featurised chunk by chunk."""
+    U_d = U.astype(dtype)
+    out = np.empty((len(table), U.shape[1]))
+    for s in range(0, len(table), chunk_size):
+        out[s:s + chunk_size] = maps.apply(family, table.rows[s:s + chunk_size], dtype) @ U_d
+    return out
+
+
+def _accumulate_rows(windows: Windows, maps: FeatureMaps, bases: dict[str, np.ndarray], cfg: TwoStageConfig,
+                     *, future_gram: bool) -> Statistics:
+    """:func:`accumulate_statistics` chunk by chunk of rows (continuous data; discrete windows without keys)."""
     dtype = np.dtype(cfg.feature_dtype)
     U_o, U_h, U_f = bases["obs"], bases["past"], bases["future"]
     q_h, q_f, q_o = U_h.shape[1], U_f.shape[1], U_o.shape[1]
@@ -295,7 +391,7 @@ def accumulate_statistics(windows: Windows, maps: FeatureMaps, bases: dict[str, 
     for sl in progress(list(windows.chunks(cfg.chunk_size)), desc="2SR statistics"):
         h = _projected(maps, "past", windows.rows("past", sl), U_h, dtype)
         f = _projected(maps, "future", windows.rows("future", sl), U_f, dtype)
-        s = _shifted_projection(windows, maps, sl, f, U_f, dtype)
+        s = _shifted_from_future(windows, sl, f, lambda x: _projected(maps, "shifted", x, U_f, dtype))
         o = _projected(maps, "obs", windows.rows("obs", sl), U_o, dtype)
         HH += h.T @ h
         HF += h.T @ f
@@ -308,14 +404,14 @@ def accumulate_statistics(windows: Windows, maps: FeatureMaps, bases: dict[str, 
     return Statistics(HH=HH, HF=HF, HE=HE, OO=OO, h_sum=h_sum, n=len(windows), FF=FF if future_gram else None)
 
 
-def _shifted_projection(windows: Windows, maps: FeatureMaps, sl: slice, f: np.ndarray, U_f: np.ndarray,
-                        dtype: np.dtype) -> np.ndarray:
-    times = windows.times[sl]
+def _shifted_from_future(windows: Windows, sl: slice, f: np.ndarray, of_windows) -> np.ndarray:
+    """Per row of ``sl``, the value for its shifted window given ``f``, the values for the rows' future windows
+    (projections, or positions in a table): s_t = f_{t+1} where row t+1 follows row t in the slice, else
+    ``of_windows`` of the shifted window itself (:meth:`Windows.shift_breaks`)."""
     s = np.empty_like(f)
-    follows = (times[1:, 0] == times[:-1, 0]) & (times[1:, 1] == times[:-1, 1] + 1)
-    s[:-1][follows] = f[1:][follows]
-    missing = np.append(np.flatnonzero(~follows), len(f) - 1)
-    s[missing] = _projected(maps, "shifted", windows.rows("shifted", sl.start + missing), U_f, dtype)
+    s[:-1] = f[1:]
+    breaks = windows.shift_breaks(sl)
+    s[breaks] = of_windows(windows.rows("shifted", sl.start + breaks))
     return s
 
 
@@ -471,7 +567,14 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
 
 def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray], *, discrete: bool,
                 vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300) -> Decoder:
-    """Regress o_{t+1} on the state after o_t: softmax regression (discrete) or ridge regression (continuous)."""
+    """Regress o_{t+1} on the state after o_t: softmax regression (discrete) or ridge regression (continuous).
+
+    Softmax: L-BFGS-B on :func:`softmax_objective` from the unigram model (W = 0, b = log-frequencies), with BLAS
+    at one thread. numpy and scipy each load their own OpenBLAS (pip wheels), and L-BFGS-B's products on the
+    (V·d)-long vectors are just large enough for scipy's to wake its threads, which then spin for a while after
+    every iteration on the cores that numpy's BLAS and exp need: on 2 cores each objective call took 2× as long
+    as alone (PTB: ~50 ms against ~25 ms). The objective's products are too small to gain much from threads.
+    """
     import scipy.optimize
 
     X = np.concatenate([s[:-1] for s in states], axis=0)
@@ -479,39 +582,81 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
     if discrete:
         y = np.concatenate([np.asarray(t)[1:] for t in trajectories]).astype(np.int64)
         V = vocab_size
-        lam = ridge
-
-        rows = np.arange(n)
-
-        def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            # one (n, V) buffer, reused in place: the shifted logits, then their exponentials, then p - onehot
-            # (L-BFGS calls this ~80 times per fit on PTB's 120k states; a fifth faster than with temporaries)
-            Wt = theta[: V * d].reshape(V, d)
-            bt = theta[V * d:]
-            z = X @ Wt.T
-            z += bt
-            z -= z.max(1, keepdims=True)
-            z_y = z[rows, y]
-            np.exp(z, out=z)
-            total = z.sum(1)
-            loss = float(np.log(total).mean() - z_y.mean()) + 0.5 * lam * float((Wt ** 2).sum())
-            z /= (total * n)[:, None]
-            z[rows, y] -= 1.0 / n
-            gW = z.T @ X + lam * Wt
-            gb = z.sum(0)
-            return loss, np.concatenate([gW.ravel(), gb])
-
         counts = np.bincount(y, minlength=V).astype(np.float64)
         b0 = np.log((counts + 1.0) / (counts.sum() + V))  # start from the unigram model
         theta0 = np.concatenate([np.zeros(V * d), b0])
-        res = scipy.optimize.minimize(loss_grad, theta0, jac=True, method="L-BFGS-B",
-                                      options={"maxiter": max_iter})
+        with _single_threaded_blas():
+            res = scipy.optimize.minimize(softmax_objective(X, y, V, ridge), theta0, jac=True, method="L-BFGS-B",
+                                          options={"maxiter": max_iter})
         return Decoder(weight=res.x[: V * d].reshape(V, d), bias=res.x[V * d:], kind="discrete")
     Y = np.concatenate([np.asarray(t).reshape(len(t), -1)[1:] for t in trajectories], axis=0)
     x_mean, y_mean = X.mean(0), Y.mean(0)
     Xc, Yc = X - x_mean, Y - y_mean
     Wt = _ridge_solve(Xc.T @ Xc, Xc.T @ Yc, ridge * n).T
     return Decoder(weight=Wt, bias=y_mean - Wt @ x_mean, kind="continuous")
+
+
+def _single_threaded_blas():
+    """A context with every loaded BLAS (numpy's and scipy's OpenBLAS alike) at one thread."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def softmax_objective(X: np.ndarray, y: np.ndarray, V: int, lam: float):
+    """The objective of the softmax decoder and its gradient, as one function of θ = [vec(W); b] (W: V × d,
+    row-major) for ``scipy.optimize.minimize(..., jac=True)``:
+
+        L(θ) = (1/n) Σ_t [log Σ_v exp(w_vᵀx_t + b_v) − w_{y_t}ᵀx_t − b_{y_t}] + ½λ‖W‖²   (b unregularised),
+        ∇_[W b] L = (1/n) Σ_t (p_t − e_{y_t}) [x_tᵀ 1] + λ[W 0],   p_t = softmax(W x_t + b).
+
+    How it is computed, L-BFGS calling it ~90 times per fit (PTB: n = 120k states, V = 44; ~2.5× faster than
+    the (n × V) version it replaces, float64 throughout since L-BFGS's tolerance needs the loss to ~1e-15):
+
+    * the label terms are linear in θ: S = Σ_t e_{y_t}[x_tᵀ 1] (V × (d+1)) is summed once, so no call gathers
+      the labels' logits or scatters a one-hot;
+    * the logits are transposed, Z = [W b][X 1]ᵀ (V × n): the log-sum-exp reduces over axis 0, elementwise over
+      V rows of contiguous values, which numpy vectorises (along rows of V = 44, the (n × V) layout, it ran
+      ~2.5× slower);
+    * p_t/n is never formed: the gradient is E [X 1] diag(1/(n·Σ_v E_vt)) with E = exp(Z − max_v Z), the
+      scaling applied to the (d+1)-row [X 1]ᵀ rather than to the V-row E;
+    * the data are taken in blocks of columns whose E fits in a core's cache (2 MB), so no V × n array exists
+      (it would be 0.7 GB on 16× PTB) and each block's E is read back from cache (~15% faster than whole).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.int64)
+    n, d = X.shape
+    XaT = np.empty((d + 1, n))            # [X 1]ᵀ
+    XaT[:d] = X.T
+    XaT[d] = 1.0
+    S = np.stack([np.bincount(y, weights=row, minlength=V) for row in XaT], axis=1)   # Σ_t e_{y_t} [x_tᵀ 1]
+    block = max(64, (1 << 18) // max(V, 1))   # columns of a block: its E is 2**18 float64s, 2 MB
+    E_buf, scaled_buf = np.empty((V, block)), np.empty((d + 1, block))
+    col_max, total = np.empty(n), np.empty(n)
+    ones = np.ones(V)
+
+    def loss_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        Wb = np.empty((V, d + 1))
+        Wb[:, :d] = theta[: V * d].reshape(V, d)
+        Wb[:, d] = theta[V * d:]
+        G = np.zeros((V, d + 1))               # (1/n) Σ_t p_t [x_tᵀ 1]
+        for c0 in range(0, n, block):
+            c1 = min(c0 + block, n)
+            E, scaled, m, tot = E_buf[:, :c1 - c0], scaled_buf[:, :c1 - c0], col_max[c0:c1], total[c0:c1]
+            np.matmul(Wb, XaT[:, c0:c1], out=E)
+            np.max(E, axis=0, out=m)            # shifted, so that exp cannot overflow and Σ_v ≥ 1
+            np.subtract(E, m, out=E)
+            np.exp(E, out=E)
+            np.matmul(ones, E, out=tot)
+            np.multiply(XaT[:, c0:c1], 1.0 / (n * tot), out=scaled)
+            G += E @ scaled.T
+        W = Wb[:, :d]
+        loss = (np.log(total).sum() + col_max.sum() - float((Wb * S).sum())) / n + 0.5 * lam * float((W * W).sum())
+        G -= S / n
+        G[:, :d] += lam * W
+        return float(loss), np.concatenate([G[:, :d].ravel(), G[:, d]])
+
+    return loss_grad
 
 
 @dataclass
