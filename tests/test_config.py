@@ -14,7 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_default_and_tiny_params_are_valid(defaults):
     p = parse_params(defaults)
     assert p.dataset("ptb").ranks == [10, 20, 40, 60]
-    assert p.dataset("ptb").layers == 2 and p.dataset("swimmer").layers == 1
+    assert p.dataset("ptb").layers == 2 and p.dataset("swimmer").layers == 2
+    # the models of the paper on every dataset: PSRNN of 1 and 2 layers, factorized PSRNNs of several ranks, the
+    # three RNN baselines, and the Kalman filter where the data are continuous
+    for name in p.selected:
+        dp = p.dataset(name)
+        names = {v.name for v in dp.variants}
+        assert {"psrnn", "psrnn_2layer", "lstm", "gru", "rnn"} <= names, name
+        assert len(dp.ranks) >= 2, name
+        assert ("kf" in names) == (not dp.discrete), name
     assert p.dataset("ptb").kf is None and p.dataset("swimmer").kf.state_dim == 20
     assert p.dataset("ptb").discrete and not p.dataset("swimmer").discrete
     load_params(ROOT / "tests" / "fixtures" / "tiny_params.yaml")
@@ -581,11 +589,11 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     raw = copy.deepcopy(defaults)
     del raw["custom"]   # its file, the shipped example, is not in tmp_path (the test below reads it)
     raw["ptb"]["two_stage"]["layers"] = 3
-    raw["mocap"]["variants"] = ["psrnn", "lstm"]  # its kf section stays
+    raw["mocap"]["variants"] = ["psrnn", "psrnn_2layer", "lstm"]  # its kf section stays
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 33 model variants, "
+    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 45 model variants, "
                            "seeds [0, 1])")
     assert out[1:] == [
         "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "
@@ -638,7 +646,7 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("custom: examples/custom_series.parquet: continuous, 2 features, 20 train / 5 test "
                       "trajectories, training lengths 120 to 120 steps")
-    assert out[1].endswith(": valid (2 datasets: hmm, lgssm; 11 model variants, seeds [0, 1])")
+    assert out[1].endswith(": valid (2 datasets: hmm, lgssm; 16 model variants, seeds [0, 1])")
     assert out[2:] == ["note: ptb, swimmer, mocap, handwriting, custom have sections but are not in datasets: not "
                        "trained or reported (the data are still prepared where dvc.yaml has their preprocess "
                        "stage)"]
@@ -665,7 +673,7 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].endswith(": valid (2 datasets: hmm, custom; 11 model variants, seeds [0, 1])")
+    assert out[1].endswith(": valid (2 datasets: hmm, custom; 13 model variants, seeds [0, 1])")
 
 
 @pytest.mark.parametrize("removed, selected, message", [
