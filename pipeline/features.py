@@ -374,6 +374,7 @@ class _KeyCounter:
 
     def __init__(self, min_merge: int):
         self.keys = np.zeros(0, dtype=np.int64)
+        self.merged = 0   # distinct keys in the merged table: a lower bound of the distinct keys so far
         self.counts = np.zeros(0, dtype=np.int64)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._size = 0
@@ -399,12 +400,16 @@ class _KeyCounter:
         self.counts = np.zeros(self.keys.shape[0], dtype=np.int64)
         np.add.at(self.counts, inverse.reshape(-1), counts)
         self._pending, self._size = [], 0
+        self.merged = self.keys.shape[0]
 
 
-def distinct_windows(windows: Windows, chunk_size: int = 8192) -> dict[str, DistinctWindows] | None:
+def distinct_windows(windows: Windows, chunk_size: int = 8192, max_distinct: int | None = None
+                     ) -> dict[str, DistinctWindows] | None:
     """The distinct observation, history and future windows of discrete ``windows`` over all trajectories, each
     with the number of rows it occurs in: one streamed pass over the rows, no features. None for continuous
-    windows, and for windows too long for int64 keys (:func:`keys_fit`).
+    windows, for windows too long for int64 keys (:func:`keys_fit`), and as soon as a family has more than
+    ``max_distinct`` distinct windows (data with little repetition, where the tables would cost memory in
+    proportion to T and de-duplication would save little: the caller then streams rows as for continuous data).
 
     A sum over rows of any function of one family's window is then a sum over its distinct windows weighted by
     the counts: on PTB's 120k characters there are 28.6k distinct 5-grams (and 44 symbols), against 69.6k
@@ -421,14 +426,19 @@ def distinct_windows(windows: Windows, chunk_size: int = 8192) -> dict[str, Dist
     if not all(keys_fit(V, w) for w in widths.values()):
         return None
     counters = {f: _KeyCounter(chunk_size) for f in widths}
+    limit = np.inf if max_distinct is None else max_distinct
     for sl in windows.chunks(chunk_size):
         for f in widths:
             counters[f].add(window_keys(windows.rows(f, sl), V))
         ends = sl.start + windows.shift_breaks(sl)
         counters["future"].add(window_keys(windows.rows("shifted", ends), V), counted=False)
+        if any(c.merged > limit for c in counters.values()):
+            return None
     out = {}
     for f, w in widths.items():
         keys, counts = counters[f].result()
+        if keys.shape[0] > limit:
+            return None
         out[f] = DistinctWindows(keys=keys, counts=counts, rows=windows_of_keys(keys, V, w), vocab_size=V)
     return out
 

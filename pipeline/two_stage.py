@@ -25,7 +25,9 @@ last pass featurises each family's distinct windows once more into a (distinct �
 projections, from which the chunks of rows gather their h, f, s and o for the statistics that pair families.
 So the data are read twice, every distinct window is featurised ``power_iterations + 1`` times, and memory adds
 O(distinct · (d + oversample + window)), which grows slower than T. Continuous data (and discrete windows too
-long for int64 keys, de-duplicated per chunk) are streamed as above.
+long for int64 keys, or with more distinct windows than :data:`DISTINCT_TABLE_BYTES` holds, ~0.9 M at the
+defaults: data that repeat too little for de-duplication to pay; both de-duplicated per chunk) are streamed as
+above.
 
 Then the states are filtered through the training data with the normalised update, and a regression from states to
 the next observation initialises the decoder (softmax for discrete data, linear for continuous data). A multilayer
@@ -233,7 +235,7 @@ def top_projections(
     dtype = np.dtype(cfg.feature_dtype)
     D = maps.obs.n_features
     fams = _families(maps)
-    distinct = distinct_windows(windows, cfg.chunk_size)   # None for continuous data
+    distinct = _distinct(windows, cfg, max(dims.values()) + cfg.oversample)   # None for continuous data
     if cfg.svd == "exact":
         grams = {f: np.zeros((D, D)) for f in fams}
         for f in fams:
@@ -274,6 +276,20 @@ def top_projections(
         out[f] = Q[f] @ rot[f]
         sv[f] = np.sqrt(np.maximum(evals[order], 0))
     return out, sv, stats.rotated(rot["past"], rot["future"], rot["obs"])
+
+
+#: Memory allowed to one family's distinct-window tables (keys, counts, windows and the (distinct × q) float64
+#: projections). Data with more distinct windows than fit are streamed row by row as continuous data are: they
+#: repeat too little for de-duplication to pay, and the tables would grow with T.
+DISTINCT_TABLE_BYTES = 256 * 2 ** 20
+
+
+def _distinct(windows: Windows, cfg: TwoStageConfig, q: int) -> dict[str, DistinctWindows] | None:
+    """:func:`pipeline.features.distinct_windows` within :data:`DISTINCT_TABLE_BYTES` per family, for
+    projections of ``q`` columns (None: stream rows)."""
+    width = max(windows.past_window, windows.future_window)
+    per_window = 8 * (q + width + 2)   # projections, the window's symbols, its key and its count
+    return distinct_windows(windows, cfg.chunk_size, max_distinct=DISTINCT_TABLE_BYTES // per_window)
 
 
 def _feature_blocks(windows: Windows, maps: FeatureMaps, family: str, distinct: dict[str, DistinctWindows] | None,
@@ -333,7 +349,7 @@ def accumulate_statistics(windows: Windows, maps: FeatureMaps, bases: dict[str, 
     q_h·q_f·q_o (on PTB ~10× less time than the row-wise Kronecker, which also builds a chunk × q_h·q_f array).
     """
     if distinct is None:
-        distinct = distinct_windows(windows, cfg.chunk_size)
+        distinct = _distinct(windows, cfg, max(b.shape[1] for b in bases.values()))
     if distinct is None:
         return _accumulate_rows(windows, maps, bases, cfg, future_gram=future_gram)
     dtype = np.dtype(cfg.feature_dtype)

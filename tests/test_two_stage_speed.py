@@ -182,3 +182,27 @@ def test_two_stage_from_distinct_windows_is_bitwise_deterministic():
             for _ in range(2))
     for name in ("W", "q1", "mean_state", "U_obs", "U_past", "U_future"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_data_with_too_many_distinct_windows_are_streamed_by_rows(monkeypatch):
+    """Above the tables' memory budget (data that repeat little) 2SR streams rows as for continuous data, with
+    the same result; distinct_windows stops counting as soon as a family passes ``max_distinct``."""
+    windows, maps, _ = _statistics_pair(True)
+    full = distinct_windows(windows)
+    most = max(len(t) for t in full.values())
+    assert distinct_windows(windows, max_distinct=most) is not None
+    assert distinct_windows(windows, max_distinct=most - 1) is None
+    assert distinct_windows(windows, chunk_size=6, max_distinct=most - 1) is None
+    dims = {"obs": 3, "past": 5, "future": 4}
+    tabled = top_projections(windows, maps, dims, _cfg(chunk_size=10))
+    calls = []
+    real = two_stage._accumulate_rows
+    monkeypatch.setattr(two_stage, "_accumulate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q, width = max(dims.values()) + _cfg().oversample, 3   # the projections' columns, the longest window
+    monkeypatch.setattr(two_stage, "DISTINCT_TABLE_BYTES", 8 * (q + width + 2) * (most - 1))
+    streamed = top_projections(windows, maps, dims, _cfg(chunk_size=10))
+    assert calls == [1], "the row-streamed statistics must have run"
+    for f in dims:
+        assert _rel(streamed[0][f], tabled[0][f]) < 1e-10, f
+    for name in ("HH", "HF", "HE", "OO", "h_sum"):
+        assert _rel(getattr(streamed[2], name), getattr(tabled[2], name)) < 1e-10, name
