@@ -379,7 +379,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
                 raise TrainingDiverged(_diverged(
                     epoch, step, "loss", float(loss.detach()), checkpoint_path, clip=cfg.clip,
                     advice=f"above train.max_loss={cfg.max_loss:g}; if the data are not normalised the loss may "
-                           f"just be large: standardise them or raise train.max_loss, else {_remedy(cfg.clip)}"))
+                           "just be large: standardise them or raise train.max_loss"))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:
@@ -430,17 +430,13 @@ def trained_epoch(ck: dict[str, Any]) -> int:
     return int(ck["best_epoch"] if _keeps_best(ck) else ck["epoch"])
 
 
-def _remedy(clip: float) -> str:
-    """What to change after a divergence: with clipping off, lowering train.clip is no remedy."""
-    if clip > 0:
-        return "lower train.lr or train.clip"
-    return "lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)"
-
-
 def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *, clip: float,
               advice: str | None = None) -> str:
+    """The one-line message of a stop, ending in the remedy; with clipping off, lowering train.clip is none.
+    ``advice``: what to try first, before the remedy."""
     kept = f"; the last good checkpoint {checkpoint_path} is kept" if checkpoint_path else ""
+    remedy = ("lower train.lr or train.clip" if clip > 0 else
+              "lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)")
     if advice is not None:
-        return f"training stopped at epoch {epoch}, step {step}: {what} is {value:g}, {advice}{kept}."
-    remedy = _remedy(clip)
+        return f"training stopped at epoch {epoch}, step {step}: {what} is {value:g}, {advice}, else {remedy}{kept}."
     return f"training diverged at epoch {epoch}, step {step}: {what} is {value}{kept}. {remedy[0].upper()}{remedy[1:]}."

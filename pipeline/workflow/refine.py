@@ -158,13 +158,21 @@ def tracking_fingerprint(params: Params, root: Path) -> str:
     return _fingerprint(dict(params.tracking), tracking_uri(root))
 
 
+def _run_parts(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> tuple[dict[str, Any], str]:
+    """What one run's fingerprints hold of its own: its train config (with the seed) and the digest of its
+    initial weights."""
+    from dataclasses import replace
+
+    init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
+    if not init_path.is_file():
+        raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
+    return asdict(replace(params.dataset(dataset).train_config(variant_name), seed=seed)), _fingerprint(init_path)
+
+
 def _legacy_fingerprint(params: Params, root: Path, dataset: str, variant_name: str, seed: int) -> str:
     """The run fingerprint of versions that counted the tracking params in (their ``done`` markers), so that a
     run they trained and logged is kept, not trained again, after an upgrade."""
-    from dataclasses import replace
-
-    init = _fingerprint(artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz")
-    train = asdict(replace(params.dataset(dataset).train_config(variant_name), seed=seed))
+    train, init = _run_parts(params, root, dataset, variant_name, seed)
     return _fingerprint(train, init, _fingerprint(prepared_path(root, dataset), code_hash(), dict(params.tracking)))
 
 
@@ -174,14 +182,8 @@ def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str
     ``train.epochs``: a checkpoint with the second can continue to more epochs (training is resumed exactly, so
     10 epochs extended to 20 equal 20 in one go). ``shared`` returns :func:`dataset_digest` (memoised by
     :func:`refine` for all runs of a dataset); it is called after the initial weights are found."""
-    from dataclasses import replace
-
-    init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
-    if not init_path.is_file():
-        raise FileNotFoundError(f"{init_path}: initial weights not found (run initialise first)")
-    init = _fingerprint(init_path)
+    train, init = _run_parts(params, root, dataset, variant_name, seed)
     shared_digest = shared() if shared is not None else dataset_digest(params, root, dataset)
-    train = asdict(replace(params.dataset(dataset).train_config(variant_name), seed=seed))
     full = _fingerprint(train, init, shared_digest)
     train.pop("epochs")
     return full, _fingerprint(train, init, shared_digest)
@@ -231,7 +233,6 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             orphan.unlink()
     ckpt = mdir / "checkpoint.pt"
     fp_file = mdir / "fingerprint.txt"
-    run_id_file = mdir / "run_id"
     for marker in (done_file, tracked_file):
         if marker.exists():
             marker.unlink()
@@ -240,24 +241,17 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     resume = ck is not None and ck["epoch"] <= tcfg.epochs
     # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
     reuse_run = resume or (same and not ckpt.exists())
-    previous = run_id_file.read_text().strip() if run_id_file.exists() else None
     if not resume:
         for stale in (ckpt, history_file):
             if stale.exists():
                 stale.unlink()
     write_text(fp_file, resumable + "\n")
-    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, previous=previous,
-                            continue_previous=reuse_run)
+    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=reuse_run)
     tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
     if resume:
         # a kill can fall between an epoch's checkpoint and its MLflow logging, and a new run (of another
-        # experiment) has none of them: log what the run lacks
-        from pipeline.metrics import primary_metric
-
-        logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
-        for entry in ck["history"]:
-            if entry["epoch"] not in logged:
-                tracker.log_epoch(entry)
+        # experiment) has none of them
+        _log_missing_epochs(tracker, ck["history"], ds.discrete)
 
     try:
         result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
@@ -303,10 +297,10 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
 
 
 def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
-                  previous: str | None, continue_previous: bool):
+                  continue_previous: bool):
     """The MLflow run of (variant, seed), its id written to the run folder's ``run_id``.
 
-    ``previous`` (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
+    The previous run (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
     experiment's run (tag ``dvc_exp_name``, or none in the workspace) in the same MLflow experiment: a checkpoint
     that a queued experiment found in its copy of the workspace (e.g. to train more epochs) opens a new run,
     into which the epochs so far are logged again, so the workspace's run and every other experiment's are left
@@ -314,6 +308,8 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     as KILLED."""
     from pipeline.tracking import RunTracker, git_commit
 
+    run_id_file = model_dir(root, dataset, variant_name, seed) / "run_id"
+    previous = run_id_file.read_text().strip() if run_id_file.exists() else None
     prefix = params.tracking.get("experiment_prefix", "psrnn")
     tags = {"dataset": dataset, "variant": variant_name, "family": params.dataset(dataset).variant(variant_name).family,
             "seed": str(seed), "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}"),
@@ -330,8 +326,18 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
                          tags={**tags, "epochs": str(tcfg.epochs)}, owner_tags=("dvc_exp_name",))
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
-    write_text(model_dir(root, dataset, variant_name, seed) / "run_id", tracker.run_id + "\n")
+    write_text(run_id_file, tracker.run_id + "\n")
     return tracker
+
+
+def _log_missing_epochs(tracker, history: list[dict[str, Any]], discrete: bool) -> None:
+    """Log the epochs of ``history`` that the MLflow run does not have yet."""
+    from pipeline.metrics import primary_metric
+
+    logged = tracker.logged_steps(f"test_{primary_metric(discrete)}")
+    for entry in history:
+        if entry["epoch"] not in logged:
+            tracker.log_epoch(entry)
 
 
 def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[str, Any]) -> None:
@@ -369,25 +375,16 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
     into a new one."""
     from dataclasses import replace
 
-    from pipeline.metrics import primary_metric
-
-    dp = params.dataset(dataset)
-    tcfg = replace(dp.train_config(variant_name), seed=seed)
+    tcfg = replace(params.dataset(dataset).train_config(variant_name), seed=seed)
     mdir = model_dir(root, dataset, variant_name, seed)
     if not (mdir / "checkpoint.pt").is_file():
         raise FileNotFoundError(f"{mdir / 'checkpoint.pt'}: the checkpoint of a finished run is missing; "
                                 "PSRNN_RETRAIN=1 trains it again")
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
-    run_id_file = mdir / "run_id"
-    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg,
-                            previous=run_id_file.read_text().strip() if run_id_file.exists() else None,
-                            continue_previous=True)
+    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=True)
     tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
-    logged = tracker.logged_steps(f"test_{primary_metric(ds.discrete)}")
-    for entry in history["history"]:
-        if entry["epoch"] not in logged:
-            tracker.log_epoch(entry)
+    _log_missing_epochs(tracker, history["history"], ds.discrete)
     history = {**history, "run_id": tracker.run_id}
     write_json(mdir / "history.json", history)
     _log_outcome(tracker, params, ds, model, mdir, history)
