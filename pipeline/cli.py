@@ -55,12 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the full traceback of a failure, wherever the flag is given (also: environment "
                         "variable PSRNN_DEBUG=1)")
     commands = p.add_subparsers(dest="stage", required=True)
-    epilog = ("global options, before the command: --root DIR, --params FILE; -v/--verbose and --debug also after it "
-              "(`psrnn --help`)")
+    epilog = "-v/--verbose and --debug also count anywhere (`psrnn --help`)"
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        """A subcommand whose ``--help`` shows what it does and the global options."""
-        return commands.add_parser(name, help=help, description=help, epilog=epilog)
+        """A subcommand whose ``--help`` shows what it does and the global options, which it also takes after its
+        name (SUPPRESS: not given there, the value before the name stands)."""
+        sub = commands.add_parser(name, help=help, description=help, epilog=epilog)
+        sub.add_argument("--params", default=argparse.SUPPRESS, help="params file (as before the command)")
+        sub.add_argument("--root", default=argparse.SUPPRESS, help="project root (as before the command)")
+        return sub
     command("check", help="validate params.yaml (and a custom dataset's file against it) and exit")
     d = command("download", help="fetch and sha256-verify the raw files of a source (mirror when offline)")
     d.add_argument("source", help="ptb, swimmer, mocap or handwriting")
@@ -109,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--sample", action="store_true",
                            help="discrete data: feed back symbols drawn from the predicted distribution (default: "
                                 "the most likely symbol)")
-            d.add_argument("--sample-seed", type=int, default=0,
-                           help="seed of --sample's draws, 0 <= seed < 2**32 (default 0)")
+            d.add_argument("--sample-seed", type=int, default=None,
+                           help="seed of --sample's draws, 0 <= seed < 2**32 (default 0); only with --sample")
         else:
             d.add_argument("--block-rows", type=int, default=65536,
                            help="rows filtered and written at a time (one Parquet row group each; default 65536): "
@@ -280,12 +283,18 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
 def _check_inference_args(args: argparse.Namespace) -> None:
     """What ``psrnn predict`` / ``forecast`` can check of their arguments before loading anything: the device and
     the output path (``--steps`` and ``--sample-seed`` of forecast)."""
-    from pipeline.inference import check_output_path, check_seed, check_steps
+    from pipeline.inference import check_block_rows, check_output_path, check_seed, check_steps
     from pipeline.train import resolve_device
 
     if args.stage == "forecast":
         check_steps(args.steps, "--steps")
-        check_seed(args.sample_seed, "--sample-seed")
+        if args.sample_seed is not None:
+            if not args.sample:   # the greedy forecast draws nothing: a seed there is a forgotten --sample
+                raise ValueError(f"--sample-seed {args.sample_seed}: only used with --sample (the default "
+                                 "forecast feeds back the most likely symbol and draws nothing)")
+            check_seed(args.sample_seed, "--sample-seed")
+    else:
+        check_block_rows(args.block_rows, "--block-rows")
     resolve_device(args.device, "--device")
     check_output_path(args.output)
 
@@ -308,8 +317,6 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
     """``psrnn predict``: :func:`pipeline.inference.predict_file`, and one line of what was written."""
     from pipeline.inference import load_run, predict_file
 
-    if args.block_rows < 1:   # before loading anything
-        raise ValueError(f"--block-rows {args.block_rows}: expected a positive number of rows")
     _check_inference_args(args)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
@@ -330,7 +337,7 @@ def _forecast(args: argparse.Namespace, root: Path) -> None:
     _check_inference_args(args)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
-                            seed=args.sample_seed, **_discrete_options(args, run), device=args.device)
+                            seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)
     n = summary["trajectories"]
     dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
     print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "

@@ -96,7 +96,9 @@ class Variant:
         if not m:
             shown = repr(name) if isinstance(name, str) else _describe(name)
             raise ParamsError(f"{key}: unknown model variant {shown}; expected psrnn, psrnn_<L>layer, "
-                              "psrnn_<L>layer_skip, psrnn_random, factorized_psrnn_r<rank>, lstm, gru, rnn or kf")
+                              "psrnn_<L>layer_skip, psrnn_random, psrnn_<L>layer_random, "
+                              "psrnn_<L>layer_skip_random, factorized_psrnn_r<rank>, factorized_psrnn_r<rank>_random, "
+                              "lstm, gru, rnn or kf")
         if name.startswith("factorized_psrnn"):
             rank = int(m.group("rank"))
             if rank <= 0:
@@ -450,9 +452,10 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         mode = source.get("mode", "simulate")
         _check_choice(f"{key}.mode", mode, ("simulate", "authors"))
         other = "authors" if mode == "simulate" else "simulate"
-        for k in _SWIMMER_MODE_KEYS[other]:
-            if k in source:
-                raise ParamsError(f"{key}.{k}: only used with mode {other!r}, not {mode!r}; remove it")
+        extra = [k for k in _SWIMMER_MODE_KEYS[other] if k in source]
+        if extra:   # every such key at once: switching the mode is one edit, not one run per key
+            raise ParamsError(f"{key}.{extra[0]}: only used with mode {other!r}, not {mode!r}; remove "
+                              + ("it" if len(extra) == 1 else ", ".join(extra)))
         for k in ("train_file", "test_file"):
             if k in source and not source[k]:
                 raise ParamsError(f"{key}.{k}: expected a file name, got an empty string")

@@ -52,6 +52,15 @@ def check_seed(seed: Any, option: str = "seed=") -> None:
         raise ValueError(f"{option_value(option, seed)}: expected an integer with 0 <= seed < 2**32")
 
 
+def check_block_rows(block_rows: Any, option: str = "block_rows=") -> None:
+    """Rows per block of :func:`predict_file`: a positive integer up to :data:`MAX_BLOCK_ROWS`."""
+    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or \
+            not 1 <= block_rows <= MAX_BLOCK_ROWS:
+        shown = _brief(block_rows)   # a huge integer by its size
+        named = f"{option}{shown}" if option.endswith("=") else f"{option} {shown}"
+        raise ValueError(f"{named}: expected a positive integer up to 2**31 - 1 ({MAX_BLOCK_ROWS})")
+
+
 def check_output_path(output_path: str | Path) -> None:
     """Refuse, before any work, an output that cannot be written by renaming a temporary file onto it: a path that
     exists and is not a regular file (a symbolic link, directory, FIFO, device or socket: the rename would replace
@@ -502,10 +511,11 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     from mlflow.exceptions import MlflowException
 
     from pipeline.api import model_from_checkpoint
+    from pipeline.config import project_root
     from pipeline.tracking import sqlite_path, tracking_uri as default_uri
     from pipeline.train import load_checkpoint
 
-    uri = tracking_uri or default_uri()
+    uri = tracking_uri or default_uri(project_root())   # from a subfolder too, as `psrnn predict` finds runs
     where = "tracking_uri" if tracking_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") \
         else "the default: mlflow.db at the root of the project around the working directory, if any, else in it"
     db = sqlite_path(uri)
@@ -618,7 +628,7 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
     if output_path.resolve() == input_path.resolve():
         raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
     rows = read_rows(input_path, kind=run.kind, features=None if run.discrete else run.features,
-                     symbol_column=symbol_column, min_length=1)
+                     symbol_column=symbol_column, min_length=1, features_are="a feature the run was trained on")
     if not run.discrete:
         _check_standardised(run, input_path, rows)
     ids_out, steps_out, encoded = [], [], []
@@ -744,10 +754,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     from pipeline.metrics import MetricSums
     from pipeline.train import resolve_device
 
-    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or \
-            not 1 <= block_rows <= MAX_BLOCK_ROWS:
-        raise ValueError(f"block_rows={_brief(block_rows)}: expected a positive integer up to 2**31 - 1 "
-                         f"({MAX_BLOCK_ROWS})")
+    check_block_rows(block_rows)
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path)
     dev = resolve_device(device, "device=")

@@ -527,7 +527,7 @@ def regress_layer(
     M = _ridge_solve(SS, SE, lam)              # stage 2: E[future] -> E[extended future]
     W = M.reshape(d, d, d_o).transpose(1, 2, 0).copy()   # M[k, i·d_o + j] -> W[i, j, k]
     if cfg.obs_inverse:
-        # The PSR update (Eq. 3) conditions on o_t through (Z ×₃ q_t)⁻¹ = C_{oo|h}⁻¹. The PSRNN replaces that
+        # The PSR update (Eq. 1) conditions on o_t through (Z ×₃ q_t)⁻¹ = C_{oo|h}⁻¹. The PSRNN replaces that
         # normaliser by the 2-norm; what the 2-norm cannot undo is the kernel smoothing of ω(o_t), since
         # W ×₂ ω(o_t) averages the joint E[s ⊗ ω] over every observation similar to o_t. Multiplying the
         # observation mode by the marginal C_oo⁻¹ undoes it: for discrete data with independent features,

@@ -118,6 +118,15 @@ def test_cli_reports_one_line(tmp_path, capsys, defaults):
     assert main(["--root", str(tmp_path), "check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ptb.train.lrr: unknown key" in err[0]
+    # the global options also count after the command's name, as -v and --debug do
+    assert main(["check", "--root", str(tmp_path)]) == 1
+    assert "ptb.train.lrr: unknown key" in capsys.readouterr().err
+    raw["ptb"]["train"]["lrx"] = raw["ptb"]["train"].pop("lrr")
+    other = tmp_path / "other.yaml"
+    other.write_text(dump_yaml(raw))
+    assert main(["--params", str(tmp_path / "params.yaml"), "check", "--root", str(tmp_path), "--params",
+                 str(other)]) == 1   # the value after the command wins
+    assert "ptb.train.lrx: unknown key" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, line", [
@@ -271,7 +280,8 @@ def _custom(**source):
     (lambda p: p["report"].update(figures={"fig3a": "lstm"}), r"^report\.figures\.fig3a: expected a mapping of "
                                                               r"options"),
     (lambda p: p["swimmer"]["source"].update(mode="authors"), r"^swimmer\.source\.n_trajectories: only used with "
-                                                              r"mode 'simulate'"),
+                                                              r"mode 'simulate', not 'authors'; remove "
+                                                              r"n_trajectories, length, seed$"),
     # malformed sections
     (lambda p: p.update(tracking=[1]), r"^tracking: expected a mapping .*, got a list \[1\]$"),
     (lambda p: p.update(tracking=True), r"^tracking: expected a mapping .*, got a boolean true$"),

@@ -79,7 +79,7 @@ def test_continuous_predictions_are_in_data_units_and_match_the_model(continuous
 def test_continuous_input_errors_name_the_file_and_column(continuous_run, tmp_path):
     run, _ = continuous_run
     src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, 2.0, 3.0]})
-    with pytest.raises(ValueError, match=r"in\.parquet: missing column 'b' \(named in features\)"):
+    with pytest.raises(ValueError, match=r"in\.parquet: missing column 'b' \(a feature the run was trained on\)"):
         predict_file(run, src, tmp_path / "out.parquet")
     src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, np.nan, 3.0], "b": [0.0, 0.0, 0.0]})
     with pytest.raises(ValueError, match=r"in\.parquet: 1 rows have NaN"):
@@ -277,7 +277,7 @@ def test_cli_block_rows_default_is_the_library_default(capsys):
     assert args.block_rows == DEFAULT_BLOCK_ROWS
     assert main(["predict", "ptb", "psrnn", "0", "in.parquet", "out.parquet", "--block-rows", "0"]) == 1
     assert capsys.readouterr().err.strip() == \
-        "psrnn predict: error: --block-rows 0: expected a positive number of rows"
+        "psrnn predict: error: --block-rows 0: expected a positive integer up to 2**31 - 1 (2147483647)"
 
 
 def test_forecast_of_many_trajectories_equals_each_alone(discrete_run, continuous_run):
@@ -380,8 +380,14 @@ def test_device_steps_and_seed_errors_name_the_option(capsys, tmp_path, continuo
                               ("--sample-seed", "-1", "expected an integer with 0 <= seed < 2**32"),
                               ("--sample-seed", str(2 ** 32), "expected an integer with 0 <= seed < 2**32")):
         argv = ["--steps", "3", flag, value] if flag != "--steps" else [flag, value]
+        argv = [*argv, "--sample"] if flag == "--sample-seed" else argv
         assert _cli(capsys, tmp_path, "forecast", "lgssm", "psrnn", "0", "in.parquet", "out.parquet", *argv) == \
             (1, f"psrnn forecast: error: {flag} {value}: {want}")
+    # a seed without --sample would be silently unused: the greedy forecast draws nothing
+    assert _cli(capsys, tmp_path, "forecast", "hmm", "psrnn", "0", "in.parquet", "out.parquet", "--steps", "3",
+                "--sample-seed", "3") == \
+        (1, "psrnn forecast: error: --sample-seed 3: only used with --sample (the default forecast feeds back the "
+            "most likely symbol and draws nothing)")
     run, test = continuous_run
     with pytest.raises(ValueError, match=r"^steps=1000001: expected a positive integer up to 1000000$"):
         run.forecast(test[:1], 1_000_001)
@@ -567,8 +573,8 @@ def test_block_rows_is_bounded(capsys, tmp_path, continuous_run):
             predict_file(run, src, tmp_path / "out.parquet", block_rows=value)
     assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", "in.parquet", "out.parquet", "--initial",
                 "--block-rows", "99999999999999999999") == \
-        (1, "psrnn predict: error: block_rows=99999999999999999999: expected a positive integer up to 2**31 - 1 "
-            "(2147483647)")
+        (1, "psrnn predict: error: --block-rows 99999999999999999999: expected a positive integer up to "
+            "2**31 - 1 (2147483647)")
     assert not (tmp_path / "out.parquet").exists()
     assert predict_file(run, src, tmp_path / "out.parquet", block_rows=MAX_BLOCK_ROWS)["rows"] == \
         len(test[0]) + len(test[1])

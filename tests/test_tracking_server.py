@@ -229,6 +229,14 @@ def test_run_tracker_logs_to_the_default_sqlite_store(clean_env, tmp_path):
     assert (root / "mlruns").resolve() in Path(run.info.artifact_uri).parents, run.info.artifact_uri
     assert not (work / "mlruns").exists()
 
+    # load_mlflow_run's default store is the project's around the working directory, also from a subfolder
+    from pipeline.inference import load_mlflow_run
+
+    (root / "params.yaml").write_text("seeds: [0]\n")
+    (root / "reports").mkdir()
+    clean_env.chdir(root / "reports")
+    assert load_mlflow_run(run_id).variant == "gru"
+
 
 def test_load_mlflow_run_rebuilds_the_model_from_the_checkpoint_and_unpickles_only_when_allowed(clean_env,
                                                                                                tmp_path):

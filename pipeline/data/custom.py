@@ -185,10 +185,12 @@ def read_rows(
     symbol_column: str = "symbol",
     min_length: int = 1,
     with_split: bool = False,
+    features_are: str = "named in features",
 ) -> "Rows":
     """Read and check the rows of ``path`` (schema and checks in the module docstring), grouped by trajectory.
 
     ``with_split`` reads and checks the ``split`` column when there is one; without it the column is not read.
+    ``features_are`` says in a missing-column error where the feature names come from.
     Used by :func:`load_custom` and, for new data given to a trained model, by :mod:`pipeline.inference`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -264,7 +266,7 @@ def read_rows(
                 raise fail(f"no numeric feature columns found (columns present: {names}); expected integer or float "
                            "columns besides trajectory/step/split")
         for f in features:
-            require(f, "named in features")
+            require(f, features_are)
         value_columns = list(features)
     has_step, has_split = "step" in types, with_split and "split" in types
 

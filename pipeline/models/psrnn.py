@@ -5,7 +5,7 @@ One layer updates its state by Eq. (5):
     q_{t+1} = (W ×₂ o_t ×₃ q_t + b) / ‖W ×₂ o_t ×₃ q_t + b‖₂,
 
 W having shape (d, d_o, d) — W[i, j, k]: output state i, observation j, input state k. The factorized layer uses
-the CP form W = Σ_r a_r ⊗ b_r ⊗ c_r (Eq. 10): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, with A, C of shape (r, d) and
+the CP form W = Σ_r a_r ⊗ b_r ⊗ c_r (Eq. 8): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, with A, C of shape (r, d) and
 B of shape (r, d_o). Layers stack: the states of layer l are the observations of layer l+1 (Sec. 4.2). Each layer's
 observation enters through an encoder, the RFF map followed by the 2SR projection, o_t = U_oᵀ ω(x_t):
 an embedding table for discrete symbols (exactly U_oᵀ ω(e_v) per symbol) and a trainable RFF layer for continuous
@@ -95,7 +95,7 @@ def normalized_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_i
 def factorized_recurrence(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor, b: torch.Tensor, q: torch.Tensor,
                           q_init: torch.Tensor, reset: torch.Tensor | None = None, eps: float = 1e-12,
                           symbols: torch.Tensor | None = None) -> torch.Tensor:
-    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b) with u_t = B o_t (Eq. 10), shape (L, B, d); resets as above.
+    """q_{t+1} = n(Aᵀ(u_t ⊙ C q_t) + b) with u_t = B o_t (Eq. 8), shape (L, B, d); resets as above.
 
     With ``symbols`` (L, B), u is a (V, r) table and u_t = u[symbols[t]] (discrete observations).
     The compiled path never forms the (L, B, d, d) step matrices G_t = Aᵀ diag(u_t) C: a step costs 2·r·d
@@ -353,7 +353,7 @@ class PSRNNLayer(nn.Module):
 
 
 class FactorizedPSRNNLayer(PSRNNLayer):
-    """A factorized PSRNN layer (Eq. 10): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, rank r."""
+    """A factorized PSRNN layer (Eq. 8): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, rank r."""
 
     def __init__(self, state_dim: int, obs_dim: int, rank: int):
         nn.Module.__init__(self)
