@@ -11,18 +11,22 @@ characters of the full PTB train file (5.1M characters) written as a custom-sche
 Two layouts of the same characters: ``stream`` (one trajectory: a long one is filtered alone, its state carried
 from block to block) and ``lines`` (one trajectory per text line, ~50 characters each: short trajectories are
 filtered side by side). The model is a 2SR-initialised PSRNN of the pipeline's PTB defaults (2000 RFF, state 20,
-window 1) fitted once on the paper's 120780 training characters; ``--probabilities`` adds the 50-symbol
-distribution to every row.
+window 1) fitted once on the paper's 120780 training characters; ``--probabilities`` adds the distribution over the
+44 symbols of the PTB vocabulary to every row.
 
-Peak RSS is the child's VmHWM, reset just before the call (input file not yet read), so it is what reading the
-input, filtering and writing the output took. Both implementations write the same file; the script checks that
-their BPCs agree to 1e-6 relative.
+Peak RSS (MiB) is the child's VmHWM, reset just before the call (input file not yet read), so it is what reading
+the input, filtering and writing the output took; a child that could not reset it records ``peak_reset`` false,
+and the run is not valid for the claims. Both implementations write the same file; the script checks that their
+BPCs agree to 1e-6 relative.
 
     python benchmarks/bench_predict.py            # 1x, 4x, 16x the PTB test length (125k chars), full 5.1M streamed
     python benchmarks/bench_predict.py --quick    # smoke test: 5k and 20k characters, a small model, 1 repeat
 
-A full run that finds the machine busy waits up to --wait-idle seconds for it to become idle, then runs anyway; a
-run that saw the busy warning (or a --quick one) is recorded with "claims_valid": false.
+The claim (flat memory streamed; the ratios to one block) holds for the defaults (CLAIM: sizes, layouts, 2000 RFF
+fitted on the whole training split, 2 threads) with at least 3 repeats; a run with other settings, a --quick one,
+one that saw the busy warning or whose CPUs other processes took more than 15% of (common.FOREIGN_CPU_LIMIT) is
+recorded with "claims_valid": false and its "claims_invalid_reasons". A full run that finds the machine busy waits
+up to --wait-idle seconds for it to become idle, then runs anyway.
 """
 
 from __future__ import annotations
@@ -37,12 +41,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (PTB_TEST_CHARS, add_busy_arguments, add_out_dir_argument, busy_footer,  # noqa: E402
-                               child_report, claims_line, claims_valid, code_state, default_ptb_dir, load_ptb,
-                               machine_info, median, peak_rss_mb, reset_peak_rss, rss_mb, run_child, table,
-                               thread_env, wait_until_idle, write_results)
+from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, RunConditions, add_busy_arguments,  # noqa: E402
+                               add_out_dir_argument, busy_footer, child_report, claim_reasons, claims_line,
+                               claims_record, code_state, default_ptb_dir, load_ptb, machine_info, median,
+                               peak_rss_mb, reset_peak_rss, rss_mb, run_child, table, thread_env, write_results)
 
 SCRIPT = Path(__file__).resolve()
+DEFAULT_SIZES = [PTB_TEST_CHARS, 4 * PTB_TEST_CHARS, 16 * PTB_TEST_CHARS]
+WHOLE_FILE = -1   # --streamed-only's default: the whole PTB train file
+#: the settings of the claim (the defaults); "--streamed-only" [-1] is the whole train file
+CLAIM = {"--sizes": DEFAULT_SIZES, "--streamed-only": [WHOLE_FILE], "--layouts": ["stream", "lines"],
+         "--probabilities": False, "--threads": 2, "--n-features": 2000, "--fit-chars": None}
 
 
 # ------------------------------------------------------------------------------------------------- child
@@ -70,13 +79,14 @@ def child_main(spec: dict) -> None:
     block = spec["rows"] if spec["impl"] == "one_block" else DEFAULT_BLOCK_ROWS
     out = Path(spec["out"])
     base = rss_mb()
-    reset_peak_rss()
+    reset_ok = reset_peak_rss()
     t0 = time.perf_counter()
     summary = predict_file(run, spec["input"], out, probabilities=spec["probabilities"], block_rows=block)
     seconds = time.perf_counter() - t0
     peak = peak_rss_mb()
-    child_report({"seconds": seconds, "peak_rss_mb": peak, "peak_delta_mb": peak - base, "bpc": summary["metrics"]["bpc"],
-                  "rows": summary["rows"], "output_mb": out.stat().st_size / 2**20, "block_rows": block})
+    child_report({"seconds": seconds, "peak_rss_mb": peak, "peak_delta_mb": peak - base, "peak_reset": reset_ok,
+                  "bpc": summary["metrics"]["bpc"], "rows": summary["rows"],
+                  "output_mb": out.stat().st_size / 2**20, "block_rows": block})
     out.unlink()
 
 
@@ -131,11 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         sizes, streamed_only, repeats = args.sizes or [5000, 20000], args.streamed_only or [], 1
     else:
-        sizes = args.sizes or [PTB_TEST_CHARS, 4 * PTB_TEST_CHARS, 16 * PTB_TEST_CHARS]
-        streamed_only = args.streamed_only if args.streamed_only is not None else [-1]
+        sizes = args.sizes or DEFAULT_SIZES
+        streamed_only = args.streamed_only if args.streamed_only is not None else [WHOLE_FILE]
         repeats = args.repeats
+    n_features = args.n_features or (200 if args.quick else 2000)
+    reasons = claim_reasons(args.quick, {"--sizes": sizes, "--streamed-only": streamed_only,
+                                         "--layouts": args.layouts, "--probabilities": args.probabilities,
+                                         "--threads": args.threads, "--n-features": n_features,
+                                         "--fit-chars": args.fit_chars}, CLAIM, {"--repeats": repeats})
     code = code_state()   # the code measured: taken before the run, compared with the tree after it
-    warn = wait_until_idle(args.threads, wait_s=args.wait_idle, allow_busy=args.allow_busy, quick=args.quick)
+    conditions = RunConditions(args.threads, args)
 
     import torch
 
@@ -147,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = set(ptb.vocab)
     text = ["".join(c for c in line if c in vocab) for line in full]
     total = sum(len(line) for line in text)
-    streamed_only = [total if n == -1 else n for n in streamed_only]
-    n_features = args.n_features or (200 if args.quick else 2000)
+    streamed_only = [total if n == WHOLE_FILE else n for n in streamed_only]
     fit_train = [ptb.train[0][: args.fit_chars]] if args.fit_chars else ptb.train
     print(f"fitting the model (2SR, {n_features} RFF, state 20) on {len(fit_train[0])} characters ...", flush=True)
     fitted = fit_model(fit_train, model="psrnn", n_features=n_features, horizon=1, epochs=0, device="cpu")
@@ -178,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[impl] = {"seconds": median([r["seconds"] for r in rs]),
                                  "peak_rss_mb": median([r["peak_rss_mb"] for r in rs]),
                                  "peak_delta_mb": median([r["peak_delta_mb"] for r in rs]),
+                                 "peak_reset": all(r["peak_reset"] for r in rs),
                                  "chars_per_s": n / median([r["seconds"] for r in rs]),
                                  "bpc": rs[0]["bpc"], "output_mb": rs[0]["output_mb"], "runs": rs}
                 if "one_block" in row:
@@ -197,16 +212,20 @@ def main(argv: list[str] | None = None) -> int:
              r.get("peak_delta_ratio", float("nan")), r["streamed"]["bpc"]] for r in results]
     print()
     print(table(headers, rows))
-    if warn:
-        print(busy_footer(warn))
+    if conditions.warning:
+        print(busy_footer(conditions.warning))
+    if not all(r[impl]["peak_reset"] for r in results for impl in ("streamed", "one_block") if impl in r):
+        reasons.append("a child could not reset its peak RSS (/proc/self/clear_refs): the peaks include what the "
+                       "child held before the call")
     payload = {"benchmark": "predict", "quick": args.quick, "argv": sys.argv[1:] if argv is None else argv,
-               "busy_warning": warn, "claims_valid": claims_valid(args.quick, warn),
-               "machine": machine_info({"threads": args.threads}, code=code),
                "settings": {"repeats": repeats, "n_features": n_features, "probabilities": args.probabilities,
                             "fit_chars": len(fit_train[0]), "ptb_train_chars_available": total},
-               "results": results}
+               "claim_settings": {**CLAIM, "min_repeats": MIN_REPEATS}, **conditions.finish()}
+    reasons += conditions.reasons
+    payload.update(claims_record(reasons), machine=machine_info({"threads": args.threads}, code=code),
+                   results=results)
     path = write_results("predict", payload, quick=args.quick, out_dir=args.out_dir)
-    print(claims_line(args.quick, warn))
+    print(claims_line(reasons))
     print(f"written: {path}")
     return 0
 

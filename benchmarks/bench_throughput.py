@@ -2,12 +2,17 @@
 
 Training: truncated BPTT on the PTB train stream (the paper's 1001 lines, 120780 characters) cut into ``--batch``
 parallel streams, windows of ``--bptt`` steps, SGD lr 1 with gradient clipping 0.25 — the inner loop of
-pipeline.train.fit, step for step (make_streams, detach_state, forward, masked_loss, the finite-loss check,
-backward, clip_grad_norm_, step), without the per-epoch evaluations. One epoch by default (or ``--windows N``);
-the first ``--warmup`` windows of each run are not timed. chars/s counts the targets (mask) of the timed windows.
+pipeline.train.fit, step for step (make_streams, detach_state, forward, masked_loss, the finite-loss and max-loss
+checks, backward, clip_grad_norm_, the finite-gradient-norm check, pipeline.optim.SGD's step), with two
+differences: a non-finite or exploded step is counted (``nonfinite_steps``) instead of stopping the run, and there
+are no per-epoch evaluations, checkpoints or progress bar. One epoch by default (or ``--windows N``); the first
+``--warmup`` windows of each run are not timed. chars/s counts the targets (mask) of the timed windows.
 
 Evaluation: pipeline.train.evaluate over the whole PTB test stream (124767 characters, one stream, state carried),
-chars/s = targets / seconds.
+chars/s = targets / seconds, after one untimed evaluation of each model (first-call costs: the C library's load,
+the Triton kernels' compilation). The PSRNNs (C on the CPU, Triton on CUDA) and, on the CPU, the GRU and RNN
+evaluate in hand-written kernels; the LSTM always runs torch.nn.LSTM (oneDNN / cuDNN): the "eval / lstm" ratios
+compare those kernels with torch's LSTM, not the cells alone.
 
 Models (hidden/state 20, embedding/observation 20): psrnn, factorized_psrnn (rank 60), lstm / gru / rnn
 (pipeline.models.RecurrentBaseline: torch.nn.LSTM / GRU / RNN), built by pipeline.api.initialise_model with
@@ -18,8 +23,12 @@ every repeat, the repeats are interleaved across models, and the medians are rep
     python benchmarks/bench_throughput.py --device cuda   # on a GPU (cuDNN LSTM/GRU/RNN): throughput_cuda.json
     python benchmarks/bench_throughput.py --quick         # smoke test: a few windows, 5000 test characters
 
-On the CPU, a full run that finds the machine busy waits up to --wait-idle seconds for it to become idle, then runs
-anyway; a run that saw the busy warning (or a --quick one) is recorded with "claims_valid": false.
+The claims hold for CLAIM (the defaults: hidden 20, batch 20, BPTT 35, rank 60, one epoch, the whole test stream,
+2 threads on the CPU), the lstm row present, at least 3 repeats, and the compiled kernels running in every PSRNN row
+without /torch-ops; a run that misses one of them, a --quick one, one that saw the busy warning (checked on a GPU
+run too: its timings depend on the host CPU that launches the kernels) or whose CPUs other processes took more than
+15% of (common.FOREIGN_CPU_LIMIT) is recorded with "claims_valid": false and its "claims_invalid_reasons". A full
+run that finds the machine busy waits up to --wait-idle seconds for it to become idle, then runs anyway.
 """
 
 from __future__ import annotations
@@ -34,12 +43,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (add_busy_arguments, add_out_dir_argument, busy_footer, claims_line,  # noqa: E402
-                               claims_valid, code_state, default_ptb_dir, load_ptb, machine_info, median, table,
-                               wait_until_idle, write_results)
+from benchmarks.common import (MIN_REPEATS, RunConditions, add_busy_arguments, add_out_dir_argument,  # noqa: E402
+                               busy_footer, claim_reasons, claims_line, claims_record, code_state, default_ptb_dir,
+                               load_ptb, machine_info, median, table, write_results)
 
+PSRNNS = ("psrnn", "factorized_psrnn")
 BASELINES = ("lstm", "gru", "rnn")
 TORCH_OPS = "/torch-ops"   # a PSRNN variant run with the compiled kernels off (PSRNN_NATIVE=0, PSRNN_TRITON=0)
+#: the settings the throughput claims (the PSRNNs against torch.nn.LSTM) were measured at; --threads only on the CPU
+CLAIM = {"--hidden": 20, "--obs-dim": 20, "--batch": 20, "--bptt": 35, "--rank": 60, "--windows": None,
+         "--warmup": 2, "--test-chars": None, "--lr": 1.0, "--clip": 0.25}
+CLAIM_CPU_THREADS = 2
+EVAL_FOOTNOTE = ("eval / {ref}: the PSRNNs (C on the CPU, Triton on CUDA) and, on the CPU, the GRU and RNN evaluate "
+                 "in hand-written kernels; the LSTM is torch.nn.LSTM (oneDNN / cuDNN)")
 
 
 @contextlib.contextmanager
@@ -65,7 +81,7 @@ def build(name: str, vocab: int, args, seed: int = 0):
     from pipeline.models.common import ModelConfig
 
     name = name.removesuffix(TORCH_OPS)
-    is_psrnn = name in ("psrnn", "factorized_psrnn")
+    is_psrnn = name in PSRNNS
     cfg = ModelConfig(model=name, discrete=True, input_dim=vocab, output_dim=vocab, state_dim=args.hidden,
                       obs_dim=args.obs_dim or args.hidden, rank=args.rank if name == "factorized_psrnn" else None,
                       init="random" if is_psrnn else "xavier")
@@ -80,17 +96,20 @@ def _sync(device) -> None:
 
 
 def train_run(model, train, args, device) -> dict:
-    """One timed pass of truncated BPTT (the inner loop of pipeline.train.fit)."""
+    """One timed pass of truncated BPTT (the inner loop of pipeline.train.fit; a step it would stop at is counted)."""
     import torch
 
     from pipeline.batching import make_streams
     from pipeline.metrics import masked_loss
     from pipeline.models.common import detach_state
+    from pipeline.optim import SGD
+    from pipeline.train_config import TrainConfig
 
+    max_loss = TrainConfig().max_loss
     model.to(device)
     dtype = next(model.parameters()).dtype
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    streams = make_streams(train, args.batch, discrete=True).to(device, dtype)
+    optimizer = SGD(model.parameters(), lr=args.lr)
+    streams = make_streams(train, args.batch, discrete=True, dtype=dtype).to(device, dtype)
     model.train()
     state = model.init_state(streams.batch_size)
     n_total = math.ceil(streams.length / args.bptt)
@@ -107,11 +126,12 @@ def train_run(model, train, args, device) -> dict:
         state = detach_state(state)
         out, state = model(x, state, reset)
         loss = masked_loss(out, y, mask, True)
-        if not torch.isfinite(loss) or float(loss.detach()) > 1e6:  # fit's check (a device sync per step)
-            nonfinite += 1
+        # fit's checks, each a device sync per step as there
+        bad = not torch.isfinite(loss) or float(loss.detach()) > max_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        nonfinite += bad or not bool(torch.isfinite(gnorm))
         optimizer.step()
         if step >= args.warmup:
             chars += int(mask.sum())
@@ -134,6 +154,39 @@ def eval_run(model, test, device) -> dict:
     return {"seconds": seconds, "chars": chars, "chars_per_s": chars / seconds, "bpc": res["bpc"]}
 
 
+def recurrence_paths(name: str, model, hidden: int) -> dict[str, str]:
+    """Which code runs the recurrence of model ``name`` in training and in evaluation, by the predicates its layers
+    use (pipeline.native.usable / gpu_usable on its parameters); call it inside kernels_for(name), after
+    ``model.to(device)``. A PSRNN falls back to torch ops where the kernels cannot run (no C compiler, no triton,
+    a state larger than GPU_MAX_DIM on CUDA): the timing would then measure another implementation."""
+    from pipeline import native
+
+    params = list(model.parameters())
+    base = name.removesuffix(TORCH_OPS)
+    if base in PSRNNS:
+        path = ("C" if native.usable(*params) else "Triton" if native.gpu_usable(hidden, *params) else "torch ops")
+        return {"train": path, "eval": path}
+    torch_cell = f"torch.nn.{base.upper()}"
+    # the GRU and RNN filter without gradients in C on the CPU (pipeline.models.baselines); the LSTM never does
+    return {"train": torch_cell, "eval": "C" if base != "lstm" and native.usable(*params) else torch_cell}
+
+
+def _claim_reasons(args, device, models: list[str], paths: dict[str, dict[str, str]], kernels: dict) -> list[str]:
+    """Why this run cannot support the claims: its settings (CLAIM, and CLAIM_CPU_THREADS on the CPU), its repeats,
+    a missing lstm row, a PSRNN row that ran as torch ops without asking for it."""
+    settings = {"--hidden": args.hidden, "--obs-dim": args.obs_dim or args.hidden, "--batch": args.batch,
+                "--bptt": args.bptt, "--rank": args.rank, "--windows": args.windows, "--warmup": args.warmup,
+                "--test-chars": args.test_chars, "--lr": args.lr, "--clip": args.clip, "--threads": args.threads}
+    claim = {**CLAIM, "--threads": CLAIM_CPU_THREADS} if device.type == "cpu" else CLAIM
+    reasons = claim_reasons(args.quick, settings, claim, {"--repeats": args.repeats})
+    if "lstm" not in models:
+        reasons.append("no lstm row (--models): the ratios need torch.nn.LSTM as the reference")
+    why = kernels["native_error"] if device.type == "cpu" else kernels["triton_error"]
+    reasons += [f"{m} ran as torch ops, not the compiled kernels" + (f" ({why})" if why else "")
+                for m in models if m in PSRNNS and paths[m]["train"] == "torch ops"]
+    return reasons
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=20, help="parallel training streams (default 20)")
     p.add_argument("--bptt", type=int, default=35, help="truncated-BPTT window length (default 35)")
     p.add_argument("--lr", type=float, default=1.0, help="SGD learning rate (default 1)")
-    p.add_argument("--clip", type=float, default=0.25, help="gradient-norm clipping (default 0.25)")
+    p.add_argument("--clip", type=float, default=0.25, help="gradient-norm clipping, > 0 (default 0.25)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--windows", type=int, default=None, help="timed BPTT windows per run (default: one epoch)")
     p.add_argument("--warmup", type=int, default=2, help="untimed windows at the start of each training run")
@@ -165,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     add_out_dir_argument(p)
     add_busy_arguments(p)
     args = p.parse_args(argv)
+    if not args.clip > 0:
+        p.error(f"--clip: expected > 0, got {args.clip} (fit's unclipped path is not measured here)")
 
     import torch
 
@@ -176,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     args.repeats = args.repeats or (1 if args.quick else 3)
     device = resolve_device(args.device, "--device")  # a clear error when cuda is asked for and absent
     code = code_state()   # the code measured: taken before the run, compared with the tree after it
-    warning = (wait_until_idle(args.threads, wait_s=args.wait_idle, allow_busy=args.allow_busy, quick=args.quick)
-               if device.type == "cpu" else None)
+    # on a GPU too: the host CPU launches every kernel of these small models
+    conditions = RunConditions(args.threads, args)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.torch_ops:
-        models += [m + TORCH_OPS for m in ("psrnn", "factorized_psrnn") if m in models and m + TORCH_OPS not in models]
-    unknown = [m for m in models if m.removesuffix(TORCH_OPS) not in ("psrnn", "factorized_psrnn", *BASELINES)
+        models += [m + TORCH_OPS for m in PSRNNS if m in models and m + TORCH_OPS not in models]
+    unknown = [m for m in models if m.removesuffix(TORCH_OPS) not in (*PSRNNS, *BASELINES)
                or (m.endswith(TORCH_OPS) and m.removesuffix(TORCH_OPS) in BASELINES)]
     if unknown:
         p.error(f"--models: unknown {unknown}; expected psrnn, factorized_psrnn (either with {TORCH_OPS}), "
@@ -196,6 +251,16 @@ def main(argv: list[str] | None = None) -> int:
           f"torch threads {torch.get_num_threads()}; hidden {args.hidden}, batch {args.batch}, bptt {args.bptt}; "
           f"{'one epoch' if not args.windows else f'{args.windows} windows'} per run (+{args.warmup} untimed), "
           f"{args.repeats} repeat(s), interleaved")
+
+    # which code runs each model's recurrence, and one untimed evaluation each (first-call costs)
+    paths = {}
+    for m in models:
+        model = build(m, V, args).to(device)
+        with kernels_for(m):
+            paths[m] = recurrence_paths(m, model, args.hidden)
+            if not args.no_eval:
+                eval_run(model, test, device)
+        print(f"  {m:27s} recurrence: train {paths[m]['train']}, eval {paths[m]['eval']}", flush=True)
 
     runs = {m: {"train": [], "eval": []} for m in models}
     params = {}
@@ -218,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = {}
     for m in models:
-        s = {"n_parameters": params[m],
+        s = {"n_parameters": params[m], "recurrence": paths[m],
              "train_chars_per_s": median([x["chars_per_s"] for x in runs[m]["train"]]),
              "train_seconds": median([x["seconds"] for x in runs[m]["train"]]),
              "train_chars": runs[m]["train"][0]["chars"], "train_windows": runs[m]["train"][0]["windows"]}
@@ -241,18 +306,24 @@ def main(argv: list[str] | None = None) -> int:
         headers += ["eval chars/s", f"eval / {ref}"]
     print(f"\nmedians of {args.repeats} repeat(s); ratios > 1 mean faster than {ref}")
     print(table(headers, rows))
-    if warning:
-        print(busy_footer(warning))
+    if not args.no_eval:
+        print(EVAL_FOOTNOTE.format(ref=ref))
+    if conditions.warning:
+        print(busy_footer(conditions.warning))
 
+    machine = machine_info(code=code)
+    reasons = _claim_reasons(args, device, models, paths, machine["kernels"])
     payload = {"benchmark": "throughput", "quick": args.quick, "argv": sys.argv[1:] if argv is None else argv,
                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "claim_settings": {**CLAIM, "--threads (cpu)": CLAIM_CPU_THREADS, "min_repeats": MIN_REPEATS,
+                                  "rows": ["lstm"]},
                "device": str(device), "train_chars_total": len(train[0]), "test_chars": len(test),
-               "vocab_size": V, "reference": ref, "busy_warning": warning,
-               "claims_valid": claims_valid(args.quick, warning), "summary": summary, "runs": runs,
-               "machine": machine_info(code=code)}
+               "vocab_size": V, "reference": ref, **conditions.finish()}
+    reasons += conditions.reasons
+    payload.update(claims_record(reasons), summary=summary, runs=runs, machine=machine)
     tag = args.tag if args.tag is not None else ("" if device.type == "cpu" else device.type)
     path = write_results("throughput" + (f"_{tag}" if tag else ""), payload, quick=args.quick, out_dir=args.out_dir)
-    print(claims_line(args.quick, warning))
+    print(claims_line(reasons))
     print(f"results written to {path}")
     return 0
 

@@ -1,7 +1,10 @@
-"""Shared helpers of the benchmark scripts: machine details, timing, peak memory, child processes, JSON results.
+"""Shared helpers of the benchmark scripts: machine details, run conditions and claims, timing, peak memory,
+child processes, JSON results.
 
 The benchmarks claim *ratios* measured side by side in one run; absolute times depend on the machine and on what
-else runs on it, so every result file records the machine (platform, CPUs, library versions, thread counts, date).
+else runs on it, so every result file records the machine (platform, CPUs, library versions, thread counts, date,
+the compiled kernels), the load before the run and the CPU time other processes took during it, and whether the
+run can support the claims at all (``claims_valid``, with the reasons why not).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -35,7 +39,9 @@ def machine_info(extra: dict[str, Any] | None = None, *, code: dict[str, Any] | 
 
     ``code`` is :func:`code_state` taken when the run started (the code that was measured); it is recorded, and
     ``git_changed_during_run`` says whether the working tree differs now (None when unknown). Without it, the
-    state now is recorded."""
+    state now is recorded. ``load_average`` is read now, at the end of the run; the load before it is the
+    record's ``load_at_start`` (:class:`RunConditions`). ``kernels`` (:func:`kernel_state`) and ``psrnn_env`` say
+    whether the compiled PSRNN kernels could run."""
     import numpy as np
     import scipy
 
@@ -43,7 +49,9 @@ def machine_info(extra: dict[str, Any] | None = None, *, code: dict[str, Any] | 
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "processor": platform.processor() or _cpu_model(),
+        # the model name first: platform.processor() is only the architecture ("x86_64") on many Linux hosts
+        "processor": _cpu_model() or platform.processor() or None,
+        "cpu_flags": _cpu_flags(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -53,6 +61,7 @@ def machine_info(extra: dict[str, Any] | None = None, *, code: dict[str, Any] | 
         "scipy": scipy.__version__,
         "env_threads": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
                         if k in os.environ},
+        "psrnn_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PSRNN_")},
     }
     info.update(_code_record(code))
     try:
@@ -72,17 +81,69 @@ def machine_info(extra: dict[str, Any] | None = None, *, code: dict[str, Any] | 
             info["cuda_device"] = torch.cuda.get_device_name(0)
             info["cuda_version"] = torch.version.cuda
             info["cudnn_version"] = torch.backends.cudnn.version()
+        info["kernels"] = kernel_state()
     except ImportError:
         info["torch"] = None
     info.update(extra or {})
     return info
 
 
+def kernel_state() -> dict[str, Any]:
+    """Which compiled kernels the PSRNN layers (and the GRU/RNN evaluation) can use in this process: without them
+    the same layers run as torch ops, several times slower, and a timing would measure another implementation.
+
+    ``native``: whether :mod:`pipeline.native`'s C library loaded (built on first use); ``native_error``: why not
+    (``PSRNN_NATIVE`` off, no compiler, a failed build or load). ``triton``: the installed version (None: not
+    installed). ``triton_kernels``: whether :mod:`pipeline.native.triton_kernels` loads, on a machine with CUDA
+    (None without CUDA, where they never run); ``triton_error``: why not."""
+    import importlib
+    from importlib import metadata
+
+    import torch
+
+    from pipeline import native
+
+    out: dict[str, Any] = {"native": False, "native_error": None, "triton": None, "triton_kernels": None,
+                           "triton_error": None}
+    if not native.enabled():
+        out["native_error"] = f"disabled: PSRNN_NATIVE={os.environ.get('PSRNN_NATIVE')}"
+    elif native.library() is not None:
+        out["native"] = True
+    else:
+        try:
+            native.build()
+            out["native_error"] = "built, but did not load (see pipeline.native's RuntimeWarning)"
+        except native.NativeBuildError as exc:
+            out["native_error"] = str(exc)
+    try:
+        out["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        pass
+    if torch.cuda.is_available():
+        out["triton_kernels"] = native.gpu_kernels() is not None
+        if not native.gpu_enabled():
+            out["triton_error"] = f"disabled: PSRNN_TRITON={os.environ.get('PSRNN_TRITON')}"
+        elif not out["triton_kernels"]:
+            try:
+                importlib.import_module("pipeline.native.triton_kernels")
+            except Exception as exc:  # what made gpu_kernels() give up, whatever it was
+                out["triton_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+# ------------------------------------------------------------------------------------ busy machine, claims
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; all of them where that is unknown)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _load_and_threshold(threads: int) -> tuple[float, int, float] | None:
     """(1-minute load average, usable CPUs, the load above which ``threads`` more threads oversubscribe them)."""
     if not hasattr(os, "getloadavg"):
         return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     return os.getloadavg()[0], cpus, cpus + 0.5 - threads
 
 
@@ -114,46 +175,178 @@ def add_busy_arguments(parser) -> None:
                              "(default %(default)s; 0: do not wait; --quick runs never wait)")
 
 
+@dataclass
+class BusyCheck:
+    """What :func:`wait_until_idle` saw: the warning the run starts with (None: the machine was idle), the 1-minute
+    load average when the check began and, after a wait, when the run started."""
+
+    warning: str | None
+    load_at_start: float | None
+    load_after_wait: float | None = None
+    waited_s: float = 0.0
+
+
 def wait_until_idle(threads: int, *, wait_s: float = DEFAULT_WAIT_IDLE, allow_busy: bool = False,
-                    quick: bool = False, poll_s: float = 5.0) -> str | None:
+                    quick: bool = False, poll_s: float = 5.0) -> BusyCheck:
     """:func:`busy_warning` at the start of a run, printed; a full run (not ``quick``, not ``allow_busy``) that
     finds the machine busy first polls the load every ``poll_s`` seconds for up to ``wait_s`` seconds and starts
-    as soon as it is below the threshold (then None: the run saw an idle machine). It never refuses to run: if the
-    machine is still busy after the wait, the warning is returned (and printed) and the run goes on."""
+    as soon as it is below the threshold (then the warning is None: the run saw an idle machine). It never refuses
+    to run: if the machine is still busy after the wait, the warning is kept (and printed) and the run goes on."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     warning = busy_warning(threads)
     if warning is None:
-        return None
+        return BusyCheck(None, load)
     _, _, threshold = _load_and_threshold(threads)  # type: ignore[misc]
     if threshold <= 0:   # more threads than CPUs: no load is low enough, waiting would not help
         print(warning + " [the run's own threads oversubscribe the CPUs: not waiting]", flush=True)
-        return warning
+        return BusyCheck(warning, load)
     if quick or allow_busy or wait_s <= 0:
         print(warning + (" [--allow-busy: not waiting]" if allow_busy and not quick else ""), flush=True)
-        return warning
+        return BusyCheck(warning, load)
     print(f"{warning}\nwaiting up to {wait_s:.0f} s for the 1-minute load average to drop below {threshold:.2f} "
           "(--allow-busy starts at once, --wait-idle S sets the wait) ...", flush=True)
     t0 = time.monotonic()
     while (left := wait_s - (time.monotonic() - t0)) > 0:
         time.sleep(min(poll_s, left))
         if busy_warning(threads) is None:
-            print(f"load average {os.getloadavg()[0]:.2f} after {time.monotonic() - t0:.0f} s: starting", flush=True)
-            return None
+            after = os.getloadavg()[0]
+            print(f"load average {after:.2f} after {time.monotonic() - t0:.0f} s: starting", flush=True)
+            return BusyCheck(None, load, after, time.monotonic() - t0)
     warning = busy_warning(threads)
     if warning is not None:
         warning += f" [still busy after waiting {wait_s:.0f} s]"
         print(warning + "; starting anyway", flush=True)
-    return warning
+    return BusyCheck(warning, load, os.getloadavg()[0], time.monotonic() - t0)
 
 
-def claims_valid(quick: bool, warning: str | None) -> bool:
-    """Whether a result may support the claims: a full run (not ``--quick``) that did not see the busy warning."""
-    return not quick and warning is None
+#: the share of the run's CPUs that other processes may take during a run that supports the claims: on 2 CPUs,
+#: 0.15 is 0.3 of one core, about what the 1-minute load threshold of the start tolerates (busy_warning)
+FOREIGN_CPU_LIMIT = 0.15
+#: the fewest repeats of a figure whose median supports a claim (a median of 1 or 2 is one run, or their mean)
+MIN_REPEATS = 3
 
 
-def claims_line(quick: bool, warning: str | None) -> str:
+def _busy_cpu_seconds(cpus: Sequence[int] | None) -> float | None:
+    """CPU seconds spent busy (user, nice, system, irq, softirq, steal: all but idle and iowait) by every process on
+    ``cpus`` (None: all), summed since boot, from /proc/stat; None where it is absent or lacks one of them."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    wanted = {"cpu"} if cpus is None else {f"cpu{c}" for c in cpus}
+    jiffies, found = 0, set()
+    for line in lines:
+        name, *fields = line.split()
+        if name in wanted and len(fields) >= 8:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+            jiffies += user + nice + system + irq + softirq + steal   # guest time is already in user
+            found.add(name)
+    return jiffies / os.sysconf("SC_CLK_TCK") if found == wanted else None
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children that have been waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class CpuContention:
+    """The CPU time other processes took on this run's CPUs while it ran (the busy check at the start sees only
+    the load before it).
+
+    /proc/stat counts per CPU the time every process kept it busy; less this process's own CPU time and that of
+    its waited-for children (``os.times``), that is what the others took. ``foreign_cpu_share`` divides it by the
+    wall time × the usable CPUs: 0 on an idle machine, 0.5 when another process kept one of two CPUs busy
+    throughout. None where /proc/stat is absent."""
+
+    def __init__(self):
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float | None, float]:
+        return time.monotonic(), _busy_cpu_seconds(self.cpus), _own_cpu_seconds()
+
+    def measure(self) -> dict[str, Any]:
+        """From the start to now: wall time, busy CPU seconds of all and of this run, and the foreign share."""
+        (wall0, busy0, own0), (wall1, busy1, own1) = self._start, self._sample()
+        n_cpus = len(self.cpus) if self.cpus is not None else (os.cpu_count() or 1)
+        wall, own = wall1 - wall0, own1 - own0
+        rec: dict[str, Any] = {"wall_s": round(wall, 3), "cpus": n_cpus, "all_busy_cpu_s": None,
+                               "own_cpu_s": round(own, 3), "foreign_cpu_share": None, "limit": FOREIGN_CPU_LIMIT}
+        if busy0 is not None and busy1 is not None and wall > 0:
+            rec["all_busy_cpu_s"] = round(busy1 - busy0, 3)
+            # clock ticks round both counts: a share a little below 0 is an idle machine
+            rec["foreign_cpu_share"] = round(max(busy1 - busy0 - own, 0.0) / (wall * n_cpus), 4)
+        return rec
+
+
+class RunConditions:
+    """What else ran on the machine around a timed run: the busy check at its start (waiting for an idle machine
+    as ``--wait-idle`` / ``--allow-busy`` say, :func:`wait_until_idle`) and the CPU contention from then to its end
+    (:class:`CpuContention`). :meth:`finish` at the end gives the record's fields and :attr:`reasons`, why they
+    make the run unfit for the claims."""
+
+    def __init__(self, threads: int, args):
+        self.busy = wait_until_idle(threads, wait_s=args.wait_idle, allow_busy=args.allow_busy, quick=args.quick)
+        self.contention = CpuContention()
+        self.reasons: list[str] = []
+
+    @property
+    def warning(self) -> str | None:
+        return self.busy.warning
+
+    def finish(self) -> dict[str, Any]:
+        """The record's ``busy_warning``, ``load_at_start``, ``load_after_wait``, ``waited_s``,
+        ``foreign_cpu_share`` and ``cpu_contention`` (the details); sets :attr:`reasons`."""
+        contention = self.contention.measure()
+        share = contention["foreign_cpu_share"]
+        self.reasons = []
+        if self.busy.warning is not None:
+            load = self.busy.load_at_start if self.busy.load_after_wait is None else self.busy.load_after_wait
+            self.reasons.append(f"the machine was busy at the start (load average {load:.2f})")
+        if share is not None and share > FOREIGN_CPU_LIMIT:
+            self.reasons.append(f"other processes took {share:.0%} of the CPUs during the run (limit "
+                                f"{FOREIGN_CPU_LIMIT:.0%})")
+        return {"busy_warning": self.busy.warning, "load_at_start": self.busy.load_at_start,
+                "load_after_wait": self.busy.load_after_wait, "waited_s": round(self.busy.waited_s, 1),
+                "foreign_cpu_share": share, "cpu_contention": contention}
+
+
+def claim_reasons(quick: bool, settings: Mapping[str, Any], claim: Mapping[str, Any],
+                  repeats: Mapping[str, int] | None = None) -> list[str]:
+    """Why a run's settings cannot support the claims (empty: they can): ``--quick``, every option of ``settings``
+    whose value differs from the ``claim``'s (both keyed by the option's name), and every figure of ``repeats``
+    taken fewer than :data:`MIN_REPEATS` times."""
+    reasons = ["--quick: smoke sizes"] if quick else []
+    reasons += [f"{opt} {_setting(settings[opt])} (claim: {_setting(want)})" for opt, want in claim.items()
+                if settings[opt] != want]
+    reasons += [f"{opt} {n} (claim: at least {MIN_REPEATS})" for opt, n in (repeats or {}).items()
+                if n < MIN_REPEATS]
+    return reasons
+
+
+def _setting(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def claims_valid(reasons: Sequence[str]) -> bool:
+    """Whether a result may support the claims: no reason against it (settings, repeats, busy machine,
+    contention, a failed peak-memory reset, a kernel fallback: each script collects its own)."""
+    return not reasons
+
+
+def claims_record(reasons: Sequence[str]) -> dict[str, Any]:
+    """The record's ``claims_valid`` and ``claims_invalid_reasons``."""
+    return {"claims_valid": claims_valid(reasons), "claims_invalid_reasons": list(reasons)}
+
+
+def claims_line(reasons: Sequence[str]) -> str:
     """The last line of a run's output: ``claims_valid`` and why it is false."""
-    why = [w for w, on in (("--quick: smoke sizes", quick), ("the machine was busy", warning is not None)) if on]
-    return f"\nclaims_valid: {str(claims_valid(quick, warning)).lower()}" + (f" ({'; '.join(why)})" if why else "")
+    return "\nclaims_valid: " + ("true" if claims_valid(reasons) else f"false ({'; '.join(reasons)})")
 
 
 def busy_footer(warning: str | None) -> str:
@@ -166,14 +359,29 @@ def busy_footer(warning: str | None) -> str:
             f"{bar}")
 
 
-def _cpu_model() -> str | None:
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name`` line of /proc/cpuinfo (None where it is absent)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == name:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
+
+
+def _cpu_model() -> str | None:
+    return _cpuinfo_field("model name")
+
+
+#: the vector extensions the C recurrence (-march=native) and BLAS use when present: they explain most of the
+#: difference between two CPUs' figures
+CPU_FLAGS = ("avx2", "avx512f", "fma")
+
+
+def _cpu_flags() -> dict[str, bool] | None:
+    flags = _cpuinfo_field("flags")
+    return None if flags is None else {f: f in flags.split() for f in CPU_FLAGS}
 
 
 def _mem_total_gb() -> float | None:
@@ -188,6 +396,9 @@ def _mem_total_gb() -> float | None:
 
 #: what the benchmarks write; a run's own output is not a change of the code it measured
 EXCLUDED_FROM_DIFF = "benchmarks/results"
+#: where an untracked file is code a benchmark runs (the package and the benchmarks): one there makes the tree
+#: dirty, as the untracked Triton kernels measured by the first GPU record (commit b4cb67b) should have
+UNTRACKED_SCOPE = ("pipeline", "benchmarks")
 
 
 def _git(args: Sequence[str], root: Path) -> bytes | None:
@@ -201,24 +412,29 @@ def _git(args: Sequence[str], root: Path) -> bytes | None:
 
 
 def code_state(root: Path | None = None) -> dict[str, Any]:
-    """Which code a run measures: the commit and whether the tracked files differ from it.
+    """Which code a run measures: the commit and whether the files differ from it.
 
     ``git_commit``: ``git rev-parse HEAD``. ``git_dirty``: whether ``git status --porcelain`` lists a tracked file
-    (untracked files are not counted; neither is anything under ``benchmarks/results/``). When dirty,
-    ``git_diff_sha256`` is the first 12 hex digits of the SHA-256 of ``git diff HEAD`` (binary, no colour, no
-    external diff or textconv, fixed ``a/`` ``b/`` prefixes, same exclusion: staged and unstaged changes alike) and
-    ``git_modified`` the changed paths, sorted (both None when clean). Every field is None when git or the
-    repository is absent."""
+    or an untracked, not ignored file lies under ``pipeline/`` or ``benchmarks/`` (:data:`UNTRACKED_SCOPE`; nothing
+    under ``benchmarks/results/`` counts). When dirty, ``git_modified`` lists the changed tracked paths and
+    ``git_untracked`` the untracked ones, sorted, and ``git_diff_sha256`` is the first 12 hex digits of the SHA-256
+    of ``git diff HEAD`` (binary, no colour, no external diff or textconv, fixed ``a/`` ``b/`` prefixes, same
+    exclusion: staged and unstaged changes alike) followed by each untracked file's name and contents (all three
+    None when clean). Every field is None when git or the repository is absent."""
     root = Path(root) if root is not None else ROOT
-    none: dict[str, Any] = {"git_commit": None, "git_dirty": None, "git_diff_sha256": None, "git_modified": None}
+    none: dict[str, Any] = {"git_commit": None, "git_dirty": None, "git_diff_sha256": None, "git_modified": None,
+                            "git_untracked": None}
     head = _git(["rev-parse", "HEAD"], root)
     if head is None:
         return none
-    spec = ["--", ".", f":(exclude){EXCLUDED_FROM_DIFF}"]
+    exclude = f":(exclude){EXCLUDED_FROM_DIFF}"
+    spec = ["--", ".", exclude]
     status = _git(["-c", "core.quotepath=off", "status", "--porcelain=v1", "-z", "--untracked-files=no", *spec],
                   root)
+    untracked = _git(["-c", "core.quotepath=off", "ls-files", "-z", "--others", "--exclude-standard", "--",
+                      *UNTRACKED_SCOPE, exclude], root)
     out: dict[str, Any] = {**none, "git_commit": head.decode().strip() or None}
-    if status is None:
+    if status is None or untracked is None:
         return out
     modified, entries = set(), status.decode("utf-8", "surrogateescape").split("\0")
     i = 0
@@ -232,13 +448,27 @@ def code_state(root: Path | None = None) -> dict[str, Any]:
             if entry[0] == "R" and i < len(entries) and entries[i]:
                 modified.add(entries[i])
             i += 1
-    out["git_dirty"] = bool(modified)
-    if modified:
+    new_files = sorted(p for p in untracked.decode("utf-8", "surrogateescape").split("\0") if p)
+    out["git_dirty"] = bool(modified or new_files)
+    if out["git_dirty"]:
         diff = _git(["diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
                      "--dst-prefix=b/", "HEAD", *spec], root)
-        out["git_diff_sha256"] = hashlib.sha256(diff).hexdigest()[:12] if diff is not None else None
+        if diff is not None:
+            digest = hashlib.sha256(diff)
+            for path in new_files:
+                digest.update(b"\0untracked\0" + os.fsencode(path) + b"\0" + _file_bytes(root / path))
+            out["git_diff_sha256"] = digest.hexdigest()[:12]
         out["git_modified"] = sorted(modified)
+        out["git_untracked"] = new_files
     return out
+
+
+def _file_bytes(path: Path) -> bytes:
+    """A file's contents for the code hash; a symbolic link's target; b'' for one that vanished meanwhile."""
+    try:
+        return b"link:" + os.fsencode(os.readlink(path)) if path.is_symlink() else path.read_bytes()
+    except OSError:
+        return b""
 
 
 def _code_record(start: dict[str, Any] | None) -> dict[str, Any]:
