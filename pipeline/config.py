@@ -975,6 +975,10 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                   selected=selected)
 
 
+#: the figures that show continuous data only, and what they show
+CONTINUOUS_FIGURES = {"fig4a": "the MSE of continuous data", "fig4b": "a feature of continuous data"}
+
+
 def _check_figure_datasets(report: dict[str, Any], datasets: dict[str, DatasetParams]) -> None:
     """A figure's ``dataset`` / ``datasets`` option names dataset sections of params.yaml (a typo would leave the
     figure out with only a note in the report)."""
@@ -986,6 +990,11 @@ def _check_figure_datasets(report: dict[str, Any], datasets: dict[str, DatasetPa
             if isinstance(ds, str) and ds not in datasets:
                 raise ParamsError(f"report.figures.{name}: dataset {ds!r} has no section in params.yaml; expected "
                                   f"one of {', '.join(datasets)}")
+            if isinstance(ds, str) and name in CONTINUOUS_FIGURES and datasets[ds].discrete:
+                # an MSE panel or a feature trace of symbols would be drawn empty, with warnings
+                continuous = [d for d, p in datasets.items() if not p.discrete]
+                raise ParamsError(f"report.figures.{name}: dataset {ds!r} is discrete; this figure shows "
+                                  f"{CONTINUOUS_FIGURES[name]} (expected one of {', '.join(continuous) or 'none'})")
 
 
 def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) -> list[str]:
@@ -1081,6 +1090,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except RecursionError:   # the YAML composer recurses into nested collections
         raise ParamsError(f"{path}: nested too deeply to read (thousands of levels); expected the sections of "
                           "params.yaml") from None
+    except ValueError as exc:   # Python's limit on int("..."): a number thousands of digits long
+        if "integer string conversion" not in str(exc):
+            raise
+        long = re.search(r"\d{4000,}", text)
+        line = text.count("\n", 0, long.start()) + 1 if long else None
+        raise ParamsError(f"{path}: a number of thousands of digits" + (f" at line {line}" if line else "")
+                          + "; expected the values of params.yaml (counts, sizes, rates)") from None
     try:
         return parse_params({} if raw is None else raw, source=str(path))
     except RecursionError:

@@ -749,6 +749,10 @@ def _merge_config(figures: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
             raise ValueError(f"report: figures.{key}: unknown option(s) {sorted(unknown)}; "
                              f"known: {sorted(DEFAULT_FIGURES[key])}")
         merged = {**DEFAULT_FIGURES[key], **copy.deepcopy(dict(value))}
+        default = DEFAULT_FIGURES[key]
+        if "title" not in value and merged.get("dataset") != default.get("dataset") and \
+                "PTB" in default.get("title", ""):
+            merged["title"] = default["title"].replace("PTB", str(merged["dataset"]))   # not PTB's data any more
         for k in ("variants", "datasets"):
             if k in merged and isinstance(merged[k], str):
                 merged[k] = [merged[k]]

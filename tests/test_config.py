@@ -104,6 +104,9 @@ def test_missing_or_broken_file(tmp_path):
     bad.write_text("ptb: [unclosed\n")
     with pytest.raises(ParamsError, match="not valid YAML"):
         load_params(bad)
+    bad.write_text("seeds: [0]\ndatasets: [hmm]\nhmm: {train: {epochs: " + "9" * 5000 + "}}\n")
+    with pytest.raises(ParamsError, match=rf"^{re.escape(str(bad))}: a number of thousands of digits at line 3; "):
+        load_params(bad)
     bad.write_text("seeds: " + "[" * 5000 + "]" * 5000 + "\n")   # PyYAML recurses once per level
     with pytest.raises(ParamsError, match=rf"^{re.escape(str(bad))}: nested too deeply to read"):
         load_params(bad)
@@ -268,6 +271,14 @@ def _custom(**source):
     (lambda p: p["hmm"]["two_stage"].update(widths={"ob": 1.0}), r"^hmm\.two_stage\.widths\.ob: unknown key "
                                                                  r"\(expected one of \['future', 'obs', 'past'\]\)"),
     (lambda p: p["report"].update(figure={"fig4b": {}}), r"^report\.figure: unknown key"),
+    # figures of continuous data refuse a discrete dataset (an empty MSE panel, a trace of symbols)
+    (lambda p: p["report"].update(figures={"fig4b": {"dataset": "hmm"}}), r"^report\.figures\.fig4b: dataset 'hmm' "
+                                                                          r"is discrete; this figure shows a feature "
+                                                                          r"of continuous data \(expected one of "
+                                                                          r"swimmer, mocap, handwriting, lgssm, custom"
+                                                                          r"\)$"),
+    (lambda p: p["report"].update(figures={"fig4a": {"datasets": ["swimmer", "ptb"]}}),
+     r"^report\.figures\.fig4a: dataset 'ptb' is discrete; this figure shows the MSE of continuous data"),
     (lambda p: p["report"].update(figures=[]), r"^report\.figures: expected a mapping of figure names"),
     (lambda p: p["report"].update(figures={"fig9z": {}}), r"^report\.figures\.fig9z: unknown figure"),
     (lambda p: p["report"].update(figures={"fig4a": {"variants": ["kf", "lstn"]}}),

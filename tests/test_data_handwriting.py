@@ -190,3 +190,17 @@ def test_parse_missing_and_empty(tmp_path: Path) -> None:
     (tmp_path / "empty.tra").write_text(".INCLUDE dene.doc\n")
     with pytest.raises(UnipenParseError, match="no .SEGMENT"):
         parse_unipen(tmp_path / "empty.tra")
+
+
+def test_a_source_option_error_names_the_params_key():
+    """The library says ``n_train=...`` in its own terms; the preprocess stage names the params key, and leaves
+    errors about other things (a file, a params key already named) as they are."""
+    from pipeline.config import ParamsError
+    from pipeline.workflow.data import _with_source_key
+
+    src = {"n_train": 100000, "seed": 0}
+    err = _with_source_key("handwriting", src, ValueError("n_train=100000: only 7494 eligible digits in x.tra"))
+    assert str(err) == "handwriting.source.n_train=100000: only 7494 eligible digits in x.tra"
+    for kept in (ValueError("x.tra: file is empty"), ValueError("n_trainx=1: other"),
+                 ParamsError("handwriting.source.n_train: expected an integer")):
+        assert _with_source_key("handwriting", src, kept) is kept

@@ -335,9 +335,9 @@ def test_training_code_of_the_fingerprint_is_in_the_refine_deps():
 def test_one_experiment_reruns_exactly_what_its_params_touch_and_shows_metrics(project):
     """One `dvc exp run` with four changes (one experiment, to keep the suite short): a training param of hmm
     reruns only hmm's refine and evaluate; a `kf` param of lgssm reruns its two_stage (which reads it) and what
-    changed downstream, not its features; a variant removed from swimmer goes from models/, metrics/ and the
-    report, and reruns none of swimmer's spectral stages (they do not read the variants); a dataset taken off
-    `datasets` runs nothing and leaves the report."""
+    changed downstream, not its features; a variant removed from swimmer goes from metrics/, plots/ and the
+    report (its trained model stays in models/), and reruns none of swimmer's spectral stages (they do not read
+    the variants); a dataset taken off `datasets` runs nothing and leaves the report."""
     root, env, _, _ = project
     before = json.loads((root / "metrics" / "lgssm" / "kf_s0.json").read_text())
     assert (root / "models" / "swimmer" / "gru").is_dir()
@@ -354,8 +354,9 @@ def test_one_experiment_reruns_exactly_what_its_params_touch_and_shows_metrics(p
 
     after = json.loads((root / "metrics" / "lgssm" / "kf_s0.json").read_text())
     assert after["initial_test"]["mse"] != before["initial_test"]["mse"]
-    assert not (root / "models" / "swimmer" / "gru").exists()
+    assert (root / "models" / "swimmer" / "gru" / "s0" / "done").is_file(), "a trained run must be kept"
     assert not (root / "metrics" / "swimmer" / "gru_s0.json").exists()
+    assert not (root / "plots" / "swimmer" / "gru").exists()
     results = (root / "reports" / "results.md").read_text()
     swimmer = results.split("## swimmer")[1].split("\n## ")[0]
     assert "`gru`" not in swimmer and "`psrnn`" in swimmer

@@ -107,9 +107,11 @@ def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     assert [a.path for a in client.list_artifacts(run_gru1)] == ["data_units.json", "history.json"]
     refine.refine(params, root, "hmm")
-    assert not (root / "models" / "hmm" / "psrnn").exists(), "a variant no longer in params.yaml must go"
+    # runs no longer in params.yaml: their trained models stay, their plot files (the report's input) go
+    assert (model_dir(root, "hmm", "psrnn", 0) / "done").is_file() and _mtime(root, "psrnn", 0) == mtime
+    assert (model_dir(root, "hmm", "gru", 0) / "done").is_file()
     assert not (root / "plots" / "hmm" / "psrnn").exists()
-    assert not model_dir(root, "hmm", "gru", 0).exists(), "a seed no longer in params.yaml must go"
+    assert not plot_path(root, "hmm", "gru", 0).exists()
     assert _mtime(root, "gru", 1) == gru1, "a change of tracking params must not retrain"
     assert (model_dir(root, "hmm", "gru", 1) / "run_id").read_text().strip() == run_gru1
     assert len(_runs(root)) == 4
@@ -438,3 +440,30 @@ def test_switching_log_model_on_logs_the_trained_model_once_without_retraining(t
     trained = load_mlflow_run(run_id, tracking_uri=f"sqlite:///{root / 'mlflow.db'}").model
     for (k, a), b in zip(logged.state_dict().items(), trained.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean_env, capsys):
+    """A device this machine lacks, set for one variant, fails before any run folder is touched, naming the key;
+    a trial with another seed keeps the trained runs of the seed it leaves out (named on stderr), and listing
+    that seed again reuses them rather than training them again."""
+    import torch
+
+    root = tmp_path
+    refine.refine(_params(root, [0], ("psrnn", "gru")), root, "hmm")
+    snapshot = {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file()}
+    if not torch.cuda.is_available():
+        params = _params(root, [0], ("psrnn", "gru"), epochs=3, overrides={"gru": {"device": "cuda"}})
+        with pytest.raises(ValueError, match=r"^hmm\.train\.overrides\.gru\.device='cuda': CUDA is not available"):
+            refine.refine(params, root, "hmm")
+        assert {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file()} == snapshot
+    capsys.readouterr()
+    refine.refine(_params(root, [1], ("psrnn", "gru")), root, "hmm")
+    err = capsys.readouterr().err
+    assert "refine hmm: 2 trained runs not in params.yaml kept in" in err and "gru/s0, psrnn/s0" in err, err
+    assert {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file() and "s0" in p.parts} \
+        == snapshot
+    assert not (root / "plots" / "hmm" / "psrnn" / "s0.json").exists()   # out of the report
+    refine.refine(_params(root, [0, 1], ("psrnn", "gru")), root, "hmm")
+    err = capsys.readouterr().err
+    assert err.count("already trained with this configuration, kept") == 4, err
+    assert (root / "plots" / "hmm" / "psrnn" / "s0.json").is_file()

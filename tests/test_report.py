@@ -294,3 +294,11 @@ def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Pat
         ["`lstm`", "2", "1,000", "1", "0.020 ± 0.000", "1.000"]]
     assert "| variant | seeds | params | lr | test MSE |" in md
     assert len(_table_rows(md, "hmm")[0]) == 7   # variant, seeds, params, BPC, accuracy and their init: no lr
+
+
+def test_a_ptb_figure_moved_to_another_dataset_is_titled_by_it():
+    from pipeline.report import DEFAULT_FIGURES, _merge_config
+
+    cfg = _merge_config({"fig3a": {"dataset": "hmm"}, "fig3b": {"dataset": "hmm", "title": "mine"}})
+    assert cfg["fig3a"]["title"] == DEFAULT_FIGURES["fig3a"]["title"].replace("PTB", "hmm")
+    assert cfg["fig3b"]["title"] == "mine" and cfg["fig3c"]["title"] == DEFAULT_FIGURES["fig3c"]["title"]

@@ -658,7 +658,7 @@ def prepare_mocap(
         pos, names, sk = load_trial(raw_dir, trial)
         unknown = [b for b in bones if b not in names]
         if unknown:
-            raise ValueError(f"prepare_mocap: bones {unknown} are not in {sk.path} (bones: {names})")
+            raise ValueError(f"bones={bones!r}: {unknown} are not in {sk.path} (its bones: {names})")
         T = pos.shape[0]
         frames[trial] = T
         if T < track_length:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, is_custom, user_repo
 from pipeline.data.schema import SequenceDataset, write_dataset
@@ -44,6 +45,26 @@ def download(params: Params, root: Path, source: str) -> dict[str, str]:
 def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
     """Build the prepared dataset from raw files (or a generator) and write it as Parquet."""
     dp = params.dataset(dataset)
+    try:
+        ds = _build(dp, root, dataset)
+    except ValueError as exc:
+        raise _with_source_key(dataset, dp.source, exc) from None
+    _check_lengths(dp, ds)
+    write_dataset(prepared_path(root, dataset), ds)
+    return ds
+
+
+def _with_source_key(dataset: str, source: dict[str, Any], exc: ValueError) -> ValueError:
+    """A source's error that names one of its options (``n_train=100000: only 7494 eligible digits``, said by the
+    library in its own terms) names the params key instead: ``handwriting.source.n_train=100000: ...``."""
+    text = str(exc)
+    if not isinstance(exc, ParamsError) and any(text.startswith(f"{k}=") for k in source):
+        return ValueError(f"{dataset}.source.{text}")
+    return exc
+
+
+def _build(dp: DatasetParams, root: Path, dataset: str) -> SequenceDataset:
+    """The dataset of ``dp.source``, from its raw files or generator."""
     src = dict(dp.source)
     if dataset == "ptb":
         from pipeline.data.ptb import prepare_ptb
@@ -79,8 +100,6 @@ def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
         ds = _load_custom(dp, root)
     else:
         raise ParamsError(f"unknown dataset {dataset!r}")
-    _check_lengths(dp, ds)
-    write_dataset(prepared_path(root, dataset), ds)
     return ds
 
 

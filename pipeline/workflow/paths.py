@@ -73,7 +73,8 @@ def predictions_dir(root: Path, dataset: str) -> Path:
 def prune(folder: Path, keep: set[str], what: str, stage: str, pattern: str = "*") -> None:
     """Remove the entries of ``folder`` matching ``pattern`` whose names are not in ``keep``: the outputs of a
     ``what`` (variant, seed, run) taken off params.yaml. Under DVC a stage's outputs are emptied before it runs;
-    a stage run by hand would otherwise leave them for the report to show."""
+    a stage run by hand would otherwise leave them for the report to show. Only for outputs that are cheap to make
+    again (metrics, predictions, plot files): trained models are never pruned."""
     if not folder.is_dir():
         return
     for stale in sorted(folder.glob(pattern)):

@@ -7,8 +7,9 @@ a variant's initial weights as they were costs only the check. Its ``tracked`` m
 logged (the tracking params and URI): where those changed, the run is logged again from its history and checkpoint,
 not trained again. ``PSRNN_RETRAIN=1`` ignores
 the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f refine@ptb`` retrains a dataset from scratch: ``-f``
-alone reruns the stage, which then finds every run done). Variant and seed folders no longer in params.yaml are
-removed, so the stage's output matches its params.
+alone reruns the stage, which then finds every run done). Trained runs of variants and seeds no longer in
+params.yaml are kept (and named on stderr): evaluate and the report see only the listed ones, and listing a run
+again reuses it.
 
 After a kill, a run whose checkpoint has the same fingerprint resumes from it (its MLflow run continues too); so
 does a finished run whose ``train.epochs`` was raised, which trains only the new epochs. (The MLflow param
@@ -34,7 +35,6 @@ from pipeline.io import read_json, write_json, write_text
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
     artifact_dir, dataset_models_dir, load_prepared, model_dir, plot_path, prepared_path, prune, run_name,
-    variant_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -87,17 +87,19 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     dp = params.dataset(dataset)
     variants = [v.name for v in dp.variants] if variant_name is None else [dp.variant(variant_name).name]
     seeds = list(params.seeds) if seed is None else [seed]
-    # an unreachable store fails now, before a run folder, checkpoint or marker is touched (RunTracker would
-    # find it only after refine_run has cleared the previous results of a changed run)
+    # what fails at once fails now, before a run folder, checkpoint or marker is touched: a device this machine
+    # lacks (fit would find it only after refine_run has cleared the previous results of a changed run) and an
+    # unreachable store (RunTracker would find it there too)
+    _check_devices(dp, variants)
     check_tracking_uri(tracking_uri(root))
     if variant_name is None:
-        prune(dataset_models_dir(root, dataset), set(variants), "variant", "refine")
         prune(root / "plots" / dataset, set(variants), "variant", "refine")
     if seed is None:
         for v in variants:
-            prune(variant_dir(root, dataset, v), {f"s{s}" for s in seeds}, "seed", "refine")
             prune(plot_path(root, dataset, v, 0).parent, {plot_path(root, dataset, v, s).name for s in seeds},
                   "seed", "refine")
+    if variant_name is None and seed is None:
+        _note_unlisted_runs(root, dataset, variants, seeds)
     runs = [(v, s) for v in variants for s in seeds]
     digest: list[str] = []  # dataset_digest, computed once, when the first run's initial weights are found
 
@@ -111,6 +113,33 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
         out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared,
                                          announce=variant_name is None)   # one run: the command prints it
     return out
+
+
+def _check_devices(dp, variants: list[str]) -> None:
+    """The training device of every variant (``train.device`` or its ``train.overrides``), resolved on this
+    machine; an error names the key that set it."""
+    from pipeline.train import resolve_device
+
+    for v in variants:
+        key = f"{dp.name}.train.overrides.{v}" if v in dp.train_overrides else f"{dp.name}.train"
+        resolve_device(dp.train_config(v).device, f"{key}.device=")
+
+
+def _note_unlisted_runs(root: Path, dataset: str, variants: list[str], seeds: list[int]) -> None:
+    """Say which runs in ``models/<ds>`` params.yaml no longer lists. They are kept, not deleted: a quick edit of
+    ``seeds`` or ``variants`` must not throw away hours of training, and listing a run again reuses it when its
+    fingerprint still matches. Evaluate and the report see only the listed runs."""
+    folder = dataset_models_dir(root, dataset)
+    if not folder.is_dir():
+        return
+    listed = {(v, f"s{s}") for v in variants for s in seeds}
+    unlisted = sorted(f"{v.name}/{r.name}" for v in folder.iterdir() if v.is_dir()
+                      for r in v.iterdir() if r.is_dir() and (r / "done").is_file() and (v.name, r.name) not in listed)
+    if unlisted:
+        shown = ", ".join(unlisted[:6]) + (f" and {len(unlisted) - 6} more" if len(unlisted) > 6 else "")
+        print(f"refine {dataset}: {len(unlisted)} trained run{'s' if len(unlisted) > 1 else ''} not in params.yaml "
+              f"kept in {folder} ({shown}): not evaluated or reported; listing one again reuses it, deleting its "
+              "folder frees the space", file=sys.stderr)
 
 
 def summary_line(history: dict[str, Any]) -> str:
