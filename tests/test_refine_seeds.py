@@ -286,6 +286,22 @@ def test_evaluate_refuses_an_unfinished_run(tmp_path, clean_env):
         evaluate.evaluate_dataset(params, root, "hmm")
 
 
+def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env):
+    """Stages run by hand, out of order: a training param changed (or the data prepared again) without refine
+    must not score the old model as if it were the new one, neither for the dataset nor for one run."""
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")
+    params = _params(root, [0], epochs=3)
+    want = r"models/hmm/psrnn/s0: trained with other params, .*; run refine first \(psrnn refine hmm psrnn 0\)$"
+    with pytest.raises(RuntimeError, match=want):
+        evaluate.evaluate_dataset(params, root, "hmm")
+    with pytest.raises(RuntimeError, match=want):
+        evaluate.evaluate_run(params, root, "hmm", "psrnn", 0)
+    assert not (root / "metrics").exists()
+    refine.refine(params, root, "hmm")
+    assert evaluate.evaluate_dataset(params, root, "hmm")["psrnn_s0"]["epochs"] == 3
+
+
 def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, clean_env, capsys):
     from pipeline.cli import main
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +33,20 @@ def finished_checkpoint(root: Path, dataset: str, variant: str, seed: int) -> Pa
     return ckpt
 
 
+def check_current(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
+                  shared: Callable[[], str] | None = None) -> None:
+    """Refuse a finished run whose ``done`` fingerprint is not that of the current params, data, initial weights
+    and training code: scoring it would pair a model with data or settings it was not trained on (stages run by
+    hand, out of order; under ``dvc repro`` refine has just brought every run up to date). ``shared``: as in
+    :func:`pipeline.workflow.refine.run_fingerprints`."""
+    from pipeline.workflow.refine import run_fingerprints
+
+    mdir = model_dir(root, dataset, variant_name, seed)
+    if (mdir / "done").read_text().strip() != run_fingerprints(params, root, dataset, variant_name, seed, shared)[0]:
+        raise RuntimeError(f"{mdir}: trained with other params, data, initial weights or training code than the "
+                           f"current ones; run refine first (psrnn refine {dataset} {variant_name} {seed})")
+
+
 def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
                  ds: SequenceDataset | None = None) -> dict[str, Any]:
     """Final test metrics of one trained model (the last epoch's weights, or the best epoch's with
@@ -42,8 +56,11 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
+    one_run = ds is None   # from the command line (evaluate_dataset checks every run before it scores any)
     ds = ds if ds is not None else load_prepared(root, dataset)
     ckpt = finished_checkpoint(root, dataset, variant_name, seed)
+    if one_run:
+        check_current(params, root, dataset, variant_name, seed)
     ck = load_checkpoint(ckpt)
     initial = load_initial(root, dataset, variant_name, seed)
     final = copy.deepcopy(initial)
@@ -88,8 +105,18 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
 
     dp = params.dataset(dataset)
     runs = [(v.name, seed) for v in dp.variants for seed in params.seeds]
+    digest: list[str] = []
+
+    def shared() -> str:   # the data and code digest, computed once for every run
+        if not digest:
+            from pipeline.workflow.refine import dataset_digest
+
+            digest.append(dataset_digest(params, root, dataset))
+        return digest[0]
+
     for v, s in runs:
         finished_checkpoint(root, dataset, v, s)
+        check_current(params, root, dataset, v, s, shared)
     ds = load_prepared(root, dataset)
     for folder, suffix in ((metrics_dir(root, dataset), ".json"), (predictions_dir(root, dataset), ".parquet")):
         prune(folder, {f"{run_name(v, s)}{suffix}" for v, s in runs}, "run", "evaluate", f"*{suffix}")
