@@ -6,9 +6,10 @@
     >>> predictions = fitted.predict(test_trajectories)
     >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one file, loaded with weights_only=True
 
-Integer 1-D arrays are treated as discrete symbols 0 … V-1, float arrays of shape (T,) or (T, m) as continuous; every
-trajectory of train, valid and test must be of one kind (and, continuous, of one width). Bad input is refused up
-front, before any 2SR work, in one line naming the argument and trajectory (``train[1]: ...``).
+Integer 1-D arrays are treated as discrete symbols 0 … V-1 (indices: sparse ids such as 0 and 10**9 are refused),
+float arrays of shape (T,) or (T, m) as continuous; every trajectory of train, valid and test must be of one kind
+(and, continuous, of one width). Bad input is refused up front, before any 2SR work, in one line naming the argument
+and trajectory (``train[1]: ...``).
 """
 
 from __future__ import annotations
@@ -164,8 +165,32 @@ def _checked_splits(splits: dict[str, Any]) -> tuple[bool, int, dict[str, list[n
         out[name] = [_symbols(f"{name}[{i}]", a, None) if discrete else
                      _features(f"{name}[{i}]", a, width, "as train[0] has") for i, a in enumerate(arrays)]
     if discrete:
-        return True, 1 + max(int(a.max()) for arrays in out.values() for a in arrays), out
+        return True, _vocab_size(out), out
     return False, width, out
+
+
+#: a vocabulary (1 + the largest symbol) above this and above SPARSE_RATIO x the distinct symbols is refused
+SPARSE_VOCAB = 10_000
+SPARSE_RATIO = 2
+
+
+def _vocab_size(arrays: dict[str, list[np.ndarray]]) -> int:
+    """V = 1 + the largest symbol of any split (symbols are indices). Ids that are not indices (0 and 10**9 for two
+    symbols) would make every logits table V wide, gigabytes per step: a V above :data:`SPARSE_VOCAB` and
+    :data:`SPARSE_RATIO` x the distinct symbols is refused, naming where the largest symbol is."""
+    name, i, a = max(((n, i, a) for n, split in arrays.items() for i, a in enumerate(split)),
+                     key=lambda t: int(t[2].max()))
+    vocab = 1 + int(a.max())
+    if vocab <= SPARSE_VOCAB:
+        return vocab
+    distinct = len(np.unique(np.concatenate([a for split in arrays.values() for a in split])))
+    if vocab > SPARSE_RATIO * distinct:
+        j = int(np.argmax(a))
+        raise ValueError(f"{name}[{i}]: symbol {vocab - 1} at step {j} makes a vocabulary of {vocab} (symbols are "
+                         f"indices 0 … V-1) for {distinct} distinct symbols; expected indices near 0 … {distinct - 1}: "
+                         "map the ids, e.g. ids = np.unique(np.concatenate(every split's trajectories)), then "
+                         "np.searchsorted(ids, t) for each trajectory t")
+    return vocab
 
 
 def model_inputs(trajectories: Sequence[Any], config: ModelConfig, name: str = "trajectories") -> list[np.ndarray]:
@@ -190,7 +215,35 @@ def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
         raise ValueError(f"{name}={brief_repr(v)}: expected a finite number {'> 0' if positive else '>= 0'}")
 
 
+def _check_train_values(options: dict[str, Any]) -> None:
+    """The ``train_options`` values that :meth:`TrainConfig.validate` leaves unchecked, by params.yaml's rules
+    (pipeline.config): momentum in [0, 1) and only with SGD (Adam has no momentum: it would be ignored),
+    weight_decay >= 0, max_loss > 0 (inf allowed), and the switches as booleans (a string "no" is truthy)."""
+    def named(key: str) -> str:
+        return f"train_options[{key!r}]={brief_repr(options[key])}"
+
+    if "momentum" in options and not (is_finite_number(options["momentum"]) and 0 <= options["momentum"] < 1):
+        raise ValueError(f"{named('momentum')}: expected a number in [0, 1)")
+    if "weight_decay" in options:
+        _check_number("train_options['weight_decay']", options["weight_decay"])
+    if "max_loss" in options and not (_is_real(options["max_loss"]) and options["max_loss"] > 0):
+        raise ValueError(f"{named('max_loss')}: expected a number > 0 (inf: never stop on the loss)")
+    for key in ("shuffle", "eval_train", "restore_best"):
+        if key in options and not isinstance(options[key], (bool, np.bool_)):
+            raise ValueError(f"{named(key)}: expected True or False")
+    if options.get("optimizer") == "adam" and options.get("momentum", 0) != 0:
+        raise ValueError(f"{named('momentum')}: only used by optimizer 'sgd' (adam has no momentum parameter); "
+                         "expected 0 or optimizer 'sgd'")
+
+
+def _is_real(v: Any) -> bool:
+    """A real number (not a bool), NaN excluded, infinities included."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and v == v
+
+
 PSRNN_MODELS = ("psrnn", "factorized_psrnn")
+#: rank <= this x state_dim x obs_dim: params.yaml's rule for factorized_psrnn (pipeline.config)
+MAX_RANK_FACTOR = 10
 # the Kalman filter's default ridge, a ratio of the mean eigenvalue of its regressors' Gram (not of n, as 2SR's)
 _KF_RIDGE = inspect.signature(linear_two_stage).parameters["ridge"].default
 
@@ -214,7 +267,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     the data (:func:`_checked_splits`), what depends on the data's kind, and the configs' own validation."""
     from pipeline.inference import check_seed
     from pipeline.models.common import MODEL_NAMES
-    from pipeline.train import TrainConfig, resolve_device
+    from pipeline.train import TrainConfig, check_scorable, resolve_device
 
     model = a["model"]
     if not isinstance(model, str) or model not in MODEL_NAMES:
@@ -229,6 +282,15 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
             _check_int(key, a[key], 1)
     if model == "factorized_psrnn" and a["rank"] is None:
         raise ValueError("model='factorized_psrnn' needs rank= (the CP rank, a positive integer)")
+    if a["rank"] is not None and model != "factorized_psrnn":
+        # refused like ridge for a model without 2SR: silently ignoring it would train another model than asked
+        raise ValueError(f"rank={a['rank']}: the CP rank of factorized_psrnn; {model} has none, leave it out")
+    if a["rank"] is not None and a["rank"] > MAX_RANK_FACTOR * a["state_dim"] * a["obs_dim"]:
+        # params.yaml's rule (pipeline.config): the CP factors are rank x state_dim etc.; rank=10**6 asked torch
+        # for terabytes
+        raise ValueError(f"rank={a['rank']}: absurdly large for state_dim {a['state_dim']} and obs_dim "
+                         f"{a['obs_dim']}; expected at most {MAX_RANK_FACTOR} x state_dim x obs_dim = "
+                         f"{MAX_RANK_FACTOR * a['state_dim'] * a['obs_dim']}")
     for key, low in (("epochs", 0), ("batch_size", 1), ("bptt", 0)):
         if a[key] is not None:
             _check_int(key, a[key], low, None)
@@ -253,6 +315,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
             _check_int(f"train_options[{key!r}]", train_options[key], low, None)
     if "seed" in train_options:
         check_seed(train_options["seed"], "train_options['seed']=")
+    _check_train_values(train_options)
 
     spectral = model == "kf" or (model in PSRNN_MODELS and a["init"] == "2sr")
     if not spectral and (two_stage_options or a["ridge"] is not None):
@@ -288,6 +351,9 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     tcfg.validate()
     valid = arrays.get("valid") or None
     tcfg.monitored_split(bool(valid))
+    for name in ("train", "valid", "test"):   # as pipeline.train.fit checks them, but before any 2SR work
+        if arrays.get(name):
+            check_scorable(name, arrays[name])
     ts_cfg = None
     kf_ridge = None
     if model in PSRNN_MODELS and a["init"] == "2sr":
@@ -320,6 +386,13 @@ class FittedModel:
             return int(self.extras["best_epoch"])
         return int(self.history[-1]["epoch"]) if self.history else 0
 
+    def _inputs(self, trajectories: Any) -> list[np.ndarray]:
+        """:func:`model_inputs` of ``trajectories``, at least one (none would fail deeper without naming them)."""
+        inputs = model_inputs(trajectories, self.model.config)
+        if not inputs:
+            raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
+        return inputs
+
     def predict(self, trajectories: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Per trajectory, row t = the prediction of o_{t+1} (logits for discrete data).
 
@@ -328,13 +401,15 @@ class FittedModel:
         width m ((T,) when m = 1). Anything else is a one-line ValueError naming the trajectory index."""
         from pipeline.train import predict
 
-        return predict(self.model, model_inputs(trajectories, self.model.config))
+        return predict(self.model, self._inputs(trajectories))
 
     def evaluate(self, trajectories: Sequence[np.ndarray]) -> dict[str, float]:
         """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (checked as :meth:`predict` does)."""
-        from pipeline.train import evaluate
+        from pipeline.train import check_scorable, evaluate
 
-        return evaluate(self.model, model_inputs(trajectories, self.model.config))
+        inputs = self._inputs(trajectories)
+        check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
+        return evaluate(self.model, inputs)
 
     def forecast(self, trajectories: Sequence[np.ndarray], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:
@@ -346,8 +421,10 @@ class FittedModel:
 
         check_steps(steps)
         check_seed(seed)
+        if not isinstance(sample, (bool, np.bool_)):   # "no" would be truthy and sample
+            raise ValueError(f"sample={brief_repr(sample)}: expected True or False")
         c = self.model.config
-        inputs = model_inputs(trajectories, c)
+        inputs = self._inputs(trajectories)
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
         run = TrainedRun(model=self.model, dataset="", variant=c.model, seed=0,
                          epoch=self.epoch,
@@ -365,6 +442,9 @@ class FittedModel:
         history's epoch 0, the current ones are in the model. Written to a temporary file and renamed."""
         from pipeline.train import save_checkpoint
 
+        if Path(path).is_dir():   # the rename onto it would fail naming a temporary file
+            raise ValueError(f"{path}: a directory; expected a file path to write the model to, e.g. "
+                             f"{Path(path) / 'model.pt'}")
         save_checkpoint(path, {"format": FITTED_FORMAT, "model_config": self.model.config.to_dict(),
                                "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                                "history": self.history, "extras": self.extras})
@@ -471,6 +551,8 @@ def fit_model(
       ``max_loss``, ``eval_train``; the schedule ``monitor``, ``lr_decay``, ``patience``, ``min_delta``,
       ``restore_best``) or overrides these. ``valid``: trajectories held out for the schedule and the best epoch
       (scored after every epoch, like ``test``); without them the schedule monitors the training metrics.
+    * ``rank``: the CP rank of ``factorized_psrnn`` (at most 10 × ``state_dim`` × ``obs_dim``, params.yaml's
+      bound); refused for the other models, which have none.
     * ``decoder_input``: ``"all"`` lets the decoder of a multilayer PSRNN read every layer's state (skip
       connections; the ``psrnn_<L>layer_skip`` variants), ``"top"`` (default, the paper's) the top layer's alone.
     * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean state; default 0 for ``psrnn``, 0.1 for
@@ -481,9 +563,12 @@ def fit_model(
     None) of training.
 
     The data: ``train``, ``test``, ``valid`` are lists of arrays, every one of one kind: integer 1-D arrays are
-    discrete symbols 0 … V-1 (V = 1 + the largest symbol of any split), float arrays (T,) or (T, m) continuous
-    features, all of one width m and finite. ``test=None`` (or ``[]``): the training trajectories are scored as
-    the test set, so the history's ``"test"`` entries are the training metrics. Every argument and trajectory is
+    discrete symbols 0 … V-1 (V = 1 + the largest symbol of any split; ids that are not such indices, a V above
+    10 000 and above twice the distinct symbols, are refused: ``np.searchsorted(np.unique(ids), t)`` maps them),
+    float arrays (T,) or (T, m) continuous features, all of one width m and finite. Every split needs a step to
+    score: a trajectory of at least 2 steps (a one-step prediction is scored against the next observation).
+    ``test=None`` (or ``[]``): the training trajectories are scored as the test set, so the history's ``"test"``
+    entries are the training metrics. Every argument and trajectory is
     checked before any 2SR work; an error is one ValueError naming it (``train[1]: ...``, ``rank=2.5: ...``).
     """
     from pipeline.train import fit

@@ -55,7 +55,7 @@ def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete
     sees its float64 data unrounded, and ``Streams.to(device, dtype)`` copies nothing). Discrete inputs are
     always int64."""
     if not trajectories:
-        raise ValueError("no trajectories to batch")
+        raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
     trajs = [np.asarray(trajectories[i]) for i in (order if order is not None else range(len(trajectories)))]
     if len(trajs) == 1 and n_streams > 1:
         whole = trajs[0]

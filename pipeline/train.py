@@ -91,60 +91,139 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+#: About how many bytes one block of evaluation may hold: the model's outputs for the block and the temporaries
+#: :class:`MetricSums` makes of them (a masked copy, its float64 copy and float64 log-probabilities, so about
+#: 2 x itemsize + 16 bytes per output element). The outputs of a whole test set are steps x trajectories x
+#: vocabulary, which for a custom set of 63k symbols and 120k steps is tens of GB; blocks of this size keep
+#: evaluation's memory flat (a float32 logits table of about 20 MiB per block) at no cost for small vocabularies,
+#: where a block is still ``chunk`` steps of every trajectory.
+EVAL_BLOCK_BYTES = 128 * 2 ** 20
+
+
 @torch.no_grad()
 def evaluate(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int = 2048,
-             device: torch.device | None = None) -> dict[str, float]:
+             device: torch.device | None = None, block_bytes: int = EVAL_BLOCK_BYTES) -> dict[str, float]:
     """Filter every trajectory from the initial state to its end (one stream each, never reset mid-way; the
-    state is carried from one ``chunk`` of steps to the next)."""
-    sums, _ = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=False)
+    state is carried from one block of steps to the next) and score every one-step prediction.
+
+    The metrics are sums, accumulated block by block (at most ``chunk`` steps of as many trajectories as keep a
+    block's outputs and metric temporaries near ``block_bytes``, see :data:`EVAL_BLOCK_BYTES`): memory does not
+    grow with the number of steps or trajectories, and the numbers equal those of one block up to rounding (the
+    order of the sums; in float32, products in a batch of another size may round differently)."""
+    sums, _ = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=False,
+                      block_bytes=block_bytes)
     return sums.result()
 
 
 @torch.no_grad()
 def predict(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int = 2048,
-            device: torch.device | None = None) -> list[np.ndarray]:
+            device: torch.device | None = None, block_bytes: int = EVAL_BLOCK_BYTES,
+            reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> list[np.ndarray]:
     """One-step predictions per trajectory: row t is the output after consuming o_t (a prediction of o_{t+1});
-    logits for discrete data."""
-    _, outputs = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=True)
+    logits for discrete data. The returned arrays are the caller's size (steps x output_dim each); the filtering
+    runs in blocks as :func:`evaluate`'s does.
+
+    ``reduce``: keep ``reduce(outputs, targets)`` per block instead of the outputs, so that what is kept need not
+    be steps x vocabulary (e.g. ``lambda out, y: out.argmax(-1)``): ``outputs`` is a block (steps, batch,
+    output_dim), ``targets`` the observations that followed (steps, batch[, m]; 0 after a trajectory's last
+    step, which has none), and the result must have the block's (steps, batch) as its first two dimensions."""
+    _, outputs = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=True,
+                         block_bytes=block_bytes, reduce=reduce)
     return outputs
 
 
 @torch.no_grad()
 def evaluate_and_predict(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int = 2048,
-                         device: torch.device | None = None) -> tuple[dict[str, float], list[np.ndarray]]:
-    """:func:`evaluate` and :func:`predict` from one filtering pass."""
-    sums, outputs = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=True)
+                         device: torch.device | None = None, block_bytes: int = EVAL_BLOCK_BYTES,
+                         reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                         ) -> tuple[dict[str, float], list[np.ndarray]]:
+    """:func:`evaluate` and :func:`predict` from one filtering pass (``reduce`` as for :func:`predict`)."""
+    sums, outputs = _filter(model, trajectories, chunk=chunk, device=device, keep_outputs=True,
+                            block_bytes=block_bytes, reduce=reduce)
     return sums.result(), outputs
 
 
-def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int, device, keep_outputs: bool):
+def check_scorable(name: str, trajectories: Sequence[np.ndarray]) -> None:
+    """Refuse a split without a one-step prediction to score: empty, or every trajectory a single step (a
+    prediction of o_{t+1} is scored against the next observation, which a one-step trajectory lacks). Its
+    metrics would be NaN, which training would report as a diverged model, far from the cause."""
+    if len(trajectories) == 0:
+        raise ValueError(f"{name}: empty; expected a list of trajectories, at least one")
+    if all(len(t) < 2 for t in trajectories):
+        which = "its one trajectory is" if len(trajectories) == 1 else f"all {len(trajectories)} trajectories are"
+        raise ValueError(f"{name}: {which} a single step, so there is no one-step prediction to score; expected "
+                         "trajectories of at least 2 steps (each prediction is scored against the next observation)")
+
+
+def eval_block(n_trajectories: int, output_dim: int, itemsize: int, chunk: int, block_bytes: int
+               ) -> tuple[int, int]:
+    """(trajectories, steps) of one evaluation block: as many trajectories as fit ``block_bytes`` for one step
+    (at least one), then as many steps as fit for them, at most ``chunk`` (``chunk <= 0``: no limit), at least
+    one. A step of one trajectory costs about ``output_dim`` x (2 x ``itemsize`` + 16) bytes
+    (:data:`EVAL_BLOCK_BYTES`)."""
+    row = max(1, output_dim * (2 * itemsize + 16))
+    group = max(1, min(n_trajectories, block_bytes // row))
+    steps = max(1, block_bytes // (group * row))
+    return group, steps if chunk <= 0 else min(chunk, steps)
+
+
+def _filter(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int, device, keep_outputs: bool,
+            block_bytes: int, reduce=None):
     with flush_denormal():
-        return _filter_streams(model, trajectories, chunk=chunk, device=device, keep_outputs=keep_outputs)
+        return _filter_streams(model, trajectories, chunk=chunk, device=device, keep_outputs=keep_outputs,
+                               block_bytes=block_bytes, reduce=reduce)
 
 
 def _filter_streams(model: SequenceModel, trajectories: Sequence[np.ndarray], *, chunk: int, device,
-                    keep_outputs: bool):
+                    keep_outputs: bool, block_bytes: int, reduce=None):
+    """Filter ``trajectories`` in blocks (:func:`eval_block`): consecutive groups of trajectories, one stream
+    each, every group filtered from the initial state to the end of its longest trajectory with the state
+    carried from one block of steps to the next. Each trajectory is filtered alone in its stream, so grouping
+    and blocking change no trajectory's outputs beyond rounding (float64: ~1e-16; float32 products in a batch of
+    another size may round differently) and the metrics only by the order of their sums."""
+    if len(trajectories) == 0:
+        raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, (int, np.integer)) or block_bytes < 1:
+        raise ValueError(f"block_bytes={block_bytes!r}: expected a positive integer (bytes)")
+    param = next(model.parameters())
+    device = device or param.device
+    dtype = param.dtype
+    discrete = model.config.discrete
+    group, steps = eval_block(len(trajectories), model.config.output_dim, param.element_size(), chunk,
+                              int(block_bytes))
+    sums = MetricSums(discrete=discrete)
+    outputs: list[Any] = [None] * len(trajectories) if keep_outputs else []
     was_training = model.training
     model.eval()
-    device = device or next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    discrete = model.config.discrete
-    streams = make_streams(trajectories, len(trajectories), discrete=discrete, dtype=dtype).to(device, dtype)
-    sums = MetricSums(discrete=discrete)
-    state = model.init_state(streams.batch_size)
-    outs = []
-    for x, y, mask, reset in streams.windows(chunk):
-        out, state = model(x, state, reset)
-        sums.add(out, y, mask)
-        if keep_outputs:
-            outs.append(out.cpu().numpy())
-    model.train(was_training)
-    outputs = []
-    if keep_outputs:
-        full = np.concatenate(outs, 0)
-        for traj, (b, pos) in zip(trajectories, streams.positions):
-            outputs.append(full[pos:pos + len(traj), b])
+    try:
+        for first in range(0, len(trajectories), group):
+            part = trajectories[first:first + group]
+            streams = make_streams(part, len(part), discrete=discrete, dtype=dtype).to(device, dtype)
+            state = model.init_state(streams.batch_size)
+            for start, (x, y, mask, reset) in zip(range(0, streams.length, steps), streams.windows(steps)):
+                out, state = model(x, state, reset)
+                sums.add(out, y, mask)
+                if keep_outputs:
+                    kept = (out if reduce is None else reduce(out, y)).cpu().numpy()
+                    _scatter(kept, start, part, streams.positions, outputs, first)
+    finally:
+        model.train(was_training)
     return sums, outputs
+
+
+def _scatter(block: np.ndarray, start: int, part: Sequence[np.ndarray], positions: list[tuple[int, int]],
+             outputs: list[Any], first: int) -> None:
+    """Copy the rows of ``block`` (steps ``start`` … of every stream) into the per-trajectory arrays
+    ``outputs[first + k]`` (made at the first block that reaches trajectory k), so that no padded table of all
+    steps is ever held."""
+    end = start + len(block)
+    for k, (traj, (b, pos)) in enumerate(zip(part, positions)):
+        lo, hi = max(pos, start), min(pos + len(traj), end)
+        if lo >= hi:
+            continue
+        if outputs[first + k] is None:
+            outputs[first + k] = np.empty((len(traj), *block.shape[2:]), dtype=block.dtype)
+        outputs[first + k][lo - pos:hi - pos] = block[lo - start:hi - start, b]
 
 
 def _make_optimizer(model: SequenceModel, cfg: TrainConfig):
@@ -262,8 +341,16 @@ def fit(
     Each epoch is scored on the split :meth:`TrainConfig.monitored_split` names (``monitor: auto``: ``valid``
     when given, else ``train``; the test curves the paper reports stay held out): the best epoch, and with
     ``lr_decay`` / ``patience`` / ``restore_best`` the schedule, go by that score.
+
+    Every split must have a step to score (:func:`check_scorable`): one whose trajectories are all a single step
+    is refused up front, naming it, instead of being scored NaN every epoch (and the NaN test score of epoch 0
+    reported as unusable weights).
     """
     cfg.validate()
+    check_scorable("train", train)
+    if valid:
+        check_scorable("valid", valid)
+    check_scorable("test", test)
     # Products of small gradients through long recurrences reach subnormal floats, which run ~20x slower on CPU.
     with flush_denormal():
         return _fit(model, train, test, cfg, valid=valid, checkpoint_path=checkpoint_path, resume=resume,

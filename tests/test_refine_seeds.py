@@ -9,6 +9,7 @@ import copy
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from pipeline.config import dump_yaml, load_params
@@ -299,7 +300,20 @@ def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env):
         evaluate.evaluate_run(params, root, "hmm", "psrnn", 0)
     assert not (root / "metrics").exists()
     refine.refine(params, root, "hmm")
-    assert evaluate.evaluate_dataset(params, root, "hmm")["psrnn_s0"]["epochs"] == 3
+    result = evaluate.evaluate_dataset(params, root, "hmm")["psrnn_s0"]
+    assert result["epochs"] == 3
+    # the predictions file agrees with the metrics: mean bits = BPC, most likely symbol right = accuracy
+    import pyarrow.parquet as pq
+
+    from pipeline.train import predict
+    from pipeline.workflow.paths import load_prepared
+
+    table = pq.read_table(root / "predictions" / "hmm" / "psrnn_s0.parquet").to_pydict()
+    for when, metrics in (("initial", result["initial_test"]), ("final", result["test"])):
+        assert np.mean(table[f"{when}_bits"]) == pytest.approx(metrics["bpc"], rel=1e-6)
+        assert np.mean(np.equal(table[when], table["target"])) == pytest.approx(metrics["accuracy"], abs=1e-12)
+    logits = predict(evaluate.load_initial(root, "hmm", "psrnn", 0), load_prepared(root, "hmm").test)
+    assert table["initial"][:len(logits[0]) - 1] == list(logits[0][:-1].argmax(axis=1))
 
 
 def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, clean_env, capsys):

@@ -66,8 +66,10 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     final = copy.deepcopy(initial)
     final.load_state_dict(trained_weights(ck))
     history = read_json(ckpt.parent / "history.json")
-    initial_test, initial_pred = evaluate_and_predict(initial, ds.test)
-    final_test, final_pred = evaluate_and_predict(final, ds.test)
+    # discrete: keep the most likely symbol and the target's log-probability per step, not steps x vocabulary logits
+    reduce = _top_and_log_prob if ds.discrete else None
+    initial_test, initial_pred = evaluate_and_predict(initial, ds.test, reduce=reduce)
+    final_test, final_pred = evaluate_and_predict(final, ds.test, reduce=reduce)
     result = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
               "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
               "best_epoch": ck["best_epoch"], "stopped_early": ck.get("stopped_early"),
@@ -127,13 +129,24 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
     return results
 
 
+def _top_and_log_prob(outputs, targets):
+    """Per step of a block of logits: (the most likely symbol, the natural log-probability of the observation that
+    followed), in float64, the columns :func:`write_predictions` reads for discrete data."""
+    import torch
+
+    log_p = torch.log_softmax(outputs.double(), dim=-1)
+    return torch.stack([outputs.argmax(-1).double(), log_p.gather(-1, targets.long()[..., None])[..., 0]], dim=-1)
+
+
 def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray], final: list[np.ndarray]) -> None:
     """One-step test predictions as Parquet, one row per (trajectory, step[, feature]); row ``step = t`` holds the
     prediction made after o_{t-1} of the observation o_t.
 
     Continuous data: ``trajectory, step, feature, target, initial, final`` (predicted values).
     Discrete data: ``trajectory, step, target, initial, final`` (the most likely symbol) and ``initial_bits,
-    final_bits`` (-log2 of the probability given to the target symbol, whose mean is the BPC).
+    final_bits`` (-log2 of the probability given to the target symbol, whose mean is the BPC); ``initial`` and
+    ``final`` are then per step (most likely symbol, natural log-probability of the next observation), as
+    :func:`_top_and_log_prob` keeps them.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -149,13 +162,9 @@ def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray]
             cols["trajectory"].append(np.full(T - 1, i, dtype=np.int64))
             cols["step"].append(np.arange(1, T, dtype=np.int64))
             cols["target"].append(target)
-            for name, logits in (("initial", p0[:-1]), ("final", p1[:-1])):
-                logits = np.asarray(logits, dtype=np.float64)
-                shifted = logits - logits.max(axis=1, keepdims=True)
-                log_z = np.log(np.exp(shifted).sum(axis=1))
-                log_p = shifted[np.arange(T - 1), target] - log_z
-                cols[name].append(logits.argmax(axis=1).astype(np.int64))
-                cols[f"{name}_bits"].append(-log_p / np.log(2.0))
+            for name, kept in (("initial", p0[:-1]), ("final", p1[:-1])):
+                cols[name].append(kept[:, 0].astype(np.int64))
+                cols[f"{name}_bits"].append(-kept[:, 1] / np.log(2.0))
         table = pa.table({k: pa.array(np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()})
     else:
         cols = {"trajectory": [], "step": [], "feature": [], "target": [], "initial": [], "final": []}
