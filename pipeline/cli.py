@@ -280,7 +280,7 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
     return 0
 
 
-def _check_inference_args(args: argparse.Namespace) -> None:
+def _check_inference_args(args: argparse.Namespace, root: Path) -> None:
     """What ``psrnn predict`` / ``forecast`` can check of their arguments before loading anything: the device and
     the output path (``--steps`` and ``--sample-seed`` of forecast)."""
     from pipeline.inference import check_block_rows, check_output_path, check_seed, check_steps
@@ -296,7 +296,7 @@ def _check_inference_args(args: argparse.Namespace) -> None:
     else:
         check_block_rows(args.block_rows, "--block-rows")
     resolve_device(args.device, "--device")
-    check_output_path(args.output)
+    check_output_path(args.output, root)   # not over the project's own files, before the run is loaded
 
 
 def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:
@@ -317,7 +317,7 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
     """``psrnn predict``: :func:`pipeline.inference.predict_file`, and one line of what was written."""
     from pipeline.inference import load_run, predict_file
 
-    _check_inference_args(args)
+    _check_inference_args(args, root)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
                            device=args.device, block_rows=args.block_rows)
@@ -334,7 +334,7 @@ def _forecast(args: argparse.Namespace, root: Path) -> None:
     """``psrnn forecast``: :func:`pipeline.inference.forecast_file`, and one line of what was written."""
     from pipeline.inference import forecast_file, load_run
 
-    _check_inference_args(args)
+    _check_inference_args(args, root)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
                             seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)

@@ -3,6 +3,17 @@
 W ≈ Σ_{r=1}^{R} a_r ⊗ b_r ⊗ c_r (tensorly's ``parafac``, ALS). The component weights are spread evenly over the
 three factors (each factor column gets the cube root of the weight, with signs kept), because unbalanced factors —
 "very large and very small numbers" — are what makes factorized PSRNNs poorly conditioned.
+
+A rank above what the tensor needs is not an error: ALS solves a rank × rank system per mode, which is singular
+when the rank exceeds the product of the other two mode sizes (rank 5 of a 2 × 2 × 2 tensor) or when the tensor
+is (numerically) of lower rank than asked, as a 2SR tensor learned with huge kernel widths is (near rank 1). Plain
+ALS then stops with "Singular matrix"; :func:`cp_decompose` retries with a tiny ridge (tensorly's ``l2_reg``,
+1e-12 on the tensor scaled to norm 1) that makes every system solvable and still reconstructs the tensor to a
+relative error of about 1e-8 or better, the components the tensor does not need near zero (from the SVD start
+where the rank allows it, else, or when that fails too, from a random one). The first attempt is the plain ALS of
+before, so ranks that always worked give the same factors to the last digit. What cannot be decomposed (NaN or
+Inf in the tensor, an all-zero tensor, ALS failing even with the ridge) is a one-line :class:`ValueError` naming
+the rank and the shape.
 """
 
 from __future__ import annotations
@@ -10,6 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+#: ridge of the retries, on the tensor scaled to norm 1: small enough for a reconstruction exact to about 1e-8 or
+#: better, large enough for every ALS system to be solvable
+RIDGE = 1e-12
 
 
 @dataclass
@@ -30,32 +45,85 @@ class CPFactors:
 
 def cp_decompose(W: np.ndarray, rank: int, *, seed: int = 0, n_iter_max: int = 2000, tol: float = 1e-12,
                  init: str = "svd") -> CPFactors:
-    """Rank-``rank`` CP decomposition of the 3-mode tensor ``W`` with balanced factor norms."""
+    """Rank-``rank`` CP decomposition of the 3-mode tensor ``W`` with balanced factor norms (retries in the
+    module docstring)."""
     import tensorly as tl
-    from tensorly.decomposition import parafac
 
-    if rank < 1:
-        raise ValueError(f"CP rank must be >= 1, got {rank}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+        raise ValueError(f"CP rank must be an integer >= 1, got {rank!r}")
     W = np.asarray(W, dtype=np.float64)
     if W.ndim != 3:
         raise ValueError(f"CP decomposition needs a 3-mode tensor, got shape {W.shape}")
-    norm = np.linalg.norm(W)
-    if norm == 0:
-        raise ValueError("cannot decompose an all-zero tensor")
+    where = f"CP rank {rank} of a tensor of shape {W.shape}"
+    bad = int(W.size - np.isfinite(W).sum())
+    if bad:
+        raise ValueError(f"{where}: {bad} of its {W.size} entries are NaN or Inf; expected a finite tensor (check "
+                         "the 2SR that made it: kernel widths, ridge)")
+    peak = float(np.abs(W).max()) if W.size else 0.0
+    if peak == 0:
+        raise ValueError(f"{where}: the tensor is all zero; expected a non-zero tensor (check the 2SR that made "
+                         "it: kernel widths, ridge)")
+    with np.errstate(over="ignore", under="ignore"):
+        norm = float(np.linalg.norm(W))
+    if not np.isfinite(norm) or norm == 0:   # entries near 1e308 (the squares overflow) or near 1e-308
+        norm = peak * float(np.linalg.norm(W / peak))
     tl.set_backend("numpy")
     # ALS is scale-equivariant; working on W/‖W‖ keeps its tolerance meaningful whatever the scale of W.
     # svd init needs rank ≤ each mode size; random init otherwise.
     use_init = init if rank <= min(W.shape) else "random"
-    cp = parafac(tl.tensor(W / norm), rank=rank, n_iter_max=n_iter_max, tol=tol, init=use_init,
-                 random_state=seed, normalize_factors=True, linesearch=False)
-    weights, (F0, F1, F2) = cp
-    weights = np.asarray(weights) * norm
+    Wn = W / norm
+    attempts = [dict(init=use_init, normalize_factors=True, l2_reg=0.0)]   # the ALS of every rank that works
+    # then with the ridge (factors not normalised by ALS: a zero weight would make its system singular again), from
+    # the SVD start where the rank allows one (it converges much closer than a random start), else a random one
+    attempts += [dict(init=i, normalize_factors=False, l2_reg=RIDGE) for i in dict.fromkeys((use_init, "random"))]
+    failure = ""
+    for attempt in attempts:
+        try:
+            weights, factors = _parafac(Wn, rank, seed=seed, n_iter_max=n_iter_max, tol=tol, **attempt)
+        except np.linalg.LinAlgError as exc:
+            failure = " ".join(str(exc).split()) or type(exc).__name__
+            continue
+        if all(np.isfinite(f).all() for f in factors) and np.isfinite(weights).all():
+            return _balanced(weights, factors, W, norm)
+        failure = "the factors overflowed to NaN or Inf"
+    raise ValueError(f"{where}: ALS failed even with a ridge of {RIDGE:g} ({failure}); expected a non-degenerate "
+                     "tensor: check the 2SR that made it (kernel widths, ridge), or use a rank at most "
+                     f"{min(W.shape)}")
+
+
+def _parafac(Wn: np.ndarray, rank: int, *, seed: int, n_iter_max: int, tol: float, init: str,
+             normalize_factors: bool, l2_reg: float) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One run of tensorly's ALS; (weights, [F0, F1, F2]) with unit-norm factor columns where they are non-zero."""
+    import tensorly as tl
+    from tensorly.decomposition import parafac
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights, factors = parafac(tl.tensor(Wn), rank=rank, n_iter_max=n_iter_max, tol=tol, init=init,
+                                   random_state=seed, normalize_factors=normalize_factors, linesearch=False,
+                                   l2_reg=l2_reg)
+        weights, factors = np.asarray(weights, dtype=np.float64), [np.asarray(f, dtype=np.float64) for f in factors]
+        if not normalize_factors:   # the weights as parafac's normalize_factors gives them: column norms
+            for i, f in enumerate(factors):
+                n = np.linalg.norm(f, axis=0)
+                weights = weights * n
+                factors[i] = f / np.where(n > 0, n, 1.0)
+    return weights, factors
+
+
+def _balanced(weights: np.ndarray, factors: list[np.ndarray], W: np.ndarray, norm: float) -> CPFactors:
+    """The factors with each component's weight spread evenly (cube roots, the sign on A), and their error."""
+    F0, F1, F2 = factors
+    weights = weights * norm
     scale = np.cbrt(np.abs(weights))
     sign = np.sign(weights)
     sign[sign == 0] = 1.0
-    A = (np.asarray(F0) * scale * sign).T
-    B = (np.asarray(F1) * scale).T
-    C = (np.asarray(F2) * scale).T
-    factors = CPFactors(A=A, B=B, C=C, relative_error=0.0)
-    factors.relative_error = float(np.linalg.norm(factors.reconstruct() - W) / norm)
-    return factors
+    A = (F0 * scale * sign).T
+    B = (F1 * scale).T
+    C = (F2 * scale).T
+    out = CPFactors(A=A, B=B, C=C, relative_error=0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        error = float(np.linalg.norm(out.reconstruct() - W) / norm)
+        if not np.isfinite(error):   # huge entries: the squares overflow, the scaled difference does not
+            error = float(np.linalg.norm((out.reconstruct() - W) / norm))
+    out.relative_error = error
+    return out

@@ -61,11 +61,59 @@ def check_block_rows(block_rows: Any, option: str = "block_rows=") -> None:
         raise ValueError(f"{named}: expected a positive integer up to 2**31 - 1 ({MAX_BLOCK_ROWS})")
 
 
-def check_output_path(output_path: str | Path) -> None:
+#: folders of a project root that the pipeline writes (pipeline.workflow.paths; DVC's and MLflow's own): an output
+#: of predict or forecast there would replace a file a stage wrote or reads, e.g. a model's checkpoint.pt or a
+#: prepared dataset. Not the rest of data/, where the README suggests keeping one's own files (and outputs)
+PROJECT_FOLDERS = ("data/raw", "data/prepared", "artifacts", "models", "metrics", "plots", "predictions", "reports",
+                   "mlruns", ".dvc", ".git")
+#: files at a project root that an output must not replace: the pipeline's definition and its MLflow store
+PROJECT_FILES = ("params.yaml", "dvc.yaml", "dvc.lock", "mlflow.db")
+
+
+def _project_roots(root: str | Path | None) -> list[Path]:
+    """The project roots whose own files an output must not replace: ``root`` when given (the project a run was
+    loaded from), and the project around the working directory when there is one (the nearest folder holding
+    params.yaml, as ``psrnn`` finds it): a run loaded from MLflow, or a ``--root`` elsewhere, keeps both safe."""
+    from pipeline.config import project_root
+
+    roots = [Path(root).resolve()] if root is not None else []
+    here = project_root()
+    if (here / "params.yaml").is_file() and here.resolve() not in roots:
+        roots.append(here.resolve())
+    return roots
+
+
+def _project_file(path: Path, root: str | Path | None) -> str | None:
+    """Why ``path`` (resolved through any symbolic link in its parents) is one of a project's own files, or None."""
+    absolute = path.absolute()
+    resolved = absolute.resolve() if absolute.name == ".." else absolute.parent.resolve() / absolute.name
+    for r in _project_roots(root):
+        try:
+            rel = resolved.relative_to(r)
+        except ValueError:
+            continue
+        for folder in PROJECT_FOLDERS:
+            inside = Path(folder).parts
+            if len(rel.parts) > len(inside) and rel.parts[:len(inside)] == inside:
+                return f"inside the {folder}/ folder of the project {r}"
+        if len(rel.parts) == 1 and rel.parts[0] in PROJECT_FILES:
+            return f"the {rel.parts[0]} of the project {r}"
+    return None
+
+
+def check_output_path(output_path: str | Path, root: str | Path | None = None) -> None:
     """Refuse, before any work, an output that cannot be written by renaming a temporary file onto it: a path that
     exists and is not a regular file (a symbolic link, directory, FIFO, device or socket: the rename would replace
-    the link or special file itself), or one whose nearest existing parent is not a directory."""
+    the link or special file itself), or one whose nearest existing parent is not a directory. Refuse too an output
+    among the project's own files (:data:`PROJECT_FOLDERS`, :data:`PROJECT_FILES`, of ``root`` and of the project
+    around the working directory): ``psrnn predict hmm psrnn 0 new.parquet models/hmm/psrnn/s0/checkpoint.pt``
+    would otherwise replace the model it predicts with, and ``data/prepared/hmm.parquet`` the dataset."""
     path = Path(output_path)
+    owned = _project_file(path, root)
+    if owned is not None:
+        folders = ", ".join(f"{f}/" for f in PROJECT_FOLDERS)
+        raise ValueError(f"{path}: the output is {owned}, which the pipeline writes or reads; expected a path "
+                         f"outside its folders {folders} and other than {', '.join(PROJECT_FILES)}")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -94,7 +142,9 @@ class TrainedRun:
     """A model of the pipeline with what it needs to read and write data in the original units.
 
     ``mean``/``std`` (continuous data) standardise each feature as the pipeline did (0 and 1 for a feature that was
-    not standardised); ``epoch`` is the checkpoint's (0 for the initial weights)."""
+    not standardised); ``epoch`` is the checkpoint's (0 for the initial weights); ``root`` is the project
+    :func:`load_run` read it from (None otherwise), whose own files :func:`predict_file` and :func:`forecast_file`
+    refuse to write over."""
 
     model: Any
     dataset: str
@@ -106,18 +156,20 @@ class TrainedRun:
     vocab: list[str] = field(default_factory=list)
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
+    root: Path | None = None
 
     @classmethod
-    def from_units(cls, model: Any, units: dict[str, Any], *, dataset: str, variant: str, seed: int, epoch: int
-                   ) -> "TrainedRun":
+    def from_units(cls, model: Any, units: dict[str, Any], *, dataset: str, variant: str, seed: int, epoch: int,
+                   root: str | Path | None = None) -> "TrainedRun":
         """A run from a model and the ``units`` of its dataset (:meth:`SequenceDataset.units`)."""
         model.eval()
+        root = Path(root).resolve() if root is not None else None   # a later chdir must not move it
         if units["kind"] == "discrete":
             return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="discrete",
-                       vocab=list(units["vocab"]))
+                       vocab=list(units["vocab"]), root=root)
         return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="continuous",
                    features=list(units["features"]), mean=np.asarray(units["mean"], dtype=np.float64),
-                   std=np.asarray(units["std"], dtype=np.float64))
+                   std=np.asarray(units["std"], dtype=np.float64), root=root)
 
     @property
     def discrete(self) -> bool:
@@ -465,7 +517,8 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
             detail = " ".join(str(exc).split())[:200]
             raise ValueError(f"{path}: its weights do not fit the {variant} model of {init} ({detail})") from None
         epoch = trained_epoch(ck)
-    return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch)
+    return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch,
+                                 root=root)
 
 
 def _stored_variant(config: dict[str, Any]) -> str:
@@ -500,24 +553,32 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     """The final model of an MLflow run of the pipeline with the ``data_units.json`` logged beside it: for a model
     found in the MLflow UI, on a machine without the workspace. ``tracking_uri`` defaults to
     ``MLFLOW_TRACKING_URI``, else the SQLite store of the project around the working directory; a SQLite file that
-    does not exist, or a run the store does not hold, is a one-line error saying which store was asked.
+    does not exist, or a run the store does not hold, is a one-line error saying which store was asked, and so are a
+    ``run_id`` that is not an MLflow run id (:func:`pipeline.tracking.check_run_id`) and a URI that cannot hold the
+    run (an in-memory database, a mistyped URL: :func:`pipeline.tracking.uri_problem`), before MLflow is asked.
 
     The model is rebuilt from the run's checkpoint artifact (``checkpoints/checkpoint.pt``: the model config and
     weights, read with ``torch.load(weights_only=True)``), so that loading executes nothing from the store and
     does not depend on the class layout of the code that logged it. A run logged without checkpoints
     (``tracking.log_checkpoints: false``) has only the ``mlflow.pytorch`` model, a pickle that runs code when
     loaded: that is used only with ``allow_pickle=True``, for a store you trust."""
+    from pipeline.config import project_root
+    from pipeline.tracking import check_run_id, sqlite_path, tracking_uri as default_uri, uri_problem
+
+    check_run_id(run_id)   # MLflow raises its own exception for "" or "../x", a TypeError for None
+
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     from pipeline.api import model_from_checkpoint
-    from pipeline.config import project_root
-    from pipeline.tracking import sqlite_path, tracking_uri as default_uri
     from pipeline.train import load_checkpoint
 
     uri = tracking_uri or default_uri(project_root())   # from a subfolder too, as `psrnn predict` finds runs
     where = "tracking_uri" if tracking_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") \
         else "the default: mlflow.db at the root of the project around the working directory, if any, else in it"
+    problem = uri_problem(uri)   # an in-memory database holds no run; a mistyped URL would be taken for a folder
+    if problem is not None:
+        raise ValueError(f"{uri} ({where}): {problem}")
     db = sqlite_path(uri)
     if db is not None and not db.is_file():   # MLflow would create an empty store there and then miss the run
         raise FileNotFoundError(f"{db}: no MLflow store there ({where}); pass tracking_uri= or set "
@@ -756,7 +817,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
 
     check_block_rows(block_rows)
     input_path, output_path = Path(input_path), Path(output_path)
-    check_output_path(output_path)
+    check_output_path(output_path, getattr(run, "root", None))
     dev = resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     encoded = data.encoded
@@ -895,7 +956,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     input_path, output_path = Path(input_path), Path(output_path)
     check_steps(steps)
     check_seed(seed)
-    check_output_path(output_path)
+    check_output_path(output_path, getattr(run, "root", None))
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     spacings = _check_forecast_steps(input_path, data, steps)

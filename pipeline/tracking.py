@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -130,8 +131,57 @@ def _store_label(uri: str) -> str:
     return f"tracking store {uri} (the default; MLFLOW_TRACKING_URI overrides)"
 
 
+#: URI schemes MLflow tracks to (its ``TrackingStoreRegistry``); a plain path (no scheme) is its file store
+KNOWN_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks", "databricks-uc",
+                 "uc")
+# a known scheme written without "://": "http//host", "http:/host", "http:host" (MLflow takes the first two for a
+# folder of its deprecated file store, "filesystem tracking backend ... maintenance mode", and fails on the third)
+_MISTYPED = re.compile(r"(?P<scheme>" + "|".join(re.escape(k) for k in sorted(KNOWN_SCHEMES, key=len, reverse=True))
+                       + r")(?P<sep>//|:/(?!/)|:(?!/))(?P<rest>.*)", re.IGNORECASE)
+# "localhost:5000", "127.0.0.1:5000/": a server address without its http://
+_HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:[0-9]{1,5}/?")
+
+
+def uri_problem(uri: str) -> str | None:
+    """What is wrong with a tracking URI before anything is sent to it, or None: an in-memory SQLite database
+    (``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:``: every run logged there vanishes when the process ends), a
+    ``sqlite:`` URI without its three slashes, or a mistyped URL (``http//host:5000``, ``http:/host``,
+    ``localhost:5000``), which MLflow would otherwise take for a folder of its file store (refused even when that
+    folder exists: MLflow made it the first time the typo was used). Other plain paths are file stores, as MLflow
+    takes them."""
+    if not isinstance(uri, str) or not uri.strip():
+        return "empty; expected a URI such as http://127.0.0.1:5000 or sqlite:///path/to/mlflow.db"
+    head = uri.split("?", 1)[0]
+    if head.lower().startswith("sqlite:"):
+        if head.lower() == "sqlite://" or (head.lower().startswith("sqlite:///")
+                                          and head[len("sqlite:///"):] in ("", ":memory:")):
+            return ("an in-memory SQLite database, whose runs vanish when the process ends; expected "
+                    "sqlite:///<path of the database file>, e.g. sqlite:///mlflow.db")
+        if not head.lower().startswith("sqlite:///"):
+            return "not a SQLite URI MLflow can open; expected sqlite:///<path of the database file>"
+        return None
+    if "://" in uri:
+        return None
+    m = _MISTYPED.fullmatch(uri)
+    if m is not None and m.group("scheme").lower() != "file":
+        scheme, rest = m.group("scheme").lower(), m.group("rest").lstrip("/")
+        wanted = f"{scheme}://{rest}" if scheme in ("http", "https") and rest else f"{scheme}://..."
+        typed = m.group("scheme") + m.group("sep")
+        return f"looks like a mistyped URL ({typed} instead of {scheme}://); expected {wanted}"
+    if m is not None and m.group("sep") == "//":   # file//path
+        return "looks like a mistyped URL (file// instead of file://); expected file:///<absolute path>"
+    if _HOST_PORT.fullmatch(uri):
+        return f"looks like a server address without its scheme; expected http://{uri.rstrip('/')}"
+    return None
+
+
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (seconds, before any training) when an HTTP tracking server does not answer."""
+    """Fail fast (seconds, before any training) when the URI cannot be a lasting store (:func:`uri_problem`: an
+    in-memory database, a mistyped URL), when an HTTP tracking server does not answer, or when the folder of a
+    SQLite database does not exist."""
+    problem = uri_problem(uri)
+    if problem is not None:
+        raise TrackingError(f"{_store_label(uri)}: {problem}")
     if uri.startswith(("http://", "https://")):
         url = uri.rstrip("/") + "/health"
         try:
@@ -146,11 +196,25 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
             raise TrackingError(f"{_store_label(uri)}: GET /health answered HTTP {status}; expected 200 "
                                 "from an MLflow tracking server")
     elif uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
         if not db.parent.exists():
             raise TrackingError(f"{_store_label(uri)}: directory {db.parent} does not exist")
     elif uri.startswith("file:") or "://" not in uri:
         pass  # deprecated file store: MLflow itself warns
+
+
+#: what MLflow accepts as a run id (mlflow.utils.validation._RUN_ID_REGEX); the ids it makes are 32 hex digits
+RUN_ID = re.compile(r"[a-zA-Z0-9][\w\-]{0,255}")
+
+
+def check_run_id(run_id: object, option: str = "run_id") -> str:
+    """``run_id`` when it is an MLflow run id; else a one-line :class:`ValueError` (MLflow raises its own exception
+    for "../x", and a TypeError for None)."""
+    if not isinstance(run_id, str) or RUN_ID.fullmatch(run_id) is None:
+        shown = repr(run_id) if len(repr(run_id)) <= 60 else repr(run_id)[:57] + "..."
+        raise ValueError(f"{option}={shown}: expected an MLflow run id (32 hexadecimal digits, as the MLflow UI "
+                         "shows it, e.g. 0123456789abcdef0123456789abcdef)")
+    return run_id
 
 
 def git_commit(root: str | os.PathLike) -> str | None:

@@ -267,6 +267,24 @@ def test_missing_mirror_file_falls_back_to_url(server: _Server, tmp_path: Path) 
     assert out == {"a.txt": SHA} and server.hits["/a.txt"] == 1
 
 
+def test_a_missing_mirror_is_warned_about_and_the_download_still_works(server: _Server, tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A mistyped mirror must not stop a machine with internet: warned at once, naming it, then downloaded (the
+    error when the download fails too is in tests/test_robust_inputs.py)."""
+    server.routes["/a.txt"] = _ok(PAYLOAD)
+    mirror = tmp_path / "no" / "mirror" / "x"
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.download"):
+        out = fetch([RawFile("a.txt", server.url("/a.txt"), SHA)], tmp_path / "dest", mirror)
+    assert out == {"a.txt": SHA} and server.hits["/a.txt"] == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'dest'}: the mirror cannot be used: {mirror} does not exist (there is no {tmp_path / 'no'}); "
+        "fetching from the upstream URLs"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.download"):   # every file present: nothing to say
+        fetch([RawFile("a.txt", server.url("/a.txt"), SHA)], tmp_path / "dest", mirror)
+    assert caplog.records == [] and server.hits["/a.txt"] == 1
+
+
 def test_present_file_is_skipped(server: _Server, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_bytes(PAYLOAD)
     out = fetch([RawFile("a.txt", server.url("/a.txt"), SHA)], tmp_path)

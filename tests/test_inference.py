@@ -357,6 +357,36 @@ def test_outputs_that_are_not_regular_files_are_refused_before_any_work(capsys, 
     assert sorted(os.listdir(tmp_path)) == ["fifo", "folder", "link.parquet", "target.parquet"]   # no temp files
 
 
+def test_outputs_that_would_replace_the_projects_own_files_are_refused(capsys, tmp_path, continuous_run):
+    """`psrnn predict hmm psrnn 0 new.parquet models/hmm/psrnn/s0/checkpoint.pt` replaced the model it predicted
+    with, and `data/prepared/<ds>.parquet` the dataset: refused, naming the folder, and the files are kept."""
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    ckpt = tmp_path / "models" / "lgssm" / "psrnn" / "s0" / "checkpoint.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"model")
+    prepared = tmp_path / "data" / "prepared" / "lgssm.parquet"
+    before = prepared.read_bytes()
+    expected = ("which the pipeline writes or reads; expected a path outside its folders data/raw/, data/prepared/, "
+                "artifacts/, models/, metrics/, plots/, predictions/, reports/, mlruns/, .dvc/, .git/ and other than "
+                "params.yaml, dvc.yaml, dvc.lock, mlflow.db")
+    for out, folder in ((ckpt, "models"), (prepared, "data/prepared")):
+        for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
+            assert _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", str(tmp_path / "in.parquet"), str(out),
+                        "--initial", "--device", "cpu", *extra) == \
+                (1, f"psrnn {stage}: error: {out}: the output is inside the {folder}/ folder of the project "
+                    f"{tmp_path.resolve()}, {expected}")
+    assert ckpt.read_bytes() == b"model" and prepared.read_bytes() == before
+    # the library refuses them too: load_run's run knows its project
+    loaded = load_run(tmp_path, "lgssm", "psrnn", 0, initial=True)
+    assert loaded.root == tmp_path.resolve()
+    with pytest.raises(ValueError, match=r"the output is inside the models/ folder of the project"):
+        predict_file(loaded, tmp_path / "in.parquet", ckpt)
+    assert ckpt.read_bytes() == b"model"
+    summary = predict_file(loaded, tmp_path / "in.parquet", tmp_path / "mine" / "out.parquet")
+    assert summary["rows"] == len(test[0]) + len(test[1])
+
+
 def test_device_steps_and_seed_errors_name_the_option(capsys, tmp_path, continuous_run):
     """C4, C5, C7: checked before loading the run; the errors name the flag (the argument name in Python)."""
     import torch

@@ -27,14 +27,17 @@ Auto-detected features (``features=None``): a column is a feature if its Parquet
 (strings, booleans, lists, structs, timestamps, dates, decimals, ...) is dropped with a logged WARNING naming the
 dropped columns; name the columns in ``features`` to silence it (a named non-numeric column is an error). If no
 column is left, that is an error; so is a string column whose values all read as numbers (checked on its first
-100 values): a feature written as text, e.g. from a CSV, is not dropped silently.
+100 values): a feature written as text, e.g. from a CSV, is not dropped silently. A dropped column's text is not
+checked further: bytes that are not UTF-8 there make it no number, and it is dropped like any other text.
 
 Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: a file
 that is not Parquet or whose structure is truncated or garbled (always detected); corrupt bytes inside a data page,
 detected only when the file carries page checksums (it is read with page checksum verification on; the pipeline's
 own Parquet files are written with them, but pyarrow, pandas and most other writers write none by default, and a
 flipped byte in a checksum-less file's values can read back as a silently different number); a column name that
-appears more than once; missing columns; wrong types (e.g. a non-numeric feature column); missing values in
+appears more than once; missing columns; wrong types (e.g. a non-numeric feature column); text that is not valid
+UTF-8 in ``trajectory``/``split``/symbol (with the first row and its bytes: Parquet does not check the bytes of a
+string column, and pyarrow's own error names neither file nor column); missing values in
 ``trajectory``/``step``/``split``/symbol; NaN or Inf in a feature (with the number of rows and the first
 trajectory); duplicate steps; trajectories shorter than ``min_length`` rows; an empty train or test split; a
 discrete dataset with a single symbol, or with valid/test symbols not seen in train.
@@ -66,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.schema import KINDS, SPLITS, SequenceDataset
+from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, utf8_error
 from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
@@ -126,8 +129,22 @@ def _numbers_as_text(path: Path, column: str, arrow_type: Any, sample: int = 100
     pf = pq.ParquetFile(path)
     if pf.metadata.num_row_groups == 0:
         return None
-    values = [v for v in pf.read_row_group(0, columns=[column]).column(0).to_pylist()[: 10 * sample]
-              if v is not None and v.strip()][:sample]
+    col = pf.read_row_group(0, columns=[column]).column(0).slice(0, 10 * sample)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    # as bytes: a value that is not UTF-8 is not a number written as text (and to_pylist of it as str would fail)
+    raw = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary()).to_pylist()
+    values = []
+    for b in raw:
+        if b is None:
+            continue
+        try:
+            v = b.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if v.strip():
+            values.append(v)
+    values = values[:sample]
     if not values:
         return None
     for v in values:
@@ -309,6 +326,13 @@ def read_rows(
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
         return col
+
+    for name in columns:   # text that is not UTF-8 would fail in numpy with neither file nor column named
+        col = column(name)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            bad = utf8_error(path, name, col)
+            if bad is not None:
+                raise bad
 
     for name in ["trajectory"] + (["step"] if has_step else []) + (["split"] if has_split else []) + (
             [symbol_column] if kind == "discrete" else []):

@@ -40,6 +40,12 @@ How a file is obtained (:func:`fetch`):
 3. Otherwise the URL is downloaded with ``urllib``: transient failures (connection errors, timeouts, truncated
    transfers, HTTP 5xx) are retried with exponential backoff; HTTP 4xx fails at once.
 
+A mirror that is given but does not exist or is not a directory (a mistyped ``data.mirror`` or
+``PSRNN_DATA_MIRROR``) does not stop a machine with internet from downloading: it is warned about at once, naming
+the part of the path that is missing or is a file. When the download then fails too (offline), the error names the
+mirror and why it did not serve the file (missing, not a directory, or without that file): the mistyped mirror,
+not the network, is what to fix.
+
 Bytes are always streamed into a temporary file in the destination directory and renamed into place only after the
 checksum (and the ``Content-Length``, when the server sends one) has been verified, so a failure never leaves a
 partial or temporary file behind. Every error is a single line naming the file and the URL or mirror path. The
@@ -245,6 +251,22 @@ def mirror_from_env() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def mirror_problem(path: Path, *, directory: bool = True) -> str | None:
+    """Why the mirror folder (``directory``) or mirror file ``path`` cannot be read from, naming the first part of
+    the path that is missing or is a file (``/etc/passwd`` of ``/etc/passwd/ptb``); None when it can."""
+    path = Path(path)
+    if path.is_dir() if directory else path.is_file():
+        return None
+    if path.exists():
+        return f"{path} is not a {'directory' if directory else 'regular file'}"
+    for part in reversed(path.parents):   # from the top down: the first part that breaks the path
+        if not part.exists():
+            return f"{path} does not exist (there is no {part})"
+        if not part.is_dir():
+            return f"{path}: {part} is a file, not a directory"
+    return f"{path} does not exist"
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Fetching
 # --------------------------------------------------------------------------------------------------------------------
@@ -289,6 +311,9 @@ def fetch(
         raise ValueError(f"RawFile path {clash[0]!r} is reserved for the record of unpinned sha256 sums")
     dest = Path(dest)
     mirror = Path(mirror) if mirror is not None else None
+    problem = mirror_problem(mirror) if mirror is not None else None
+    if problem is not None and any(not (dest / f.path).is_file() for f in files):
+        log.warning("%s: the mirror cannot be used: %s; fetching from the upstream URLs", dest, problem)
     hashes: dict[str, str] = {}
     for f in files:
         hashes[f.path] = _obtain(f, dest, mirror, retries=retries, timeout=timeout, backoff=backoff)
@@ -314,7 +339,14 @@ def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeou
         return digest
     if source is not None:
         log.info("%s: not in mirror %s, downloading %s", f.path, mirror, f.url)
-    digest = _download_verified(f, target, retries=retries, timeout=timeout, backoff=backoff)
+    try:
+        digest = _download_verified(f, target, retries=retries, timeout=timeout, backoff=backoff)
+    except DownloadError as exc:
+        if source is None:
+            raise
+        # offline with a mirror that did not serve the file: the mirror is what to fix, say why it did not
+        why = mirror_problem(mirror) or mirror_problem(source, directory=False) or f"{source} could not be read"
+        raise DownloadError(f"{exc}; not in the mirror either: {why}") from None
     log.info("%s: downloaded from %s", target, f.url)
     return digest
 

@@ -104,6 +104,53 @@ class SequenceDataset:
         }
 
 
+def invalid_utf8(column: Any) -> tuple[int, bytes] | None:
+    """The row and the bytes of the first value of a pyarrow string column (Array or ChunkedArray) that is not valid
+    UTF-8, or None when every value is. Parquet does not check the bytes of its string columns, and pyarrow reads
+    them unchecked: converting one to Python or numpy then fails with ``Unknown error: Wrapping ... failed`` or
+    ``'utf-8' codec can't decode``, naming neither file nor column. Arrow's full validation finds the first bad
+    value in C++ (milliseconds for millions of rows); a bisection of the failing chunk gives its row."""
+    import pyarrow as pa
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    offset = 0
+    for chunk in chunks:
+        if not _utf8_ok(chunk):
+            lo, hi = 0, len(chunk)      # chunk[lo:hi] holds the first invalid value
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _utf8_ok(chunk.slice(lo, mid - lo)):
+                    lo = mid
+                else:
+                    hi = mid
+            binary = pa.large_binary() if pa.types.is_large_string(chunk.type) else pa.binary()
+            return offset + lo, chunk.slice(lo, 1).cast(binary)[0].as_py()
+        offset += len(chunk)
+    return None
+
+
+def _utf8_ok(array: Any) -> bool:
+    import pyarrow as pa
+
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def utf8_error(path: Any, name: str, column: Any) -> ValueError | None:
+    """The one-line error for a string ``column`` ``name`` of the file ``path`` that is not valid UTF-8 (naming the
+    first row and its bytes), or None."""
+    bad = invalid_utf8(column)
+    if bad is None:
+        return None
+    row, raw = bad
+    shown = repr(raw) if len(raw) <= 40 else repr(raw[:40])[:-1] + "...'"
+    return ValueError(f"{path}: column {name!r} is not valid UTF-8 text (first at row {row}: {shown}); expected "
+                      "strings in UTF-8 (re-encode the text, e.g. from Latin-1, before writing the file)")
+
+
 def write_dataset(path: str | os.PathLike, ds: SequenceDataset) -> None:
     """Write ``ds`` to ``path`` (Parquet, atomically) in the schema documented above."""
     import pyarrow as pa
@@ -142,6 +189,7 @@ def write_dataset(path: str | os.PathLike, ds: SequenceDataset) -> None:
 
 def read_dataset(path: str | os.PathLike) -> SequenceDataset:
     """Read a prepared dataset written by :func:`write_dataset`; errors name the file and what is wrong."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -159,7 +207,14 @@ def read_dataset(path: str | os.PathLike) -> SequenceDataset:
     kind = meta.pop("kind")
     features = meta.pop("features", [])
     vocab = meta.pop("vocab", [])
-    split = np.asarray(table.column("split").to_pylist())
+    split_column = table.column("split")
+    if pa.types.is_dictionary(split_column.type):
+        split_column = split_column.cast(split_column.type.value_type)
+    if pa.types.is_string(split_column.type) or pa.types.is_large_string(split_column.type):
+        bad = utf8_error(path, "split", split_column)
+        if bad is not None:
+            raise bad
+    split = np.asarray(split_column.to_pylist())
     traj = table.column("trajectory").to_numpy()
     step = table.column("step").to_numpy()
     if kind == "discrete":

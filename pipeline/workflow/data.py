@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, is_custom, user_repo
 from pipeline.data.schema import SequenceDataset, write_dataset
 from pipeline.workflow.paths import prepared_path, raw_dir
-
-log = logging.getLogger(__name__)
 
 
 def download(params: Params, root: Path, source: str) -> dict[str, str]:
@@ -22,10 +19,7 @@ def download(params: Params, root: Path, source: str) -> dict[str, str]:
     if mirror_root is not None and not mirror_root.is_absolute():
         # relative to the user's repo, also in a queued experiment's copy under .dvc/tmp/exps/
         mirror_root = (user_repo(root) / mirror_root).resolve()
-    if mirror_root is not None and not mirror_root.is_dir():
-        log.warning("download %s: the mirror %s (data.mirror or PSRNN_DATA_MIRROR) does not exist; fetching from "
-                    "the upstream URLs", source, mirror_root)
-        mirror_root = None
+    # a mirror that does not exist: fetch warns at once and names it in the error if the download fails too
     files = list(MANIFEST[source])
     if source == "mocap" and "mocap" in params.datasets:
         known = {f.path for f in files}
@@ -36,8 +30,6 @@ def download(params: Params, root: Path, source: str) -> dict[str, str]:
                     known.add(f.path)
     mirror = mirror_root / source if mirror_root is not None else None
     return fetch(files, raw_dir(root, source), mirror)
-
-
 
 
 # ------------------------------------------------------------------------------------------ preprocess

@@ -90,8 +90,14 @@ def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
     out = artifact_dir(root, dataset, seed) / "cp"
     out.mkdir(parents=True, exist_ok=True)
     tsm = load_two_stage(root, dataset, seed, 1)
+    W = tsm.layers[0].W
     for rank in dp.ranks:
-        f = cp_decompose(tsm.layers[0].W, rank, seed=seed)
+        try:
+            f = cp_decompose(W, rank, seed=seed)
+        except ValueError as exc:   # a NaN/Inf, all-zero or degenerate tensor: which dataset, seed and variants
+            users = ", ".join(v.name for v in dp.variants if v.rank == rank)
+            raise ValueError(f"decompose {dataset} seed {seed}: {exc} (the layer-1 2SR tensor "
+                             f"{artifact_dir(root, dataset, seed) / '2sr' / 'L1.npz'}, for {users})") from None
         save_npz(out / f"r{rank}.npz", f.as_dict(), meta={"rank": rank, "relative_error": f.relative_error,
                                                            "dataset": dataset, "seed": seed})
         log.info("decompose %s seed %d: CP rank %d, relative reconstruction error %.3g", dataset, seed, rank,
