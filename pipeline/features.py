@@ -69,6 +69,11 @@ def one_hot_window_distance_sample(
     return med if med > 0 else float(np.sqrt(2.0))
 
 
+#: the smallest kernel width: the RFF frequencies (standard deviation 1/width) are cast to float32, where beyond
+#: ~3e38 they overflow to inf and every feature is NaN (1/1e-30 times a normal draw stays far below)
+MIN_KERNEL_WIDTH = 1e-30
+
+
 @dataclass
 class RandomFourierFeatures:
     """A fixed random feature map z(x) = sqrt(2/D) cos(Ω x + β) for a Gaussian kernel of width σ.
@@ -84,8 +89,10 @@ class RandomFourierFeatures:
     def create(cls, input_dim: int, n_features: int, width: float, seed: int) -> "RandomFourierFeatures":
         if n_features < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
-        if not np.isfinite(width) or width <= 0:
-            raise ValueError(f"kernel width must be a positive number, got {width}")
+        if not np.isfinite(width) or width < MIN_KERNEL_WIDTH:
+            raise ValueError(f"kernel width {width:g}: expected a finite number >= {MIN_KERNEL_WIDTH:g} (the "
+                             "frequencies 1/width must fit the float32 features; for median widths, a larger "
+                             "two_stage.width_scale)")
         rng = np.random.default_rng(seed)
         omega = rng.standard_normal((input_dim, n_features)) / width
         beta = rng.uniform(0.0, 2.0 * np.pi, size=n_features)

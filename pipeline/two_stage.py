@@ -44,14 +44,13 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pipeline.features import (DistinctWindows, FeatureMaps, Windows, distinct_windows, fit_feature_maps,
+from pipeline.features import (MIN_KERNEL_WIDTH, DistinctWindows, FeatureMaps, Windows, distinct_windows, fit_feature_maps,
                                make_windows)
 from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
 
 WIDTH_FAMILIES = ("obs", "past", "future")   # the RFF families of pipeline.features.fit_feature_maps
-MIN_KERNEL_WIDTH = 1e-150   # the RFF frequencies have standard deviation 1/width: below it 1/width² overflows
 MAX_POWER_ITERATIONS = 100   # the range finder converges in a few; more only costs time
 MAX_SIZE = 2 ** 31 - 1       # a bound on every count and size (params.yaml, TwoStageConfig, fit_model arguments)
 

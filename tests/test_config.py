@@ -174,7 +174,7 @@ def _custom(**source):
     (lambda p: p["ptb"]["two_stage"].update(widths={"obs": "wide"}), r"^ptb\.two_stage\.widths\.obs: expected a "
                                                                      r"number"),
     (lambda p: p["ptb"]["two_stage"].update(widths={"obs": -1.0}), r"^ptb\.two_stage\.widths\.obs: expected a finite "
-                                                                   r"number >= 1e-150, got -1\.0$"),
+                                                                   r"number >= 1e-30, got -1\.0$"),
     (lambda p: p["ptb"]["two_stage"].update(widths=[2.0]), r"^ptb\.two_stage\.widths: expected a mapping"),
     (lambda p: p["ptb"]["two_stage"].update(width_scale=0), r"^ptb\.two_stage\.width_scale: expected a finite "
                                                             r"number > 0"),
@@ -221,7 +221,7 @@ def _custom(**source):
                                                                             r"be in 1\.\.64$"),
     (lambda p: p["ptb"]["two_stage"].update(layers=65), r"^ptb\.two_stage\.layers: expected at most 64"),
     (lambda p: p["ptb"]["two_stage"].update(widths={"obs": 1e-320}), r"^ptb\.two_stage\.widths\.obs: expected a "
-                                                                     r"finite number >= 1e-150"),
+                                                                     r"finite number >= 1e-30"),
     (lambda p: p["handwriting"]["source"].update(digits=[1, 1]), r"^handwriting\.source\.digits: duplicated \[1\]"),
     (lambda p: p["custom"]["source"].update(symbol_column="angle"), r"^custom\.source\.symbol_column: only used with "
                                                                     r"kind 'discrete'"),
@@ -341,7 +341,8 @@ def test_good_values_pass(defaults):
     ({"obs_ridge": float("nan")}, "two_stage.obs_ridge: expected a finite number >= 0, got nan"),
     ({"feature_dtype": "float16"}, "two_stage.feature_dtype: expected 'float32' or 'float64', got 'float16'"),
     ({"width_scale": 0}, "two_stage.width_scale: expected a finite number > 0, got 0"),
-    ({"widths": {"obs": 1e-320}}, "two_stage.widths.obs: expected a finite number >= 1e-150, got 1e-320"),
+    ({"widths": {"obs": 1e-320}}, "two_stage.widths.obs: expected a finite number >= 1e-30, got 1e-320"),
+    ({"widths": {"obs": 1e-100}}, "two_stage.widths.obs: expected a finite number >= 1e-30, got 1e-100"),
     ({"widths": {"pats": 1.0}}, "two_stage.widths.pats: unknown family; expected obs, past or future"),
     ({"obs_inverse": "yes"}, "two_stage.obs_inverse: expected true or false, got 'yes'"),
     ({"ridge": 10 ** 400}, "two_stage.ridge: expected a finite number >= 0, got an integer of about 401 digits"),
