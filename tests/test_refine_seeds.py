@@ -1,7 +1,7 @@
 """The refine stage of a dataset trains every variant x seed in one process: a run already done with the same
-configuration is skipped (not retrained, not logged again), new variants and seeds are trained, the folders of
-variants and seeds dropped from params.yaml are removed, ``PSRNN_RETRAIN=1`` retrains, and evaluate refuses a run
-that did not finish."""
+configuration is skipped (not retrained, not logged again), new variants and seeds are trained, the trained runs of
+variants and seeds dropped from params.yaml are kept but left out, ``PSRNN_RETRAIN=1`` retrains, and evaluate
+refuses a run that did not finish or was trained on other inputs; stages run by hand out of order are refused."""
 
 from __future__ import annotations
 
@@ -497,3 +497,28 @@ def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean
     err = capsys.readouterr().err
     assert err.count("already trained with this configuration, kept") == 4, err
     assert (root / "plots" / "hmm" / "psrnn" / "s0.json").is_file()
+
+
+def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_env):
+    """Stages run by hand, out of order: n_features raised without the features stage would have the 2SR use the
+    old maps of another size, without a word."""
+    root = tmp_path
+    params = _params(root, [0])
+    raw = copy.deepcopy(PARAMS)
+    raw["hmm"]["two_stage"]["n_features"] = 64
+    (root / "params.yaml").write_text(dump_yaml(raw))
+    params = load_params(root / "params.yaml")
+    with pytest.raises(ValueError, match=r"features\.npz: drawn with hmm\.two_stage\.n_features=32, but params\.yaml "
+                                         r"now says 64; run the features stage first \(psrnn features hmm 0\)$"):
+        spectral.two_stage(params, root, "hmm", 0)
+    spectral.features(params, root, "hmm", 0)
+    spectral.two_stage(params, root, "hmm", 0)
+    # and initialise refuses a 2SR learned with another state_dim (it failed on a tensor shape, deep in torch)
+    raw["hmm"]["two_stage"]["state_dim"] = 3
+    (root / "params.yaml").write_text(dump_yaml(raw))
+    params = load_params(root / "params.yaml")
+    with pytest.raises(ValueError, match=r"L1\.npz: learned with hmm\.two_stage\.state_dim=4, but params\.yaml now "
+                                         r"says 3; run the two_stage stage first \(psrnn two_stage hmm 0\)$"):
+        initialise.initialise(params, root, "hmm", 0)
+    spectral.two_stage(params, root, "hmm", 0)
+    initialise.initialise(params, root, "hmm", 0)

@@ -38,7 +38,7 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
     tsm = cps = lss = None
     adir = artifact_dir(root, dataset, seed)
     if variant.family in ("psrnn", "factorized_psrnn") and variant.init == "2sr":
-        tsm = load_two_stage(root, dataset, seed, variant.n_layers)
+        tsm = load_two_stage(root, dataset, seed, variant.n_layers, dp)
         if variant.rank is not None:
             a, m = load_npz(adir / "cp" / f"r{variant.rank}.npz")
             cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]

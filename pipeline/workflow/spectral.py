@@ -4,6 +4,7 @@ rank)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -44,6 +45,21 @@ def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
 
 # ------------------------------------------------------------------------------------------- two stage
 
+#: the two_stage params the features stage draws its maps from
+FEATURE_PARAMS = ("n_features", "past_window", "future_window", "widths", "width_scale")
+
+
+def _check_features_current(path: Path, meta: dict, cfg, dataset: str, seed: int) -> None:
+    """Refuse feature maps drawn with other params than the current ones (stages run by hand, out of order: under
+    ``dvc repro`` the features stage has just run): the 2SR would silently use maps of another size or width."""
+    drawn = meta.get("two_stage") or {}
+    now = asdict(cfg)
+    for k in FEATURE_PARAMS:
+        if k in drawn and drawn[k] != now[k]:
+            raise ValueError(f"{path}: drawn with {dataset}.two_stage.{k}={drawn[k]!r}, but params.yaml now says "
+                             f"{now[k]!r}; run the features stage first (psrnn features {dataset} {seed})")
+
+
 def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     from pipeline.features import FeatureMaps
     from pipeline.two_stage import linear_two_stage, two_stage_depths
@@ -52,7 +68,9 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     ds = load_prepared(root, dataset)
     check_windows(dataset, dp, [len(t) for t in ds.train], obs_dim=None if ds.discrete else ds.obs_dim)
     cfg = _two_stage_config(dp, seed)
-    arrays, _ = load_npz(artifact_dir(root, dataset, seed) / "features.npz")
+    path = artifact_dir(root, dataset, seed) / "features.npz"
+    arrays, meta = load_npz(path)
+    _check_features_current(path, meta, cfg, dataset, seed)
     maps = FeatureMaps.from_arrays(arrays)
     out = artifact_dir(root, dataset, seed) / "2sr"
     out.mkdir(parents=True, exist_ok=True)
@@ -74,10 +92,20 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     return out
 
 
-def load_two_stage(root: Path, dataset: str, seed: int, depth: int):
+def load_two_stage(root: Path, dataset: str, seed: int, depth: int, dp: DatasetParams | None = None):
+    """The 2SR of ``depth`` layers; with ``dp``, refused when it was learned with other two_stage params than
+    ``dp``'s (stages run by hand, out of order: a changed state_dim gave a shape error deep in initialise)."""
     from pipeline.two_stage import TwoStageModel
 
-    arrays, meta = load_npz(artifact_dir(root, dataset, seed) / "2sr" / f"L{depth}.npz")
+    path = artifact_dir(root, dataset, seed) / "2sr" / f"L{depth}.npz"
+    arrays, meta = load_npz(path)
+    if dp is not None and isinstance(meta.get("config"), dict):
+        now = json.loads(json.dumps(asdict(_two_stage_config(dp, seed)), default=str))
+        changed = [k for k in sorted(now) if k in meta["config"] and meta["config"][k] != now[k]]
+        if changed:
+            k = changed[0]
+            raise ValueError(f"{path}: learned with {dataset}.two_stage.{k}={meta['config'][k]!r}, but params.yaml "
+                             f"now says {now[k]!r}; run the two_stage stage first (psrnn two_stage {dataset} {seed})")
     return TwoStageModel.from_arrays(arrays, meta)
 
 
@@ -89,7 +117,7 @@ def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
     dp = params.dataset(dataset)
     out = artifact_dir(root, dataset, seed) / "cp"
     out.mkdir(parents=True, exist_ok=True)
-    tsm = load_two_stage(root, dataset, seed, 1)
+    tsm = load_two_stage(root, dataset, seed, 1, dp)
     W = tsm.layers[0].W
     for rank in dp.ranks:
         try:
