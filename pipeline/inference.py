@@ -274,13 +274,14 @@ class TrainedRun:
                  ) -> dict[str, float]:
         """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
         report), and for continuous data ``mse_data_units`` (the same errors in the original units)."""
-        from pipeline.train import evaluate_and_predict, resolve_device
+        from pipeline.train import evaluate, evaluate_and_predict, resolve_device
 
         encoded = self._encode_all(trajectories, unknown)
         self.model.to(resolve_device(device, "device="))
+        if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
+            return evaluate(self.model, encoded)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
-        if not self.discrete:
-            metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
+        metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
         return metrics
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
@@ -393,6 +394,20 @@ def _model_input(model: Any, x: np.ndarray, device: Any) -> Any:
     return t.long() if model.config.discrete else t.to(next(model.parameters()).dtype)
 
 
+#: bytes per output value of a block being written: the float32 output, its float64 log-probability and
+#: probability (discrete data; continuous data need less)
+_BYTES_PER_OUTPUT = 20
+
+
+def rows_within_budget(model: Any) -> int:
+    """The most rows whose outputs a block may hold: ``pipeline.train.EVAL_BLOCK_BYTES`` (128 MiB) over the bytes
+    of one row's outputs. 65,536 rows (the default block) and more for PTB's 44 symbols; a vocabulary of 63k
+    symbols would otherwise hold 16 GB of logits in one block."""
+    from pipeline.train import EVAL_BLOCK_BYTES
+
+    return max(1, EVAL_BLOCK_BYTES // (_BYTES_PER_OUTPUT * int(model.config.output_dim)))
+
+
 def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any
                   ) -> Iterator[tuple[int, np.ndarray]]:
     """Filter one trajectory (model units) from the initial state, alone, in blocks of ``block_rows`` steps, the
@@ -417,12 +432,13 @@ def _filter_alone(model: Any, encoded: np.ndarray, block_rows: int, device: Any
 def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tuple[Any, tuple[Any, ...]]:
     """The last output (N, output_dim) and the state after the last step of every trajectory of ``encoded``, each
     filtered from the initial state. Trajectories of the same length are filtered side by side (no padding, so
-    every state stops at its own last step), as many at a time as keep a 2048-step call within
-    ``DEFAULT_BLOCK_ROWS`` outputs."""
+    every state stops at its own last step), as many at a time as keep a call of at most 2048 steps within
+    ``DEFAULT_BLOCK_ROWS`` outputs and :func:`rows_within_budget`."""
     import torch
 
     from pipeline.train import flush_denormal
 
+    budget = min(DEFAULT_BLOCK_ROWS, rows_within_budget(model))   # outputs (steps x trajectories) per call
     lengths = np.array([len(e) for e in encoded])
     order = np.argsort(lengths, kind="stable")
     last: list[Any] = [None] * len(encoded)
@@ -430,13 +446,14 @@ def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tup
     with torch.no_grad(), flush_denormal():
         for length in np.unique(lengths):
             same = order[lengths[order] == length]
-            per_call = max(1, DEFAULT_BLOCK_ROWS // min(int(length), _EVAL_CHUNK))
+            steps = min(int(length), _EVAL_CHUNK, budget)
+            per_call = max(1, budget // steps)
             for b in range(0, len(same), per_call):
                 batch = same[b:b + per_call]
                 x = np.stack([encoded[i] for i in batch], axis=1)          # (T, B) or (T, B, m)
                 state = model.init_state(len(batch))
-                for s in range(0, int(length), _EVAL_CHUNK):
-                    out, state = model(_model_input(model, x[s:s + _EVAL_CHUNK], device), state)
+                for s in range(0, int(length), steps):
+                    out, state = model(_model_input(model, x[s:s + steps], device), state)
                 for j, i in enumerate(batch):
                     last[i] = out[-1, j]
                     states[i] = tuple(part[j:j + 1] for part in state)
@@ -806,9 +823,10 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
       trajectory's last row, and their mean is the BPC) and, with ``probabilities``, ``probabilities`` (a list in
       the order of the ``vocab`` of the schema metadata ``psrnn_predict``).
 
-    The predictions are made and written ``block_rows`` rows at a time (one Parquet row group each), so memory
-    does not grow with the input beyond the input itself: the 5.1M characters of the full PTB train file stream
-    through like the 125k of its test split. The summary also sits in the schema metadata ``psrnn_predict``."""
+    The predictions are made and written ``block_rows`` rows at a time (one Parquet row group each; fewer where a
+    large vocabulary's outputs would exceed :func:`rows_within_budget`), so memory does not grow with the input
+    beyond the input itself: the 5.1M characters of the full PTB train file stream through like the 125k of its
+    test split. The summary also sits in the schema metadata ``psrnn_predict``."""
     import pyarrow as pa
     import torch
 
@@ -818,6 +836,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     check_block_rows(block_rows)
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path, getattr(run, "root", None))
+    block_rows = min(block_rows, rows_within_budget(run.model))
     dev = resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     encoded = data.encoded

@@ -637,3 +637,30 @@ def test_forecast_steps_beyond_int64_are_refused(capsys, tmp_path, continuous_ru
     with pytest.raises(ValueError, match=r"trajectory 0: last step 9223372036854775807 \+ 1 steps × spacing "
                                          r"9223372036854775808 is beyond the int64 step column"):
         forecast_file(drun, src, tmp_path / "far_fc.parquet", steps=1)
+
+
+def test_a_large_vocabulary_is_predicted_in_blocks_within_the_byte_budget(discrete_run, tmp_path, monkeypatch):
+    """A block's outputs are bounded in bytes, not only in rows (a 63k-symbol vocabulary held 16 GB of logits in
+    one 65,536-row block): with a budget of a few rows per block, predict writes the same rows in row groups of
+    that size, and forecast and evaluate give the same numbers."""
+    import pipeline.train
+    from pipeline.inference import forecast_file, rows_within_budget
+
+    run, test = discrete_run
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids,
+                                           "symbol": np.array(run.vocab)[np.concatenate(test)]})
+    free = predict_file(run, src, tmp_path / "free.parquet", probabilities=True)
+    want = pq.read_table(tmp_path / "free.parquet")
+    ahead = forecast_file(run, src, tmp_path / "free_f.parquet", steps=3)
+    metrics = run.evaluate([np.array(run.vocab)[t] for t in test])
+    monkeypatch.setattr(pipeline.train, "EVAL_BLOCK_BYTES", 7 * 20 * 4)   # 7 rows of 4 outputs
+    assert rows_within_budget(run.model) == 7
+    tight = predict_file(run, src, tmp_path / "tight.parquet", probabilities=True)
+    got = pq.read_table(tmp_path / "tight.parquet")
+    assert pq.ParquetFile(tmp_path / "tight.parquet").metadata.row_group(0).num_rows == 7
+    assert got.to_pydict() == want.to_pydict() and tight["metrics"] == pytest.approx(free["metrics"], rel=1e-12)
+    forecast_file(run, src, tmp_path / "tight_f.parquet", steps=3)
+    assert pq.read_table(tmp_path / "tight_f.parquet").to_pydict() == \
+        pq.read_table(tmp_path / "free_f.parquet").to_pydict() and ahead["trajectories"] == len(test)
+    assert run.evaluate([np.array(run.vocab)[t] for t in test]) == pytest.approx(metrics, rel=1e-12)
