@@ -160,7 +160,7 @@ def test_decompose_stage_names_dataset_seed_variants_and_tensor(tmp_path, monkey
     raw["hmm"]["variants"] = ["psrnn", "factorized_psrnn_r5", "factorized_psrnn_r5_random"]
     params = parse_params(raw)
     monkeypatch.setattr(spectral, "load_two_stage",
-                        lambda root, dataset, seed, depth: SimpleNamespace(layers=[SimpleNamespace(
+                        lambda root, dataset, seed, depth, dp=None: SimpleNamespace(layers=[SimpleNamespace(
                             W=np.zeros((10, 6, 10)))]))
     with pytest.raises(ValueError) as err:
         spectral.decompose(params, tmp_path, "hmm", 1)
