@@ -217,16 +217,6 @@ def _bvh_fk(joints: list[dict], data: np.ndarray) -> tuple[np.ndarray, list[str]
     return np.stack(P, axis=1), [j["name"] for j in joints]
 
 
-def test_fk_speed(raw):
-    import time
-
-    sk = parse_asf(raw / "cmu" / "16" / "16.asf")
-    frames = parse_amc(raw / "cmu" / "16" / "16_15.amc")
-    t0 = time.perf_counter()
-    forward_kinematics(sk, frames)
-    assert time.perf_counter() - t0 < 1.0
-
-
 # ------------------------------------------------------------------------------------------------ malformed
 
 

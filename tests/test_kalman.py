@@ -33,6 +33,8 @@ def lgssm_2sr():
     """(MSE of the 2SR Kalman filter, the true filter's MSE, the mean predictor's MSE) on a known system."""
     ds, sys_ = make_lgssm_dataset(state_dim=4, obs_dim=2, n_train=60, n_test=20, length=200, seed=3)
     optimal = _true_kalman_mse(sys_, ds.test)
+    # the generator's own optimal filter (written beside the dataset, shown in every report) agrees with the test's
+    assert ds.meta["bayes_optimal"]["mse"] == pytest.approx(optimal, rel=1e-9)
     lss = linear_two_stage(ds.train, state_dim=4, past_window=8, future_window=8)
     model = initialise_model(ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2, state_dim=4),
                              linear=lss)
