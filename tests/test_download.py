@@ -206,22 +206,46 @@ def test_503_gives_up_after_retries(server: _Server, tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
-def test_truncated_transfer(server: _Server, tmp_path: Path) -> None:
-    def truncated(h: http.server.BaseHTTPRequestHandler, _n: int) -> None:
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(PAYLOAD)))
-        h.end_headers()
-        h.wfile.write(PAYLOAD[: len(PAYLOAD) // 2])
-        h.wfile.flush()
-        h.close_connection = True
+def _truncated(h: http.server.BaseHTTPRequestHandler, _n: int) -> None:
+    """Announce the whole PAYLOAD, send half of it, close the connection."""
+    h.send_response(200)
+    h.send_header("Content-Length", str(len(PAYLOAD)))
+    h.end_headers()
+    h.wfile.write(PAYLOAD[: len(PAYLOAD) // 2])
+    h.wfile.flush()
+    h.close_connection = True
 
-    server.routes["/cut.txt"] = truncated
+
+def test_truncated_transfer(server: _Server, tmp_path: Path) -> None:
+    server.routes["/cut.txt"] = _truncated
     url = server.url("/cut.txt")
     with pytest.raises(DownloadError) as err:
         fetch([RawFile("cut.txt", url, None)], tmp_path, retries=1, backoff=0.01)
     msg = str(err.value)
     assert "\n" not in msg and url in msg and "truncated" in msg
+    assert "failed after 2 attempts: truncated transfer" in msg  # a truncated transfer is retried ...
+    assert server.hits["/cut.txt"] == 2                            # ... retries=1: exactly one more GET
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_truncated_transfer_is_retried_and_then_succeeds(server: _Server, tmp_path: Path, pinned: bool,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Cut short once, whole the second time: the retry delivers the verified file, and the half file of the
+    first attempt is not left behind (nor mistaken for the file)."""
+    server.routes["/cut.txt"] = lambda h, n: _truncated(h, n) if n == 1 else _ok(PAYLOAD)(h, n)
+    url = server.url("/cut.txt")
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.download"):
+        out = fetch([RawFile("cut.txt", url, SHA if pinned else None)], tmp_path, retries=2, backoff=0.01)
+    assert out == {"cut.txt": SHA}
+    assert server.hits["/cut.txt"] == 2
+    assert (tmp_path / "cut.txt").read_bytes() == PAYLOAD and sha256_file(tmp_path / "cut.txt") == SHA
+    assert _leftovers(tmp_path) == sorted(["cut.txt"] + ([] if pinned else [RECORDED_MANIFEST]))
+    if not pinned:  # the hash recorded is that of the whole file, not of the half received first
+        assert json.loads((tmp_path / RECORDED_MANIFEST).read_text())["files"]["cut.txt"]["sha256"] == SHA
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{url}: truncated transfer: received {len(PAYLOAD) // 2} of {len(PAYLOAD)} bytes (Content-Length); "
+        "retry 1/2 in 0.01 s"]
 
 
 def test_timeout(server: _Server, tmp_path: Path) -> None:
@@ -234,6 +258,28 @@ def test_timeout(server: _Server, tmp_path: Path) -> None:
         fetch([RawFile("slow.txt", url, SHA)], tmp_path, retries=0, timeout=0.5)
     assert url in str(err.value) and "timed out" in str(err.value)
     assert _leftovers(tmp_path) == []
+
+
+def test_timeout_is_retried(server: _Server, tmp_path: Path) -> None:
+    """A timeout is transient: with retries=1 the URL is asked exactly twice, and the error says so."""
+    server.routes["/slow.txt"] = lambda h, n: server.release.wait(5.0)
+    url = server.url("/slow.txt")
+    with pytest.raises(DownloadError) as err:
+        fetch([RawFile("slow.txt", url, SHA)], tmp_path, retries=1, timeout=0.5, backoff=0.01)
+    msg = str(err.value)
+    assert msg == f"slow.txt: download from {url} failed after 2 attempts: timed out after 0.5 s"
+    assert server.hits["/slow.txt"] == 2
+    assert _leftovers(tmp_path) == []
+
+
+def test_timeout_then_success(server: _Server, tmp_path: Path) -> None:
+    """Stalled once, served the second time: the retry delivers the verified file."""
+    server.routes["/slow.txt"] = lambda h, n: server.release.wait(5.0) if n == 1 else _ok(PAYLOAD)(h, n)
+    out = fetch([RawFile("slow.txt", server.url("/slow.txt"), SHA)], tmp_path, retries=1, timeout=0.5,
+                backoff=0.01)
+    assert out == {"slow.txt": SHA} and server.hits["/slow.txt"] == 2
+    assert (tmp_path / "slow.txt").read_bytes() == PAYLOAD
+    assert _leftovers(tmp_path) == ["slow.txt"]
 
 
 def test_mirror_copies_without_network(tmp_path: Path) -> None:

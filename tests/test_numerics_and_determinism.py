@@ -1,6 +1,10 @@
 """2SR is finite on degenerate features and bitwise deterministic; tracking fails fast when unreachable."""
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -36,6 +40,54 @@ def test_two_stage_is_bitwise_deterministic_and_seed_dependent():
     for k, v in a.to_arrays().items():
         assert np.array_equal(v, b.to_arrays()[k]), k
     assert not np.array_equal(a.layers[0].W, c.layers[0].W)
+
+
+_ACROSS_PROCESSES = r"""
+import hashlib, json
+import numpy as np
+from pipeline.api import fit_model
+from pipeline.two_stage import TwoStageConfig, multilayer_two_stage
+
+def digest(a):
+    a = np.ascontiguousarray(a)
+    return f"{a.dtype}{a.shape}:" + hashlib.sha256(a.tobytes()).hexdigest()
+
+rng = np.random.default_rng(1)
+trajs = [rng.integers(0, 5, size=120) for _ in range(4)]
+cfg = TwoStageConfig(state_dim=4, obs_dim=3, past_dim=4, n_features=64, past_window=2, future_window=2, seed=7)
+tsm = multilayer_two_stage(trajs, cfg, discrete=True, vocab_size=5, n_layers=2)
+rng = np.random.default_rng(2)
+cont = [rng.standard_normal((60, 2)).cumsum(0) * 0.1 for _ in range(3)]
+fitted = fit_model(cont, model="psrnn", state_dim=4, obs_dim=2, n_features=64, horizon=2, epochs=1, batch_size=2,
+                   device="cpu", seed=3)
+print(json.dumps({
+    "2sr": {k: digest(v) for k, v in sorted(tsm.to_arrays().items())},
+    "curve": [[e["epoch"], {s: {m: float(v).hex() for m, v in e[s].items()} for s in ("train", "test")}]
+              for e in fitted.history],
+    "weights": {k: digest(v.detach().cpu().numpy()) for k, v in sorted(fitted.model.state_dict().items())},
+}))
+"""
+
+
+def test_two_stage_and_training_are_bitwise_equal_across_hash_seeds():
+    """Nothing may depend on Python's per-process string hashing (a seed drawn from ``hash(name)``, the order of
+    a set of names): a 2SR and a 1-epoch CPU training curve from two processes with different PYTHONHASHSEED are
+    bitwise equal."""
+    runs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "OPENBLAS_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", _ACROSS_PROCESSES], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    a, b = runs
+    assert len(a["2sr"]) > 0 and len(a["weights"]) > 0 and [e[0] for e in a["curve"]] == [0, 1]
+    assert a["2sr"].keys() == b["2sr"].keys()
+    for k in a["2sr"]:
+        assert a["2sr"][k] == b["2sr"][k], f"2SR array {k} differs between PYTHONHASHSEED=1 and 2"
+    assert a["curve"] == b["curve"], "the training curve differs between PYTHONHASHSEED=1 and 2"
+    assert a["weights"] == b["weights"]
 
 
 def test_every_depth_from_one_pass_equals_its_own_multilayer_2sr():
