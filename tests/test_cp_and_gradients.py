@@ -28,14 +28,16 @@ def test_cp_rejects_bad_rank():
         cp_decompose(np.ones((2, 2, 2)), 0)
 
 
-def _psrnn_pair(rank, d=8, d_o=5, V=7, seed=0):
-    """A PSRNN whose W has exact CP rank ``rank`` and the factorized PSRNN made from its decomposition."""
+def _psrnn_pair(rank, d=8, d_o=5, V=7, seed=0, discrete=True, n_rff=40):
+    """A PSRNN whose W has exact CP rank ``rank`` and the factorized PSRNN made from its decomposition. Discrete:
+    V symbols through an embedding; continuous: V-dimensional inputs through an RFF encoder of ``n_rff``
+    features. Every other parameter (encoder, b, q1, decoder) is random and shared by the two."""
     rng = np.random.default_rng(seed)
     A, B, C = rng.standard_normal((rank, d)), rng.standard_normal((rank, d_o)), rng.standard_normal((rank, d))
     W = np.einsum("ri,rj,rk->ijk", A, B, C)
-    full = PSRNN(ModelConfig(model="psrnn", discrete=True, input_dim=V, output_dim=V, state_dim=d, obs_dim=d_o))
-    fact = PSRNN(ModelConfig(model="factorized_psrnn", discrete=True, input_dim=V, output_dim=V, state_dim=d,
-                             obs_dim=d_o, rank=rank))
+    common = dict(discrete=discrete, input_dim=V, output_dim=V, state_dim=d, obs_dim=d_o, n_rff=n_rff)
+    full = PSRNN(ModelConfig(model="psrnn", **common))
+    fact = PSRNN(ModelConfig(model="factorized_psrnn", rank=rank, **common))
     f = cp_decompose(W, rank, seed=0)
     with torch.no_grad():
         full.cores[0].W.copy_(torch.as_tensor(W))
@@ -59,6 +61,30 @@ def test_factorized_psrnn_equals_psrnn_at_exact_rank():
         out_full, st_full = full(x, full.init_state(3), reset)
         out_fact, st_fact = fact(x, fact.init_state(3), reset)
     assert torch.allclose(out_full, out_fact, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(st_full[0], st_fact[0], atol=1e-5)
+
+
+def test_factorized_psrnn_equals_psrnn_at_exact_rank_on_continuous_inputs():
+    """The continuous path (RFF encoder, then FactorizedPSRNNLayer.forward / PSRNNLayer.forward, not the symbol
+    tables of the discrete path): the same W as A, B, C factors gives the same outputs and states. W is not
+    symmetric in its state modes, so a factorized update with A and C swapped (Wᵀ) differs by O(1)."""
+    full, fact = _psrnn_pair(rank=4, discrete=False)
+    assert isinstance(fact.cores[0], FactorizedPSRNNLayer) and not isinstance(full.cores[0], FactorizedPSRNNLayer)
+    assert torch.equal(full.encoders[0].frequencies, fact.encoders[0].frequencies)
+    torch.manual_seed(1)
+    x = torch.randn(30, 3, 7)
+    reset = torch.zeros(30, 3, dtype=torch.bool)
+    reset[10, 1] = True
+    with torch.no_grad():
+        out_full, st_full = full(x, full.init_state(3), reset)
+        out_fact, st_fact = fact(x, fact.init_state(3), reset)
+        # the states themselves, layer by layer, through the continuous forward
+        o = full.encoders[0](x)
+        q_full = full.cores[0](o, full.init_state(3)[0], reset)
+        q_fact = fact.cores[0](o, fact.init_state(3)[0], reset)
+    assert out_full.shape == (30, 3, 7)
+    assert torch.allclose(q_full, q_fact, atol=1e-5), (q_full - q_fact).abs().max()
+    assert torch.allclose(out_full, out_fact, atol=1e-5, rtol=1e-5), (out_full - out_fact).abs().max()
     assert torch.allclose(st_full[0], st_fact[0], atol=1e-5)
 
 

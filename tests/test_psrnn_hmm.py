@@ -45,11 +45,19 @@ def _config(**kw):
 
 
 def test_2sr_beats_unigram_and_bptt_closes_most_of_the_gap(hmm_data):
+    """Before BPTT the 2SR model must already close >= 35% of the unigram-to-optimal gap: measured 45.0% (2.008
+    BPC; unigram 2.154, optimal 1.830), 45.0-46.4% over 2SR seeds 0-5. BPTT alone cannot vouch for the 2SR
+    start: from a transposed update (2.30 BPC, worse than unigram) it still closes ~92% of the gap; an
+    over-regularised W (ridge · n · 30) starts at 32-33%."""
     ds, optimal, unigram, tsm = hmm_data
     assert unigram - optimal > 0.2, "the HMM must leave room between unigram and optimal"
     model = initialise_model(_config(bias_scale=0.2), two_stage=tsm)
     initial = evaluate(model, ds.test)["bpc"]
     assert initial < unigram, f"2SR initialisation ({initial:.3f}) must beat the unigram model ({unigram:.3f})"
+    closed_initial = (unigram - initial) / (unigram - optimal)
+    assert closed_initial >= 0.35, (f"the 2SR initialisation closes only {closed_initial:.0%} of the "
+                                    f"unigram-to-optimal gap ({initial:.3f} BPC; unigram {unigram:.3f}, "
+                                    f"optimal {optimal:.3f})")
     result = fit(model, ds.train, ds.test, TrainConfig(epochs=8, lr=1.0, bptt=20, batch_size=20, clip=0.25,
                                                        eval_train=False, seed=0))
     assert result.history[0]["test"]["bpc"] == pytest.approx(initial)
@@ -60,11 +68,18 @@ def test_2sr_beats_unigram_and_bptt_closes_most_of_the_gap(hmm_data):
 
 
 def test_random_initialisation_starts_worse(hmm_data):
-    ds, _, _, tsm = hmm_data
+    """Random initialisations score 2.64-2.69 BPC, worse than the uniform model (log2 6 = 2.585), so "worse than
+    random" alone says little about the 2SR start. Measured: the 2SR model (bias 0) scores 1.988 BPC (1.983-1.988
+    over 2SR seeds 0-5), 0.166 below unigram (2.154) and 0.654-0.699 below each random seed. A transposed update
+    starts at 2.36 (random only 0.29-0.31 above it; 0.21 above unigram); a ridge not scaled by n, at the unigram's
+    2.155."""
+    ds, _, unigram, tsm = hmm_data
     two_sr = evaluate(initialise_model(_config(), two_stage=tsm), ds.test)["bpc"]
+    assert two_sr < unigram - 0.1, f"the 2SR start ({two_sr:.3f} BPC) is not well below unigram ({unigram:.3f})"
     for seed in (0, 1, 2):
         random_bpc = evaluate(initialise_model(_config(init="random"), seed=seed), ds.test)["bpc"]
-        assert random_bpc > two_sr + 0.05
+        assert random_bpc > two_sr + 0.4, (f"random init (seed {seed}) scores {random_bpc:.3f} BPC, only "
+                                           f"{random_bpc - two_sr:.3f} above the 2SR start ({two_sr:.3f})")
 
 
 def test_two_layer_2sr_initialises_both_layers(hmm_data):
