@@ -17,3 +17,14 @@ MIRROR = Path(os.environ.get("PSRNN_DATA_MIRROR") or ROOT.parent / "shared" / "d
 def defaults():
     """The project's params.yaml as loaded, once per session: deep-copy it before changing anything."""
     return read_yaml((ROOT / "params.yaml").read_text())
+
+
+@pytest.fixture
+def float64():
+    """torch's default dtype float64 for the test (for exact comparisons), restored after it."""
+    import torch   # here, not at the top: the data and params tests do not import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

@@ -19,14 +19,6 @@ from pipeline.two_stage import (LinearStateSpace, TwoStageConfig, filter_states,
                                 two_stage_regression)
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 @pytest.fixture(scope="module")
 def hmm():
     ds, _ = make_hmm_dataset(n_states=4, n_symbols=6, n_train=20, n_test=3, length=100, seed=0)

@@ -33,6 +33,12 @@ PARAMS = {
 }
 
 
+def _write_params(root, raw):
+    """``raw`` as the project's params.yaml, loaded (nothing run)."""
+    (root / "params.yaml").write_text(dump_yaml(raw))
+    return load_params(root / "params.yaml")
+
+
 def _params(root, seeds, variants=("psrnn",), epochs=2, overrides=None, **tracking):
     p = copy.deepcopy(PARAMS)
     p["seeds"] = seeds
@@ -41,8 +47,7 @@ def _params(root, seeds, variants=("psrnn",), epochs=2, overrides=None, **tracki
         p["hmm"]["train"]["overrides"] = overrides
     p["hmm"]["variants"] = list(variants)
     p["tracking"].update(tracking)
-    (root / "params.yaml").write_text(dump_yaml(p))
-    params = load_params(root / "params.yaml")
+    params = _write_params(root, p)
     if not prepared_path(root, "hmm").exists():
         data.prepare(params, root, "hmm")
     for s in seeds:
@@ -503,11 +508,10 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
     """Stages run by hand, out of order: n_features raised without the features stage would have the 2SR use the
     old maps of another size, without a word."""
     root = tmp_path
-    params = _params(root, [0])
+    _params(root, [0])
     raw = copy.deepcopy(PARAMS)
     raw["hmm"]["two_stage"]["n_features"] = 64
-    (root / "params.yaml").write_text(dump_yaml(raw))
-    params = load_params(root / "params.yaml")
+    params = _write_params(root, raw)
     with pytest.raises(ValueError, match=r"features\.npz: drawn with hmm\.two_stage\.n_features=32, but params\.yaml "
                                          r"now says 64; run the features stage first \(psrnn features hmm 0\)$"):
         spectral.two_stage(params, root, "hmm", 0)
@@ -515,8 +519,7 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
     spectral.two_stage(params, root, "hmm", 0)
     # and initialise refuses a 2SR learned with another state_dim (it failed on a tensor shape, deep in torch)
     raw["hmm"]["two_stage"]["state_dim"] = 3
-    (root / "params.yaml").write_text(dump_yaml(raw))
-    params = load_params(root / "params.yaml")
+    params = _write_params(root, raw)
     with pytest.raises(ValueError, match=r"L1\.npz: learned with hmm\.two_stage\.state_dim=4, but params\.yaml now "
                                          r"says 3; run the two_stage stage first \(psrnn two_stage hmm 0\)$"):
         initialise.initialise(params, root, "hmm", 0)

@@ -31,14 +31,6 @@ def _refused(message, call, *args, **kwargs):
         call(*args, **kwargs)
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def _discrete_model(model: str) -> torch.nn.Module:
     extra = dict(n_rff=40, init="random") if model == "psrnn" else dict(init="xavier")
     m = initialise_model(ModelConfig(model=model, discrete=True, input_dim=V, output_dim=V, state_dim=5, obs_dim=4,
