@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.decompose import CPFactors, cp_decompose
+from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.models.common import ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, brief_repr, \
     is_finite_number, linear_two_stage, multilayer_two_stage
@@ -242,8 +242,6 @@ def _is_real(v: Any) -> bool:
 
 
 PSRNN_MODELS = ("psrnn", "factorized_psrnn")
-#: rank <= this x state_dim x obs_dim: params.yaml's rule for factorized_psrnn (pipeline.config)
-MAX_RANK_FACTOR = 10
 # the Kalman filter's default ridge, a ratio of the mean eigenvalue of its regressors' Gram (not of n, as 2SR's)
 _KF_RIDGE = inspect.signature(linear_two_stage).parameters["ridge"].default
 

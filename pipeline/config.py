@@ -42,6 +42,7 @@ from typing import Any, Callable
 from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from pipeline.decompose import MAX_RANK_FACTOR
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
 from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, \
     brief_repr
@@ -170,6 +171,12 @@ class DatasetParams:
         """The training settings of one variant: ``train`` with that variant's ``train.overrides`` applied."""
         return self.train_overrides.get(variant_name, self.train)
 
+    def train_key(self, variant_name: str | None = None) -> str:
+        """The params key of the settings :meth:`train_config` gives ``variant_name`` (None: ``<ds>.train``)."""
+        if variant_name in self.train_overrides:
+            return f"{self.name}.train.overrides.{variant_name}"
+        return f"{self.name}.train"
+
     def unused_spectral_work(self) -> list[str]:
         """What the two_stage stage learns that no variant uses (not an error: it costs time only)."""
         notes = []
@@ -185,8 +192,7 @@ class DatasetParams:
     def train_configs(self) -> list[tuple[str, TrainConfig]]:
         """Every training setting of the section with the key that names it: ``<ds>.train``, then
         ``<ds>.train.overrides.<variant>`` for each override."""
-        return [(f"{self.name}.train", self.train),
-                *((f"{self.name}.train.overrides.{v}", c) for v, c in self.train_overrides.items())]
+        return [(self.train_key(), self.train), *((self.train_key(v), c) for v, c in self.train_overrides.items())]
 
     def schedule_notes(self) -> list[str]:
         """Early stopping or restore_best that will watch the training metric, on a built-in set without a
@@ -963,7 +969,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         if obs_dim is not None:
             _check_kf_state_dim(dp, obs_dim, f"observation size from {key}.source")
         for v in variants:
-            if v.rank is not None and v.rank > 10 * ts.state_dim * ts.obs_dim:
+            if v.rank is not None and v.rank > MAX_RANK_FACTOR * ts.state_dim * ts.obs_dim:
                 raise ParamsError(f"{key}.variants: rank {v.rank} of {v.name} is absurdly large for "
                                   f"state_dim {ts.state_dim}")
         datasets[name] = dp

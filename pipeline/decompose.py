@@ -22,6 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: the largest CP rank, as a multiple of state_dim x obs_dim (the tensor's size over its state mode): beyond it a
+#: rank only adds near-zero components, and a typo's rank (10**6) would ask for terabytes. params.yaml and the
+#: Python API both refuse more
+MAX_RANK_FACTOR = 10
+
 #: ridge of the retries, on the tensor scaled to norm 1: small enough for a reconstruction exact to about 1e-8 or
 #: better, large enough for every ALS system to be solvable
 RIDGE = 1e-12

@@ -107,15 +107,9 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
 
     dp = params.dataset(dataset)
     runs = [(v.name, seed) for v in dp.variants for seed in params.seeds]
-    digest: list[str] = []
+    from pipeline.workflow.refine import shared_digest
 
-    def shared() -> str:   # the data and code digest, computed once for every run
-        if not digest:
-            from pipeline.workflow.refine import dataset_digest
-
-            digest.append(dataset_digest(params, root, dataset))
-        return digest[0]
-
+    shared = shared_digest(params, root, dataset)   # the data and code digest, computed once for every run
     for v, s in runs:
         finished_checkpoint(root, dataset, v, s)
         check_current(params, root, dataset, v, s, shared)

@@ -21,6 +21,7 @@ new run of its own, with the earlier epochs logged again, so two queued experime
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -101,13 +102,7 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     if variant_name is None and seed is None:
         _note_unlisted_runs(root, dataset, variants, seeds)
     runs = [(v, s) for v in variants for s in seeds]
-    digest: list[str] = []  # dataset_digest, computed once, when the first run's initial weights are found
-
-    def shared() -> str:
-        if not digest:
-            digest.append(dataset_digest(params, root, dataset))
-        return digest[0]
-
+    shared = shared_digest(params, root, dataset)
     out = {}
     for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
         out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared,
@@ -121,8 +116,7 @@ def _check_devices(dp, variants: list[str]) -> None:
     from pipeline.train import resolve_device
 
     for v in variants:
-        key = f"{dp.name}.train.overrides.{v}" if v in dp.train_overrides else f"{dp.name}.train"
-        resolve_device(dp.train_config(v).device, f"{key}.device=")
+        resolve_device(dp.train_config(v).device, f"{dp.train_key(v)}.device=")
 
 
 def _note_unlisted_runs(root: Path, dataset: str, variants: list[str], seeds: list[int]) -> None:
@@ -177,6 +171,12 @@ def dataset_digest(params: Params, root: Path, dataset: str) -> str:
     (computed once per refine stage, not once per run). The tracking params do not decide the model: a change of
     them logs the finished runs again (:func:`tracking_fingerprint`) without training them again."""
     return _fingerprint(prepared_path(root, dataset), code_hash())
+
+
+def shared_digest(params: Params, root: Path, dataset: str) -> Callable[[], str]:
+    """:func:`dataset_digest`, computed on the first call only (when the first run's initial weights are found),
+    for the ``shared`` argument of :func:`run_fingerprints` over every run of a stage."""
+    return functools.cache(lambda: dataset_digest(params, root, dataset))
 
 
 def tracking_fingerprint(params: Params, root: Path) -> str:

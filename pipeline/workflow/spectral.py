@@ -8,6 +8,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Sequence
 
 from pipeline.config import DatasetParams, Params, check_windows
 from pipeline.io import load_npz, save_npz, write_json
@@ -49,15 +50,18 @@ def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
 FEATURE_PARAMS = ("n_features", "past_window", "future_window", "widths", "width_scale")
 
 
-def _check_features_current(path: Path, meta: dict, cfg, dataset: str, seed: int) -> None:
-    """Refuse feature maps drawn with other params than the current ones (stages run by hand, out of order: under
-    ``dvc repro`` the features stage has just run): the 2SR would silently use maps of another size or width."""
-    drawn = meta.get("two_stage") or {}
-    now = asdict(cfg)
-    for k in FEATURE_PARAMS:
-        if k in drawn and drawn[k] != now[k]:
-            raise ValueError(f"{path}: drawn with {dataset}.two_stage.{k}={drawn[k]!r}, but params.yaml now says "
-                             f"{now[k]!r}; run the features stage first (psrnn features {dataset} {seed})")
+def _refuse_stale(path: Path, stored: Any, cfg, keys: Sequence[str] | None, made: str, stage: str, dataset: str,
+                  seed: int) -> None:
+    """Refuse an artifact made with other two_stage params (``stored``, from its meta) than the current ones
+    (``cfg``), compared on ``keys`` (None: every key): stages run by hand, out of order (under ``dvc repro`` the
+    ``stage`` that makes it has just run) would silently use it, or fail on a tensor shape."""
+    if not isinstance(stored, dict):
+        return
+    now = json.loads(json.dumps(asdict(cfg), default=str))   # as the meta stores it
+    for k in sorted(now) if keys is None else keys:
+        if k in stored and stored[k] != now[k]:
+            raise ValueError(f"{path}: {made} with {dataset}.two_stage.{k}={stored[k]!r}, but params.yaml now says "
+                             f"{now[k]!r}; run the {stage} stage first (psrnn {stage} {dataset} {seed})")
 
 
 def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
@@ -70,7 +74,7 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     cfg = _two_stage_config(dp, seed)
     path = artifact_dir(root, dataset, seed) / "features.npz"
     arrays, meta = load_npz(path)
-    _check_features_current(path, meta, cfg, dataset, seed)
+    _refuse_stale(path, meta.get("two_stage"), cfg, FEATURE_PARAMS, "drawn", "features", dataset, seed)
     maps = FeatureMaps.from_arrays(arrays)
     out = artifact_dir(root, dataset, seed) / "2sr"
     out.mkdir(parents=True, exist_ok=True)
@@ -99,13 +103,9 @@ def load_two_stage(root: Path, dataset: str, seed: int, depth: int, dp: DatasetP
 
     path = artifact_dir(root, dataset, seed) / "2sr" / f"L{depth}.npz"
     arrays, meta = load_npz(path)
-    if dp is not None and isinstance(meta.get("config"), dict):
-        now = json.loads(json.dumps(asdict(_two_stage_config(dp, seed)), default=str))
-        changed = [k for k in sorted(now) if k in meta["config"] and meta["config"][k] != now[k]]
-        if changed:
-            k = changed[0]
-            raise ValueError(f"{path}: learned with {dataset}.two_stage.{k}={meta['config'][k]!r}, but params.yaml "
-                             f"now says {now[k]!r}; run the two_stage stage first (psrnn two_stage {dataset} {seed})")
+    if dp is not None:
+        _refuse_stale(path, meta.get("config"), _two_stage_config(dp, seed), None, "learned", "two_stage", dataset,
+                      seed)
     return TwoStageModel.from_arrays(arrays, meta)
 
 
