@@ -488,4 +488,7 @@ class PSRNN(SequenceModel):
 
 
 def _t(x: np.ndarray) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(x), dtype=torch.get_default_dtype())
+    """``x`` as a float64 tensor, for ``Parameter.copy_``, which casts it to the parameter's own dtype: a float64
+    model gets the 2SR's float64 values unrounded (a cast to the default dtype first rounded them to float32), and
+    a float32 one the same float32 rounding as that cast."""
+    return torch.as_tensor(np.asarray(x, dtype=np.float64))
