@@ -21,9 +21,10 @@ absent is drawn with the ones present and the absent ones are listed too.
 Output is deterministic: results.md carries no timestamps or absolute paths, and PNGs are rendered by Agg with
 matplotlib's default style and without the ``Software`` metadata chunk, so the same inputs give the same bytes.
 
-Conventions: curves over seeds show the mean and shade the min–max band; the table reports mean ± sample standard
-deviation (``ddof=1``) over seeds (a single seed shows the value alone); non-finite values are left out of means and
-flagged in the table.
+Conventions: curves over seeds show the mean and shade the min–max band, solid where every seed has a value and
+dotted where fewer do (a seed stopped early; results.md names it); a variant has one colour in every figure of its
+dataset; the table reports mean ± sample standard deviation (``ddof=1``) over seeds (a single seed shows the value
+alone); non-finite values are left out of means and flagged in the table.
 """
 
 from __future__ import annotations
@@ -241,8 +242,10 @@ def _bayes_optimal(runs: Sequence[dict], metric: str) -> float | None:
 
 
 def _curve(runs: Sequence[dict], split: str, metric: str):
-    """Epochs and mean / min / max over the runs' finite values of ``metric`` on ``split``."""
+    """Epochs, mean / min / max over the runs' finite values of ``metric`` on ``split``, how many runs each epoch
+    averages, and each run's last epoch with a value (by seed)."""
     per_epoch: dict[int, list[float]] = {}
+    ends: dict[int, int] = {}
     for r in runs:
         for entry in r["history"] or []:
             if not isinstance(entry, dict) or entry.get("epoch") is None:
@@ -250,13 +253,34 @@ def _curve(runs: Sequence[dict], split: str, metric: str):
             v = (entry.get(split) or {}).get(metric)
             vals, _ = _finite([v])
             if vals:
-                per_epoch.setdefault(int(entry["epoch"]), []).append(vals[0])
+                epoch = int(entry["epoch"])
+                per_epoch.setdefault(epoch, []).append(vals[0])
+                ends[r["seed"]] = max(ends.get(r["seed"], epoch), epoch)
     epochs = sorted(per_epoch)
     if not epochs:
         return None
     stacked = [np.asarray(per_epoch[e]) for e in epochs]
     return (np.asarray(epochs), np.array([s.mean() for s in stacked]), np.array([s.min() for s in stacked]),
-            np.array([s.max() for s in stacked]))
+            np.array([s.max() for s in stacked]), np.array([len(s) for s in stacked]), ends)
+
+
+def _with_split(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], split: str,
+                metric: str) -> list[str]:
+    """The ``variants`` whose training histories have a finite ``metric`` on ``split`` (data without a validation
+    split have no ``valid`` rows; histories written with ``eval_train: false`` no ``train`` rows)."""
+    return [v for v in variants if _curve([r for r in by_variant.get(v, []) if r["history"]], split, metric)]
+
+
+def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int) -> str:
+    last = max(ends.values())
+    short = sorted(s for s in ends if ends[s] < last)
+    if not short:   # every seed reaches the last epoch; some lack a finite value before it
+        return (f"`{fname}`: `{v}`: some epochs have a value from fewer than its {n} seeds (missing or non-finite); "
+                "the curve is dotted there")
+    longest = sorted(s for s in ends if ends[s] == last)
+    return (f"`{fname}`: `{v}` " + ", ".join(f"seed {s} ends at epoch {ends[s]}" for s in short) +
+            f" (seed{'s' if len(longest) > 1 else ''} {', '.join(map(str, longest))} at {last}); the curve is "
+            "dotted where it is the mean of fewer seeds")
 
 
 # ------------------------------------------------------------------------------------------------------------ figures
@@ -293,27 +317,31 @@ def _style():
     return matplotlib.style.context("default")
 
 
-def _colors(variants: Sequence[str]) -> dict[str, Any]:
+def _colors(variants: Sequence[str], universe: Sequence[str] = ()) -> dict[str, Any]:
+    """A colour per variant, decided by ``universe`` (the dataset's variants) and not by the figure's, so that a
+    variant has the same colour in every figure of its dataset: factorized ranks along viridis in rank order
+    (one rank alone at its top, away from the LSTM's blue), the paper's models fixed, others from a spare list."""
     from matplotlib import colormaps
 
+    pool = list(dict.fromkeys([*sorted(universe, key=_variant_key), *variants]))
     out: dict[str, Any] = {}
-    ranked = sorted((int(m["rank"]), v) for v in variants if (m := RANK_RE.match(v)))
+    ranked = sorted((int(m["rank"]), v) for v in pool if (m := RANK_RE.match(v)))
     if ranked:
         cmap = colormaps["viridis"]
         for i, (_, v) in enumerate(ranked):
-            out[v] = cmap(0.1 + 0.8 * (i / max(1, len(ranked) - 1)) if len(ranked) > 1 else 0.45)
+            out[v] = cmap(0.1 + 0.8 * (i / (len(ranked) - 1)) if len(ranked) > 1 else 0.9)
     used = set()
-    for v in variants:
+    for v in pool:
         if v not in out and v in _FIXED_COLORS:
             out[v] = _FIXED_COLORS[v]
             used.add(_FIXED_COLORS[v])
     spare = [c for c in _SPARE_COLORS if c not in used]
     i = 0
-    for v in variants:
+    for v in pool:
         if v not in out:
             out[v] = spare[i % len(spare)]
             i += 1
-    return out
+    return {v: out[v] for v in variants}
 
 
 def _init_formatter():
@@ -330,23 +358,35 @@ def _use_log(values: list[float], logy: Any) -> bool:
 
 
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
-                show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None) -> int:
-    """Draw one metric-vs-epoch panel; returns the number of curves drawn."""
+                show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
+                partial: dict[str, tuple[dict[int, int], int]] | None = None) -> int:
+    """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
+    seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
+    ``partial`` (variant -> (last epoch per seed, seeds)) for the caller's note."""
     from matplotlib.ticker import MaxNLocator
 
-    colors = _colors(variants)
+    colors = _colors(variants, universe=list(by_variant))
     drawn, extent = 0, []
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
         c = _curve(runs, split, metric)
         if c is None:
             continue
-        epochs, mean, lo, hi = c
-        n = len({r["seed"] for r in runs})
+        epochs, mean, lo, hi, count, ends = c
+        n = len(ends)
+        full = count == n
         label = f"{v} ({n} seed{'s' if n != 1 else ''})"
-        ax.plot(epochs, mean, color=colors[v], lw=1.8, marker="o" if len(epochs) <= 30 else None, ms=3, label=label)
+        marker = "o" if len(epochs) <= 30 else None
+        ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, marker=marker, ms=3, label=label)
+        if not full.all():
+            # the epochs averaging fewer seeds, joined to their neighbours
+            near = ~full | np.r_[~full[1:], False] | np.r_[False, ~full[:-1]]
+            ax.plot(epochs, np.where(near, mean, np.nan), color=colors[v], lw=1.4, ls=":", marker=marker, ms=3,
+                    label=f"_{v} (fewer seeds)")
+            if partial is not None:
+                partial[v] = (dict(ends), n)
         if n > 1:
-            ax.fill_between(epochs, lo, hi, color=colors[v], alpha=0.2, lw=0)
+            ax.fill_between(epochs, lo, hi, where=full, color=colors[v], alpha=0.2, lw=0)
         extent += list(lo) + list(hi)
         if show_train:
             t = _curve(runs, "train", metric)
@@ -354,7 +394,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                 ax.plot(t[0], t[1], color=colors[v], lw=1.0, ls="--", alpha=0.5, label=f"{v} train")
                 extent += list(t[1])
         drawn += 1
-    if optimal is not None and drawn:
+    if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
         ax.axhline(optimal, color="black", ls="--", lw=1.2, label=f"Bayes optimal ({optimal:.4g})")
         extent.append(optimal)
     if drawn and _use_log(extent, logy):
@@ -373,19 +413,34 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
 
 def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str],
                    metrics: Sequence[str], *, title: str, split: str, show_train: bool,
-                   optimal: Mapping[str, float | None], logy: Any) -> None:
+                   optimal: Mapping[str, float | None], logy: Any, notes: list[str]) -> None:
+    partial: dict[str, tuple[dict[int, int], int]] = {}
     with _style():
         fig, axes = _figure(1, len(metrics), (5.5 * len(metrics), 4.2))
         for ax, m in zip(axes[0], metrics):
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
-                        logy=logy if m == "mse" else False)
+                        logy=logy if m == "mse" else False, partial=partial)
         fig.suptitle(title)
         _layout(fig, 1, len(metrics))
         _save(fig, path)
+    notes += [_partial_note(path.name, v, ends, n) for v, (ends, n) in partial.items()]
 
 
 def _present(by_variant: Mapping[str, Sequence[dict]], v: str) -> bool:
     return any(r["history"] for r in by_variant.get(v, []))
+
+
+def _on_split(fname: str, ds: str, by_variant: Mapping[str, Sequence[dict]], present: Sequence[str], split: str,
+              metric: str, notes: list[str], where: str = "drawn") -> list[str]:
+    """The ``present`` variants with ``split`` values in their histories; the others are noted (none: the figure,
+    or panel, is not drawn rather than drawn empty)."""
+    kept = _with_split(by_variant, present, split, metric)
+    if not kept:
+        notes.append(f"`{fname}`: no `{split}` {metric} in the training histories of `{ds}`")
+    elif len(kept) < len(present):
+        notes.append(f"`{fname}`: {where} without {_names(v for v in present if v not in kept)} "
+                     f"(no `{split}` {metric} in its training history)")
+    return kept
 
 
 def _ptb_figure(name: str, cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
@@ -411,10 +466,14 @@ def _ptb_figure(name: str, cfg: dict, grouped, out_fig: Path, notes: list[str]) 
     runs = [r for v in present for r in by_variant[v]]
     kind = _dataset_kind(runs) or "discrete"
     metrics = METRICS[kind]
+    present = _on_split(fname, ds, by_variant, present, cfg["split"], metrics[0], notes)
+    if not present:
+        return None
+    runs = [r for v in present for r in by_variant[v]]
     optimal = {m: _bayes_optimal(runs, m) for m in metrics}
     path = out_fig / fname
     _metric_figure(path, by_variant, present, metrics, title=cfg["title"], split=cfg["split"],
-                   show_train=cfg["show_train"], optimal=optimal, logy=cfg.get("logy", "auto"))
+                   show_train=cfg["show_train"], optimal=optimal, logy=cfg.get("logy", "auto"), notes=notes)
     return path
 
 
@@ -431,20 +490,32 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         missing = [v for v in variants if v not in present]
         if missing:
             notes.append(f"`{fname}`: `{ds}` panel drawn without {_names(missing)}")
-        panels.append((ds, by_variant, present))
+        present = _on_split(fname, ds, by_variant, present, cfg["split"], "mse", notes, where=f"`{ds}` panel drawn")
+        if present:
+            panels.append((ds, by_variant, present))
     if not panels:
         return None
     path = out_fig / fname
+    partial: dict[str, dict[str, tuple[dict[int, int], int]]] = {}
     with _style():
         fig, axes = _figure(1, len(panels), (5.0 * len(panels), 4.2))
         for ax, (ds, by_variant, present) in zip(axes[0], panels):
             runs = [r for v in present for r in by_variant[v]]
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
-                        optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds)
+                        optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
+                        partial=partial.setdefault(ds, {}))
         fig.suptitle(cfg["title"])
         _layout(fig, 1, len(panels), wspace=0.75)
         _save(fig, path)
+    notes += [_partial_note(fname, v, ends, n).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
+              for ds, by_v in partial.items() for v, (ends, n) in by_v.items()]
     return path
+
+
+def _plain(text: str) -> str:
+    """``text`` (a column name of the user's data) drawn as it is: matplotlib reads two dollar signs as math
+    (a garbled label, or a ValueError for what is no valid math)."""
+    return text.replace("$", r"\$")
 
 
 def _read_predictions(path: Path) -> Any:
@@ -525,7 +596,8 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     if not columns:
         return None
 
-    colors = _colors([v for v, _, _ in columns])
+    colors = _colors([v for v, _, _ in columns], universe=list(by_variant))
+    shown = _plain(feature)
     path = out_fig / fname
     with _style():
         fig, axes = _figure(2, len(columns), (3.0 * len(columns) + 0.8, 5.6))
@@ -539,11 +611,11 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                 if i == 1:
                     ax.set_xlabel("step")
                 if j == 0:
-                    ax.set_ylabel(f"{row_name}\n{feature}")
+                    ax.set_ylabel(f"{row_name}\n{shown}")
                 ax.grid(True, alpha=0.3)
                 ax.tick_params(labelsize="small")
         axes[0][0].legend(fontsize="x-small", loc="best")
-        fig.suptitle(f"{cfg['title']} ({ds}, feature {feature}, trajectory {trajectory})")
+        fig.suptitle(f"{cfg['title']} ({ds}, feature {shown}, trajectory {trajectory})")
         _layout(fig, 2, len(columns), left=0.95, wspace=0.55, hspace=0.35, top=0.75)
         _save(fig, path)
     return path
@@ -562,10 +634,14 @@ def _per_dataset(ds: str, cfg: dict, by_variant, out_fig: Path, notes: list[str]
     if metrics is None:
         notes.append(f"`{fname}`: cannot tell whether `{ds}` is discrete or continuous")
         return None
+    present = _on_split(fname, ds, by_variant, present, cfg["split"], metrics[0], notes)
+    if not present:
+        return None
+    runs = [r for v in present for r in by_variant[v]]
     optimal = {m: _bayes_optimal(runs, m) for m in metrics}
     path = out_fig / fname
     _metric_figure(path, by_variant, present, metrics, title=f"{ds}: {cfg['split']} metrics vs epoch",
-                   split=cfg["split"], show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"])
+                   split=cfg["split"], show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes)
     return path
 
 
@@ -803,7 +879,8 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             log.info("report: wrote %s", out_dir / rel)
 
     for name in ("fig3a", "fig3b", "fig3c", "fig4a", "fig4b"):
-        if cfg[name] is None:
+        if cfg[name] is None:   # turned off: no PNG of an earlier report stays as if it were this one's
+            (out_fig / f"{name}.png").unlink(missing_ok=True)
             continue
         kept = listed(name, cfg[name]["datasets"] if name == "fig4a" else [cfg[name]["dataset"]])
         if not kept:
@@ -828,8 +905,8 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
              "(lower is better). Curves show the mean over seeds with the min–max band shaded.", ""]
     if not runs:
         lines += ["No runs found.", ""]
-    for ds in sorted(grouped):
-        lines += _table(ds, grouped[ds])
+    for ds in sorted(set(grouped) | (selected or set())):   # a listed dataset without runs says so
+        lines += _table(ds, grouped.get(ds, {}))
     lines += ["## Figures", ""]
     lines += [f"- [{Path(w).name}]({w})" for w in written] or ["None."]
     lines += ["", "## Not available", ""]

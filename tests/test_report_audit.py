@@ -1,0 +1,165 @@
+"""The report's figures and table on the inputs that a full run does not produce by default: seeds that stopped at
+different epochs, a split the histories lack, a listed dataset without runs, user-named features, figures turned
+off, and one colour per variant across the figures of a dataset."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pipeline.report as report
+from pipeline.report import write_report
+from test_report import _write_run
+
+PTB_RANKS = ["factorized_psrnn_r10", "factorized_psrnn_r20", "factorized_psrnn_r40", "factorized_psrnn_r60"]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures ``write_report`` saves, by file name (still written to disk)."""
+    saved = {}
+    real = report._save
+
+    def save(fig, path):
+        saved[Path(path).name] = fig
+        real(fig, path)
+
+    monkeypatch.setattr(report, "_save", save)
+    return saved
+
+
+def _lines(ax) -> dict[str, object]:
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def test_a_seed_that_stopped_early_does_not_silently_change_the_mean(tmp_path, figures):
+    """Seed 1 stopped after epoch 1 (train.patience), seed 0 trained to epoch 3: a mean labelled "2 seeds" that
+    is seed 0 alone from epoch 2 on would read as a change of the model. The mean is solid where every seed
+    contributes, dotted where fewer do, and results.md says which seed ends where."""
+    root = tmp_path / "project"
+    _write_run(root, "hmm", "psrnn", 0, "discrete", [4.0, 3.0, 2.0, 1.0])
+    _write_run(root, "hmm", "psrnn", 1, "discrete", [4.2, 3.2],
+               extra={"stopped_early": "valid bpc did not improve for 1 epochs"})
+    write_report(root, tmp_path / "reports", figures={"fig3a": {"dataset": "hmm", "variants": ["psrnn"]}})
+    for name in ("hmm_curves.png", "fig3a.png"):
+        ax = figures[name].axes[0]
+        lines = _lines(ax)
+        solid = lines["psrnn (2 seeds)"]
+        y = np.asarray(solid.get_ydata(), dtype=float)
+        assert np.isfinite(y).tolist() == [True, True, False, False], name
+        assert y[:2] == pytest.approx([4.1, 3.1])
+        dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":" and ln.get_color() == solid.get_color()]
+        assert len(dotted) == 1
+        x, y = np.asarray(dotted[0].get_xdata()), np.asarray(dotted[0].get_ydata(), dtype=float)
+        assert list(x[np.isfinite(y)]) == [1, 2, 3]          # from the last epoch of both seeds on
+        assert list(y[np.isfinite(y)]) == pytest.approx([3.1, 2.0, 1.0])
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("- `hmm_curves.png`: `psrnn` seed 1 ends at epoch 1 (seed 0 at 3); the curve is dotted where it is "
+            "the mean of fewer seeds") in md
+
+
+def test_seeds_of_equal_length_draw_one_solid_mean(tmp_path, figures):
+    root = tmp_path / "project"
+    for seed in (0, 1):
+        _write_run(root, "hmm", "psrnn", seed, "discrete", [4.0 + seed, 3.0, 2.0])
+    write_report(root, tmp_path / "reports")
+    ax = figures["hmm_curves.png"].axes[0]
+    assert [ln.get_linestyle() for ln in ax.get_lines()] == ["-"]
+    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx([4.5, 3.0, 2.0])
+    assert "dotted" not in (tmp_path / "reports" / "results.md").read_text()
+
+
+def test_a_split_the_histories_lack_is_noted_not_drawn_empty(tmp_path):
+    """Swimmer has no validation split: `split: valid` drew empty axes into fig4a and swimmer_curves.png and
+    said nothing."""
+    root = tmp_path / "project"
+    for v in ("kf", "psrnn"):
+        _write_run(root, "swimmer", v, 0, "continuous", [1.0, 0.5])   # train_mse and test_mse only
+    _write_run(root, "hmm", "psrnn", 0, "discrete", [2.0, 1.5])
+    result = write_report(root, tmp_path / "reports",
+                          figures={"fig4a": {"split": "valid"}, "per_dataset": {"split": "valid"}})
+    assert {"figures/fig4a.png", "figures/swimmer_curves.png", "figures/hmm_curves.png"} <= set(result["skipped"])
+    na = (tmp_path / "reports" / "results.md").read_text().split("## Not available")[1]
+    assert "- `swimmer_curves.png`: no `valid` mse in the training histories of `swimmer`" in na
+    assert "- `fig4a.png`: no `valid` mse in the training histories of `swimmer`" in na
+    # where some variants have the split and others not, the figure is drawn and names the ones left out
+    hist = root / "plots" / "swimmer" / "kf" / "s0.json"
+    rows = json.loads(hist.read_text())
+    hist.write_text(json.dumps([{**r, "valid_mse": r["test_mse"]} for r in rows]))
+    result = write_report(root, tmp_path / "reports", figures={"per_dataset": {"split": "valid"}})
+    assert "figures/swimmer_curves.png" in result["written"]
+    na = (tmp_path / "reports" / "results.md").read_text().split("## Not available")[1]
+    assert "- `swimmer_curves.png`: drawn without `psrnn` (no `valid` mse in its training history)" in na
+
+
+def test_a_listed_dataset_without_runs_is_in_the_results(tmp_path):
+    root = tmp_path / "project"
+    _write_run(root, "hmm", "psrnn", 0, "discrete", [2.0, 1.5])
+    write_report(root, tmp_path / "reports", datasets=["hmm", "custom_plant"])
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert "## custom_plant\n\nNo final metrics (`metrics/custom_plant/*.json`) for this dataset." in md
+    assert "No runs found." not in md
+    assert set(json.loads((tmp_path / "reports" / "summary.json").read_text())) == {"hmm"}
+
+
+@pytest.mark.parametrize("feature", ["a$^$b", "price ($) per $ unit"])
+def test_dollar_signs_in_a_feature_name_are_text(tmp_path, figures, feature):
+    """A custom dataset's column names are the user's: two dollar signs made matplotlib parse the name as math
+    (a garbled label, or a ValueError that stopped the report stage)."""
+    from matplotlib import cbook
+
+    root = tmp_path / "project"
+    _write_run(root, "custom", "psrnn", 0, "continuous", [1.0, 0.5])
+    table = pa.table({"trajectory": pa.array([0] * 5, pa.int64()), "step": pa.array(range(1, 6), pa.int64()),
+                      "feature": pa.array([feature] * 5, pa.string()), "target": pa.array([0.1] * 5),
+                      "initial": pa.array([0.2] * 5), "final": pa.array([0.1] * 5)})
+    (root / "predictions" / "custom").mkdir(parents=True)
+    pq.write_table(table, root / "predictions" / "custom" / "psrnn_s0.parquet")
+    result = write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "variants": ["psrnn"]}})
+    assert "figures/fig4b.png" in result["written"]
+    fig = figures["fig4b.png"]
+    for text in (fig.axes[0].yaxis.label, fig._suptitle):
+        assert not cbook.is_math_text(text.get_text())
+        assert text._preprocess_math(text.get_text())[0].count(feature) == 1
+
+
+def test_a_variant_has_one_colour_in_every_figure_of_a_dataset(tmp_path, figures):
+    """fig3a drew the rank-60 model in the middle of viridis, next to the LSTM's blue, and in another colour than
+    fig3c and ptb_curves.png: a variant's colour depends on the dataset's variants, not on the figure's."""
+    from matplotlib.colors import to_rgb
+
+    root = tmp_path / "project"
+    for v in ["lstm", "gru", "psrnn"] + PTB_RANKS:
+        _write_run(root, "ptb", v, 0, "discrete", [4.0, 3.0])
+    write_report(root, tmp_path / "reports")
+    colour = {}
+    for name in ("fig3a.png", "fig3c.png", "ptb_curves.png"):
+        for label, line in _lines(figures[name].axes[0]).items():
+            v = label.split(" (")[0]
+            colour.setdefault(v, set()).add(to_rgb(line.get_color()))
+    assert all(len(c) == 1 for c in colour.values()), colour
+    r60, lstm = np.array(next(iter(colour["factorized_psrnn_r60"]))), np.array(next(iter(colour["lstm"])))
+    assert np.abs(r60 - lstm).max() > 0.3
+
+
+def test_a_figure_turned_off_leaves_no_stale_png(tmp_path):
+    root = tmp_path / "project"
+    _write_run(root, "ptb", "lstm", 0, "discrete", [4.0, 3.0])
+    out = tmp_path / "reports"
+    assert "figures/fig3a.png" in write_report(root, out)["written"]
+    write_report(root, out, figures={"fig3a": False})
+    assert not (out / "figures" / "fig3a.png").exists()
+
+
+def test_the_bayes_optimal_line_is_drawn_on_the_test_split_only(tmp_path, figures):
+    """The synthetic sets' Bayes-optimal value is the true filter's on the test split (data.synthetic): on a train
+    or valid panel the line was drawn under the same label, where a model can go below it."""
+    root = tmp_path / "project"
+    _write_run(root, "hmm", "psrnn", 0, "discrete", [2.0, 1.5], bayes={"bpc": 1.6})
+    write_report(root, tmp_path / "train", figures={"per_dataset": {"split": "train"}})
+    assert not [k for k in _lines(figures["hmm_curves.png"].axes[0]) if k.startswith("Bayes optimal")]
+    write_report(root, tmp_path / "test")
+    assert "Bayes optimal (1.6)" in _lines(figures["hmm_curves.png"].axes[0])
