@@ -156,3 +156,31 @@ def test_check_refuses_monitoring_a_validation_split_the_file_does_not_give(tmp_
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     assert "custom: examples/custom_series.parquet: continuous, 2 features, 15 train / 5 valid / 5 test" in \
         capsys.readouterr().out
+
+
+def test_readme_examples_of_your_own_data_run_as_printed(defaults, tmp_path, monkeypatch):
+    """README "Adding your own dataset": the pandas recipe turns a CSV with an id column and time stamps into a file
+    the preprocess reads, and the printed `custom_events` section is valid beside the defaults."""
+    import pandas as pd
+    from pipeline.config import read_yaml as _read_yaml
+    from pipeline.data.custom import load_custom
+
+    section = (ROOT / "README.md").read_text().split("### Adding your own dataset", 1)[1].split("\n### ", 1)[0]
+    recipe = section.split("```python\n", 1)[1].split("```", 1)[0]
+    recipe = "\n".join(line[3:] if line.startswith("   ") else line for line in recipe.splitlines())
+    rng = np.random.default_rng(0)
+    rows = [{"sensor_id": f"bldg-1/room{i}", "timestamp": f"2024-01-01 00:{10 * k:02d}:00",
+             "temp_c": 20 + rng.normal(), "pressure_hpa": 1013 + rng.normal()} for i in range(4) for k in range(6)]
+    pd.DataFrame(rows).to_csv(tmp_path / "sensors.csv", index=False)
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(recipe, "README recipe", "exec"), {})
+    ds = load_custom(tmp_path / "data" / "sensors.parquet", kind="continuous", test_fraction=0.25)
+    assert ds.features == ["temp_c", "pressure_hpa"] and len(ds.train) == 3 and len(ds.test) == 1
+    yaml_block = section.split("```yaml\ncustom_events:", 1)[1].split("```", 1)[0]
+    (tmp_path / "events.yaml").write_text("custom_events:" + yaml_block)
+    raw = copy.deepcopy(defaults)
+    raw.update(_read_yaml(tmp_path / "events.yaml"))
+    raw["datasets"] = ["custom_events"]
+    p = parse_params(raw)
+    assert p.dataset("custom_events").discrete and p.selected == ["custom_events"]

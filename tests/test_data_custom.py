@@ -506,3 +506,55 @@ def test_bad_path_argument_and_read_rows_checks(tmp_path: Path) -> None:
                      seed=np.int64(3), normalize=np.bool_(False))
     assert ds.meta["trajectory_ids"] == load_custom(path, kind="continuous", test_fraction=0.34, seed=3
                                                     ).meta["trajectory_ids"]
+
+
+# ------------------------------------------------------------------- columns a CSV export brings along (user audit)
+
+
+def test_auto_features_warn_about_time_stamps_and_per_trajectory_labels(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """features=None takes every numeric column: a time stamp kept beside (or instead of) `step` and a label that is
+    constant within each trajectory (a room number) would become features without a word. Both are named in one
+    warning; named features, or columns that are measurements, give none."""
+    cols = _continuous()
+    n = len(cols["a"])
+    cols["timestamp"] = 1_700_000_000 + 600 * np.arange(n)                      # increases within every trajectory
+    cols["room"] = np.repeat([3, 7, 3, 12, 5, 7], 5)                            # one value per trajectory
+    with caplog.at_level("WARNING", logger="pipeline.data.custom"):
+        ds = load_custom(_write(tmp_path, cols), kind="continuous")
+    assert ds.features == ["a", "b", "c", "timestamp", "room"]                  # still taken: the warning says so
+    (warning,) = [r for r in caplog.records if "timestamp" in r.getMessage()]
+    text = warning.getMessage()
+    assert warning.levelname == "WARNING" and "\n" not in text
+    assert "'timestamp' (increases within every trajectory, like a time)" in text, text
+    assert "'room' (constant within each trajectory, like a label)" in text, text
+    assert "'a'" not in text and "'b'" not in text and "'c'" not in text        # 'c' is constant everywhere: no label
+    assert "features" in text and "step" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline.data.custom"):
+        load_custom(_write(tmp_path, cols, "named.parquet"), kind="continuous", features=["a", "b"])
+        load_custom(_write(tmp_path, _continuous(), "plain.parquet"), kind="continuous")
+    assert not [r for r in caplog.records if "like a" in r.getMessage()]
+
+
+def test_step_of_time_stamps_or_floats_says_how_to_convert(tmp_path: Path) -> None:
+    """A `step` column of time stamps (pandas' parse_dates) or of floats (a CSV column with gaps) is refused with
+    the conversion that makes it usable, not only its type."""
+    cols = _continuous()
+    cols["step"] = pa.array((np.datetime64("2024-01-01") + 600 * cols["step"].astype("timedelta64[s]"))
+                            .astype("datetime64[us]"))
+    msg = _error(_write(tmp_path, cols), kind="continuous")
+    assert "column 'step' has type timestamp[us]; expected integers" in msg, msg
+    assert "df['step'] = df['step'].astype('int64')" in msg and "leave the column out" in msg, msg
+    cols = _continuous()
+    cols["step"] = cols["step"].astype(float)
+    msg = _error(_write(tmp_path, cols, "f.parquet"), kind="continuous")
+    assert "'step' has type double; expected integers" in msg and "astype('int64')" in msg, msg
+
+
+def test_named_feature_written_as_text_says_how_to_convert(tmp_path: Path) -> None:
+    cols = _continuous()
+    cols["a"] = [f"{v:.3f}" for v in cols["a"]]
+    msg = _error(_write(tmp_path, cols), kind="continuous", features=["a", "b"])
+    assert "feature column 'a' has type string; expected a numeric (integer or float) column" in msg, msg
+    assert "df['a'] = df['a'].astype(float)" in msg, msg

@@ -27,7 +27,9 @@ Auto-detected features (``features=None``): a column is a feature if its Parquet
 (strings, booleans, lists, structs, timestamps, dates, decimals, ...) is dropped with a logged WARNING naming the
 dropped columns; name the columns in ``features`` to silence it (a named non-numeric column is an error). If no
 column is left, that is an error; so is a string column whose values all read as numbers (checked on its first
-100 values): a feature written as text, e.g. from a CSV, is not dropped silently. A dropped column's text is not
+100 values): a feature written as text, e.g. from a CSV, is not dropped silently. A numeric column that looks like
+no measurement (increasing within every trajectory, like a time stamp; or constant within each trajectory but not
+across them, like a room number) is taken all the same, with one WARNING naming it. A dropped column's text is not
 checked further: bytes that are not UTF-8 there make it no number, and it is dropped like any other text.
 
 Checks, each a one-line :class:`ValueError` naming the file, the column or value, and what was expected: a file
@@ -100,6 +102,33 @@ def _warn_uneven_steps(path, codes: np.ndarray, steps: np.ndarray, ids: np.ndarr
                     "trajectory %r, step %d after %d); the models use only the order of the rows, one observation "
                     "per step", path, int(uneven.sum()), trajs, "y" if trajs == 1 else "ies", _py(ids[codes[k]]),
                     int(steps[k + 1]), int(steps[k]))
+
+def _warn_unlikely_features(path, values: np.ndarray, columns: list[str], s_codes: np.ndarray, order: np.ndarray,
+                            lengths: np.ndarray) -> None:
+    """Warn about numeric columns that ``features=None`` takes but that look like no measurement: a column that
+    increases within every trajectory of 3 rows or more (at least two of them: a time stamp or a row counter, kept
+    beside or instead of ``step``), or one that is constant within each trajectory but not across them (an id or a
+    label, such as a room number). They stay features (a counter can be one); the warning names them once.
+    ``s_codes``/``order``: trajectory codes and row indices in (trajectory, step) order; ``lengths`` per trajectory."""
+    same = np.diff(s_codes) == 0                         # interval between two rows of one trajectory
+    if not same.any():
+        return
+    long_rows = np.repeat(lengths >= 3, lengths)[1:]     # the interval's trajectory has 3 rows or more
+    long_intervals = same & long_rows
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    found = []
+    for j, name in enumerate(columns):
+        x = values[order, j]
+        d = np.diff(x)
+        if int((lengths >= 3).sum()) >= 2 and (d[long_intervals] > 0).all():
+            found.append(f"{name!r} (increases within every trajectory, like a time)")
+        elif len(lengths) >= 2 and (d[same] == 0).all() and np.unique(x[starts]).size > 1:
+            found.append(f"{name!r} (constant within each trajectory, like a label)")
+    if found:
+        log.warning("%s: numeric columns taken as features (features=None) that look like no measurement: %s; name "
+                    "the feature columns in features to leave them out (time belongs in the step column, as "
+                    "integers)", path, ", ".join(found))
+
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
@@ -257,6 +286,7 @@ def read_rows(
             raise fail(f"missing column {column!r} ({why}); columns present: {names}")
 
     require("trajectory", "the trajectory id of each row")
+    auto_features = kind == "continuous" and features is None   # taken from the column types below
     if kind == "discrete":
         require(symbol_column, "the discrete observation; set symbol_column to its name (psrnn predict / "
                                "forecast: --symbol-column NAME)")
@@ -294,7 +324,9 @@ def read_rows(
     if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
         raise fail(f"column 'trajectory' has type {t}; expected integer or string ids")
     if has_step and not pa.types.is_integer(value_type(types["step"])):
-        raise fail(f"column 'step' has type {types['step']}; expected integers")
+        raise fail(f"column 'step' has type {types['step']}; expected integers (time stamps or whole numbers stored "
+                   "as floats: convert them before writing the file, pandas: df['step'] = df['step'].astype('int64'), "
+                   "or leave the column out to use the row order)")
     if has_split and not (pa.types.is_string(value_type(types["split"]))
                           or pa.types.is_large_string(value_type(types["split"]))):
         raise fail(f"column 'split' has type {types['split']}; expected strings 'train', 'valid' or 'test'")
@@ -306,7 +338,11 @@ def read_rows(
     else:
         for f in value_columns:
             if not _is_numeric(types[f]):
-                raise fail(f"feature column {f!r} has type {types[f]}; expected a numeric (integer or float) column")
+                sample = _numbers_as_text(path, f, types[f])
+                hint = "" if sample is None else (f" (it holds numbers as text, e.g. {sample!r}: cast it before "
+                                                  f"writing the file, pandas: df[{f!r}] = df[{f!r}].astype(float))")
+                raise fail(f"feature column {f!r} has type {types[f]}; expected a numeric (integer or float) column"
+                           + hint)
 
     columns = ["trajectory"] + (["step"] if has_step else []) + (["split"] if has_split else []) + value_columns
     try:
@@ -388,6 +424,9 @@ def read_rows(
         k = int(short[0])
         raise fail(f"{short.size} trajectories are shorter than min_length={min_length} rows (first: trajectory "
                    f"{_py(uniq[k])!r} with {int(lengths[k])} rows)")
+
+    if auto_features:
+        _warn_unlikely_features(path, values, value_columns, s_codes, order, lengths)
 
     split_values = None
     if has_split:
