@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use the run's initial (epoch 0: 2SR or random) weights instead of the trained ones")
         # discrete-only options default to None, so that giving one for a continuous run is refused
         d.add_argument("--symbol-column", default=None,
-                       help="discrete data: the input's symbol column (default: symbol)")
+                       help="discrete data: the input's symbol column (default: the column the run's training "
+                            "data had its symbols in, source.symbol_column; symbol for the built-in sets)")
         d.add_argument("--unknown", choices=("error", "drop", "map"), default=None,
                        help="discrete data: a symbol not in the training vocabulary is an error (default), is "
                             "dropped, or is mapped to <unk> (a vocabulary that has one, e.g. ptb with unknown: map)")
@@ -309,7 +310,7 @@ def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:
         if given:
             raise ValueError(f"{given[0]}: applies to discrete runs only; {args.dataset} {args.variant} seed "
                              f"{args.run_seed} is a continuous run (features {', '.join(run.features)})")
-    return {"symbol_column": args.symbol_column if args.symbol_column is not None else "symbol",
+    return {"symbol_column": args.symbol_column,   # None: the run's own (TrainedRun.symbol_column)
             "unknown": args.unknown if args.unknown is not None else "error", "probabilities": args.probabilities}
 
 
@@ -322,12 +323,13 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
     summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
                            device=args.device, block_rows=args.block_rows)
     m = summary["metrics"]
-    shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v) or "no next observation to score"
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v)
+    scored = (f"one-step {shown} over {summary['predicted_steps']} steps" if shown and summary["predicted_steps"]
+              else "nothing scored (no trajectory has a next observation to compare a prediction with)")
     dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
     n = summary["trajectories"]
     print(f"{args.output}: {summary['rows']} predictions for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
-          f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); one-step {shown} over "
-          f"{summary['predicted_steps']} steps")
+          f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); {scored}")
 
 
 def _forecast(args: argparse.Namespace, root: Path) -> None:

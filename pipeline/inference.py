@@ -157,6 +157,7 @@ class TrainedRun:
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
     root: Path | None = None
+    symbol_column: str = "symbol"   # discrete: the column of the training file's symbols, new files' default
 
     @classmethod
     def from_units(cls, model: Any, units: dict[str, Any], *, dataset: str, variant: str, seed: int, epoch: int,
@@ -166,7 +167,8 @@ class TrainedRun:
         root = Path(root).resolve() if root is not None else None   # a later chdir must not move it
         if units["kind"] == "discrete":
             return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="discrete",
-                       vocab=list(units["vocab"]), root=root)
+                       vocab=list(units["vocab"]), root=root,
+                       symbol_column=str(units.get("symbol_column", "symbol")))
         return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="continuous",
                    features=list(units["features"]), mean=np.asarray(units["mean"], dtype=np.float64),
                    std=np.asarray(units["std"], dtype=np.float64), root=root)
@@ -697,11 +699,14 @@ class _Input:
     dropped: int               # rows of unknown symbols left out
 
 
-def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_column: str, unknown: str
+def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_column: str | None, unknown: str
                 ) -> _Input:
     """Read, check and encode the trajectories of ``input_path`` for ``run`` (the input schema of
-    :func:`predict_file`)."""
+    :func:`predict_file`; ``symbol_column`` None: the column the run's training file had its symbols in)."""
     from pipeline.data.custom import read_rows
+
+    if symbol_column is None:
+        symbol_column = run.symbol_column
 
     if output_path.resolve() == input_path.resolve():
         raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
@@ -806,9 +811,9 @@ def _output_meta(run: TrainedRun, input_path: Path, info: dict[str, Any]) -> dic
             **info}
 
 
-def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, symbol_column: str = "symbol",
-                 unknown: str = "error", probabilities: bool = False, device: str = "cpu",
-                 block_rows: int = DEFAULT_BLOCK_ROWS) -> dict[str, Any]:
+def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *,
+                 symbol_column: str | None = None, unknown: str = "error", probabilities: bool = False,
+                 device: str = "cpu", block_rows: int = DEFAULT_BLOCK_ROWS) -> dict[str, Any]:
     """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
     (Parquet, written to a temporary file and renamed), and return a summary (rows, trajectories, dropped rows,
     metrics over the steps that have a next observation).
@@ -958,7 +963,7 @@ def _check_forecast_steps(input_path: Path, data: _Input, steps: int) -> list[in
 
 
 def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, steps: int,
-                  sample: bool = False, seed: int = 0, symbol_column: str = "symbol", unknown: str = "error",
+                  sample: bool = False, seed: int = 0, symbol_column: str | None = None, unknown: str = "error",
                   probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
     """Write the free-running forecasts (:meth:`TrainedRun.forecast`) of the ``steps`` observations after the end
     of every trajectory of ``input_path`` (the input schema of :func:`predict_file`) to ``output_path``.

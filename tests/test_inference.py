@@ -118,6 +118,35 @@ def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
     assert json.loads(out.schema.metadata[PREDICT_META_KEY])["vocab"] == run.vocab
 
 
+def test_a_custom_runs_symbol_column_is_the_default_for_new_files(discrete_run, tmp_path):
+    """A custom discrete file with its symbols in column `event` gives runs that read new files' `event` column
+    (psrnn predict / forecast without --symbol-column); an explicit column still wins."""
+    from dataclasses import replace
+
+    from pipeline.data.custom import load_custom
+    from pipeline.inference import forecast_file
+
+    run, test = discrete_run
+    rng = np.random.default_rng(0)
+    train_file = _write(tmp_path / "sessions.parquet", {"trajectory": np.repeat(np.arange(6), 8),
+                                                          "event": rng.choice([10, 20, 30, 40], 48)})
+    units = load_custom(train_file, kind="discrete", symbol_column="event", test_fraction=0.34).units()
+    assert units["symbol_column"] == "event"
+    assert make_hmm_dataset(n_states=2, n_symbols=3, n_train=2, n_test=1, length=5, seed=0)[0].units()[
+        "symbol_column"] == "symbol"
+    own = TrainedRun.from_units(run.model, {**units, "vocab": run.vocab}, dataset="custom_events", variant="psrnn",
+                                seed=0, epoch=1)
+    assert own.symbol_column == "event"
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0] * 5, "event": [10, 20, 30, 40, 10]})
+    assert predict_file(own, src, tmp_path / "p.parquet")["rows"] == 5
+    assert forecast_file(own, src, tmp_path / "f.parquet", steps=2)["rows"] == 2
+    with pytest.raises(ValueError, match=r"in\.parquet: missing column 'symbol'"):
+        predict_file(own, src, tmp_path / "p.parquet", symbol_column="symbol")
+    with pytest.raises(ValueError, match=r"in\.parquet: missing column 'event'"):
+        predict_file(replace(own, symbol_column="event"), _write(tmp_path / "in.parquet", {
+            "trajectory": [0] * 3, "symbol": [10, 20, 30]}), tmp_path / "p.parquet")
+
+
 def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
     run, test = discrete_run
     seq = ["10", "20", "99", "30", "40", "99"]
@@ -156,7 +185,7 @@ def test_dataset_units_cover_every_feature(continuous_run):
                                 variant="psrnn", seed=0, epoch=3)
     assert run.std.tolist() == [3.0, 4.0, 1.0] and run.epoch == 3 and not run.discrete
     assert SequenceDataset(kind="discrete", train=[np.array([0, 1])], test=[np.array([1, 0])], vocab=["a", "b"],
-                           meta={}).units() == {"kind": "discrete", "vocab": ["a", "b"]}
+                           meta={}).units() == {"kind": "discrete", "vocab": ["a", "b"], "symbol_column": "symbol"}
 
 
 def test_forecast_feeds_each_prediction_back_as_the_next_observation(continuous_run, discrete_run, tmp_path):

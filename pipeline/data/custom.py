@@ -523,6 +523,7 @@ def load_custom(
         vocab = [str(_py(v)) for v in vocab_values]
         if len(set(vocab)) != len(vocab):
             raise fail(f"column {symbol_column!r}: distinct symbols print the same ({vocab}); use string symbols")
+        meta["symbol_column"] = symbol_column   # psrnn predict / forecast read new files by the same name
         return SequenceDataset(kind="discrete", vocab=vocab, meta=meta, **trajs)
 
     trajs = {s: [values[groups[k]] for k in members[s]] for s in SPLITS}

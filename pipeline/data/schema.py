@@ -88,8 +88,9 @@ class SequenceDataset:
         """What a model trained on this dataset needs to take and give data in its original units: ``kind``, and
         ``vocab`` (discrete) or ``features`` with the ``mean`` and ``std`` each was standardised with (0 and 1 for
         a feature left as it was, e.g. Handwriting's pen-up flag). Logged with every MLflow run."""
-        if self.discrete:
-            return {"kind": self.kind, "vocab": list(self.vocab)}
+        if self.discrete:   # with the column of a custom file's symbols, which new files use too
+            return {"kind": self.kind, "vocab": list(self.vocab),
+                    "symbol_column": str(self.meta.get("symbol_column", "symbol"))}
         mean, std = [0.0] * len(self.features), [1.0] * len(self.features)
         norm = self.meta.get("normalization")
         if norm:
