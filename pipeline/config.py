@@ -739,18 +739,26 @@ def _window_checks(dp: DatasetParams) -> list[tuple[str, int, int]]:
     return checks
 
 
-def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: str | None = None) -> None:
-    """``origin``: where the lengths come from when it is not the data (e.g. ``swimmer.source.length``)."""
+def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: str | None = None,
+                      lengths: typing.Sequence[int] = (), ids: typing.Sequence[Any] | None = None) -> None:
+    """``origin``: where the lengths come from when it is not the data (e.g. ``swimmer.source.length``);
+    ``lengths`` and ``ids`` (a custom file's trajectory ids, in the same order): name the short trajectories."""
     # pipeline.features.make_windows: a trajectory of T steps gives the windows t = past .. T-future-1 (the
     # shifted future needs o_{t+future}), so it contributes one only if T >= past + future + 1.
     for key, past, future in _window_checks(dp):
         need = past + future + 1
         if need > shortest:
-            raise ParamsError(
-                f"{key}.past_window + {key}.future_window + 1 = {past} + {future} + 1 = {need} exceeds "
-                + (f"the trajectory length ({origin} = {shortest})" if origin else
-                   f"the shortest training trajectory ({shortest} steps)")
-                + f"; expected past_window + future_window <= {shortest - 1}")
+            where, fix = f"the shortest training trajectory ({shortest} steps)", ""
+            if origin:
+                where = f"the trajectory length ({origin} = {shortest})"
+            elif ids is not None and len(ids) == len(lengths):
+                short = [i for i, n in enumerate(lengths) if n < need]
+                first = min(short, key=lambda i: lengths[i])
+                where += f", trajectory {ids[first]!r} of the file" + (
+                    f" (one of {len(short)} training trajectories shorter than {need} steps)" if len(short) > 1 else "")
+                fix = f", or drop the trajectories shorter than {need} steps from the file"
+            raise ParamsError(f"{key}.past_window + {key}.future_window + 1 = {past} + {future} + 1 = {need} exceeds "
+                              f"{where}; expected past_window + future_window <= {shortest - 1}{fix}")
     if dp.kf is not None:
         # pipeline.two_stage.linear_two_stage estimates the Kalman gain from consecutive windows of a trajectory
         need = dp.kf.past_window + dp.kf.future_window + 2
@@ -776,18 +784,18 @@ def _check_kf_state_dim(dp: DatasetParams, obs_dim: int, origin: str) -> None:
 
 
 def check_windows(dataset_name: str, dp: DatasetParams, train_lengths: typing.Sequence[int],
-                  obs_dim: int | None = None) -> None:
+                  obs_dim: int | None = None, train_ids: typing.Sequence[Any] | None = None) -> None:
     """Check the windows of ``dp`` against the prepared data: every training trajectory (the shortest included,
     as :func:`pipeline.features.make_windows` needs) must hold ``past_window + future_window + 1`` steps for the
     2SR of ``<ds>.two_stage`` and, when a ``kf`` section is set, of ``<ds>.kf``; with ``obs_dim`` (the size of one
     continuous observation) also ``<ds>.kf.state_dim <= kf.future_window * obs_dim``. Raises :class:`ParamsError`
-    naming the key."""
+    naming the key (and with ``train_ids``, a custom file's ids of the training trajectories, the short one)."""
     if dp.name != dataset_name:
         dp = dataclasses.replace(dp, name=dataset_name)
     lengths = [int(n) for n in train_lengths]
     if not lengths:
         raise ParamsError(f"{dataset_name}.source: the train split is empty; expected at least one trajectory")
-    _check_window_fit(dp, min(lengths), max(lengths))
+    _check_window_fit(dp, min(lengths), max(lengths), lengths=lengths, ids=train_ids)
     if obs_dim is not None and not dp.discrete:
         _check_kf_state_dim(dp, int(obs_dim), "from the prepared data")
 

@@ -392,7 +392,9 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     code, _, err = check(two_stage={**section["two_stage"], "past_window": 6, "future_window": 6})
     assert code == 1 and err.startswith("psrnn check: error: custom.two_stage.past_window + custom.two_stage."
                                         "future_window + 1 = 6 + 6 + 1 = 13 exceeds the shortest training "
-                                        "trajectory (12 steps)"), err
+                                        "trajectory (12 steps), trajectory 100 of the file "), err
+    assert err.endswith("(one of 4 training trajectories shorter than 13 steps); expected past_window + "
+                        "future_window <= 11, or drop the trajectories shorter than 13 steps from the file"), err
     code, _, err = check(kf={"state_dim": 2, "past_window": 6, "future_window": 6})
     assert code == 1 and err.startswith("psrnn check: error: custom.kf.past_window"), err
     code, _, err = check(kf={"state_dim": 9, "past_window": 4, "future_window": 4})

@@ -105,7 +105,8 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = Fal
         if not ds.split(split):
             raise ParamsError(f"{dp.name}.source: the {split} split is empty")
     check_windows(dp.name, dp if kalman else replace(dp, kf=None), [len(t) for t in ds.train],
-                  obs_dim=ds.obs_dim if kalman and not ds.discrete else None)
+                  obs_dim=ds.obs_dim if kalman and not ds.discrete else None,
+                  train_ids=(ds.meta.get("trajectory_ids") or {}).get("train"))   # a custom file's own ids
 
 
 def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
