@@ -323,6 +323,7 @@ def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env):
 
 def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, clean_env, capsys):
     from pipeline.cli import main
+    from pipeline.workflow.paths import load_prepared
 
     root = tmp_path
     _params(root, [0])
@@ -330,7 +331,9 @@ def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, c
     history = json.loads((model_dir(root, "hmm", "psrnn", 0) / "history.json").read_text())
     first, last = (history["history"][e]["test"]["bpc"] for e in (0, -1))
     captured = capsys.readouterr()
-    line = f"refine hmm: psrnn_s0 2 epochs, test bpc {first:.4g} -> {last:.4g} (best epoch {history['best_epoch']})"
+    assert history["monitor"] == ("valid" if load_prepared(root, "hmm").valid else "train")
+    line = (f"refine hmm: psrnn_s0 2 epochs, test bpc {first:.4g} -> {last:.4g} (best epoch on {history['monitor']} "
+            f"{history['best_epoch']})")
     assert captured.out == line + "\n" and "refine hmm: psrnn_s0 2" not in captured.err
     # the stage (every run of the dataset) writes the same line to its log, stderr, for each run it trains
     clean_env.setenv("PSRNN_RETRAIN", "1")
@@ -345,6 +348,16 @@ def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, c
     assert f"(epoch 0: bpc {m['initial_test']['bpc']:.4g})" in out and "weights of epoch 2 of 2" in out
     assert f"Bayes-optimal {m['bayes_optimal']['bpc']:.4g}" in out
     assert m["test"]["bpc"] == pytest.approx(last, rel=1e-6)
+    # psrnn predict's line: a file of one-step trajectories has predictions but nothing to score them against
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"trajectory": [0, 1], "symbol": [0, 1]}), tmp_path / "short.parquet")
+    assert main(["--root", str(root), "predict", "hmm", "psrnn", "0", str(tmp_path / "short.parquet"),
+                 str(tmp_path / "out.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert out == (f"{tmp_path / 'out.parquet'}: 2 predictions for 2 trajectories (hmm psrnn seed 0, epoch 2); "
+                   "nothing scored (no trajectory has a next observation to compare a prediction with)\n"), out
 
 
 def test_sigterm_during_refine_closes_the_run_and_leaves_no_temporary_file(tmp_path, clean_env):

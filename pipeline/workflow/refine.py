@@ -145,9 +145,10 @@ def summary_line(history: dict[str, Any]) -> str:
     epochs = history["history"]
     first, last = epochs[0]["test"].get(key), epochs[-1]["test"].get(key)
     stopped = f", stopped early: {history['stopped_early']}" if history.get("stopped_early") else ""
+    on = f" on {history['monitor']}" if history.get("monitor") else ""   # not the test numbers beside it
     return (f"refine {history['dataset']}: {run_name(history['variant'], history['seed'])} "
-            f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (best epoch {history['best_epoch']})"
-            f"{stopped}")
+            f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (best epoch{on} "
+            f"{history['best_epoch']}){stopped}")
 
 
 def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list[dict[str, Any]]) -> None:
@@ -296,7 +297,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         raise
     history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
                "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
-               "best_metric": result.best_metric, "stopped_early": result.stopped_early, "run_id": tracker.run_id,
+               "monitor": tcfg.monitored_split(bool(ds.valid)), "best_metric": result.best_metric, "stopped_early": result.stopped_early, "run_id": tracker.run_id,
                "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
