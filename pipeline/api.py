@@ -260,6 +260,27 @@ class _FitPlan:
     kf_ridge: float | None = None          # the Kalman filter's linear 2SR
 
 
+#: a training feature whose mean or standard deviation exceeds this in absolute value gets a warning
+UNSTANDARDISED_SCALE = 10.0
+
+
+def _warn_unstandardised(train: Sequence[np.ndarray]) -> None:
+    """Warn (once, naming the features) when continuous training features are in large units: the pipeline
+    standardises each feature, :func:`fit_model` takes the arrays as they are, and SGD at the paper's learning rate
+    1 on a feature near 1013 (a pressure in hPa) diverges or wanders where the standardised one trains."""
+    import warnings
+
+    x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    large = np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))
+    if large.size:
+        shown = ", ".join(f"feature {j} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in large[:3])
+        more = f" and {large.size - 3} more" if large.size > 3 else ""
+        warnings.warn(f"train: {shown}{more} in large units; fit_model takes features as they are (the pipeline "
+                      "standardises them): subtract the training mean and divide by the std first, and scale "
+                      "predictions back, or SGD may diverge", UserWarning, stacklevel=4)
+
+
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
     """Every check of :func:`fit_model`, before any 2SR work (``a``: its arguments): the arguments and option keys,
     the data (:func:`_checked_splits`), what depends on the data's kind, and the configs' own validation."""
@@ -326,6 +347,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
             raise ValueError(f"two_stage_options: {other} apply to the PSRNNs' 2SR on random features; the Kalman "
                              "filter's linear 2SR takes past_window, future_window and ridge")
     discrete, input_dim, arrays = _checked_splits(data)
+    if not discrete:
+        _warn_unstandardised(arrays["train"])
     if model == "kf" and discrete:
         raise ValueError("model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
                          "(integer 1-D arrays); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols")

@@ -340,3 +340,22 @@ def test_a_tuple_of_lists_still_fits(symbols):
     """The checks refuse only what is wrong: a tuple of lists of ints is a sequence of integer trajectories."""
     fitted = fit_model(tuple(list(t) for t in symbols.train), **{**SMALL, "epochs": 0})
     assert fitted.model.config.discrete and fitted.model.config.input_dim == 4
+
+
+# ------------------------------------------------------------------------------- 6. features in large units
+
+def test_features_in_large_units_get_one_warning_naming_them(features, recwarn):
+    """fit_model takes features as they are (the pipeline standardises them): a feature in large units (a pressure
+    near 1013 hPa, a price in the thousands) is named in one UserWarning at the caller's line; standardised
+    data, and symbols, give none."""
+    fit_model(features.train, **{**SMALL, "epochs": 0})
+    fit_model(make_hmm_dataset(n_states=2, n_symbols=3, n_train=3, n_test=1, length=20, seed=0)[0].train,
+              **{**SMALL, "epochs": 0})
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    wide = [np.c_[t[:, :1] + 1013.0, 50.0 * t[:, 1:]] for t in features.train]
+    with pytest.warns(UserWarning) as caught:
+        fit_model(wide, **{**SMALL, "epochs": 0})
+    (w,) = [w for w in caught if "large units" in str(w.message)]
+    text = str(w.message)
+    assert text.startswith("train: feature 0 (mean 101") and ", feature 1 (mean " in text, text
+    assert "subtract the training mean and divide by the std" in text and w.filename == __file__
