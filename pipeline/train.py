@@ -63,7 +63,8 @@ def resolve_device(name: Any, option: str = "train.device=") -> torch.device:
     if index is not None and index >= count:
         raise ValueError(f"{option_value(option, name)}: this machine has {count} CUDA device{'' if count == 1 else 's'} "
                          f"(cuda:0 to cuda:{count - 1}); expected one of them, cuda, auto or cpu")
-    return torch.device(name)
+    # by index, not by name: DEVICE accepts cuda:01, which torch.device's parser refuses ("Invalid device string")
+    return torch.device("cuda") if index is None else torch.device("cuda", index)
 
 
 def flush_denormal_enabled() -> bool:
@@ -448,35 +449,43 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         order = None
         if cfg.shuffle and not single:
             order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train))
-        streams = make_streams(train, cfg.batch_size, discrete=discrete, order=order, dtype=dtype).to(device, dtype)
+        on_cpu = make_streams(train, cfg.batch_size, discrete=discrete, order=order, dtype=dtype)
+        # which windows have a target, read on the CPU: a test of the device's mask would wait for the device
+        scored = [bool(w[2].any()) for w in on_cpu.windows(cfg.bptt)]
+        streams = on_cpu.to(device, dtype)
         model.train()
         state = model.init_state(streams.batch_size)
         n_windows = math.ceil(streams.length / (streams.length if cfg.bptt <= 0 else cfg.bptt))
         bar = progress(streams.windows(cfg.bptt), total=n_windows, desc=f"epoch {epoch}")
         for step, (x, y, mask, reset) in enumerate(bar):
-            if not bool(mask.any()):
+            if not scored[step]:
                 continue
             state = detach_state(state)
             out, state = model(x, state, reset)
             loss = masked_loss(out, y, mask, discrete)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(_diverged(epoch, step, "loss", float(loss.detach()), checkpoint_path,
-                                                 clip=cfg.clip))
-            if float(loss.detach()) > cfg.max_loss:
-                raise TrainingDiverged(_diverged(
-                    epoch, step, "loss", float(loss.detach()), checkpoint_path, clip=cfg.clip,
-                    advice=f"above train.max_loss={cfg.max_loss:g}; if the data are not normalised the loss may "
-                           "just be large: standardise them or raise train.max_loss"))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             else:
                 gnorm = torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters() if p.grad is not None))
-            if not torch.isfinite(gnorm):
-                raise TrainingDiverged(_diverged(epoch, step, "gradient norm", float(gnorm), checkpoint_path,
+            # the loss and the gradient norm in one copy to the host: on CUDA each copy waits for the device (there
+            # were three: the loss's finiteness, its value, the norm's finiteness). Checked in the same order as
+            # before and before the update, so a stop leaves the weights of the last good step.
+            loss_value, gnorm_value = torch.stack([loss.detach().double(), gnorm.detach().double()]).tolist()
+            if not math.isfinite(loss_value):
+                raise TrainingDiverged(_diverged(epoch, step, "loss", loss_value, checkpoint_path, clip=cfg.clip))
+            if loss_value > cfg.max_loss:
+                raise TrainingDiverged(_diverged(
+                    epoch, step, "loss", loss_value, checkpoint_path, clip=cfg.clip,
+                    advice=f"above train.max_loss={cfg.max_loss:g}; if the data are not normalised the loss may "
+                           "just be large: standardise them or raise train.max_loss"))
+            if not math.isfinite(gnorm_value):
+                raise TrainingDiverged(_diverged(epoch, step, "gradient norm", gnorm_value, checkpoint_path,
                                                  clip=cfg.clip))
             optimizer.step()
+        if device.type == "cuda":   # the epoch's time includes the updates still queued on the device
+            torch.cuda.synchronize(device)
         entry = run_eval(epoch, time.perf_counter() - t0)
         entry["lr"] = lr
         test_value = entry["test"][metric]

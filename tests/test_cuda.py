@@ -1,8 +1,8 @@
 """The CUDA path: training, evaluation, checkpoints and forecasts on a GPU agree with the CPU.
 
 Skipped where torch sees no CUDA device (CI has none); run on a GPU machine with ``pytest tests/test_cuda.py``.
-The CPU runs the PSRNN recurrences in compiled C with a hand-written backward, CUDA runs them as torch ops with
-autograd's (and cuDNN for the LSTM/GRU/RNN), so the two agree to float32 rounding, not bitwise: a few epochs of
+The CPU runs the PSRNN recurrences in compiled C with a hand-written backward, CUDA in Triton kernels (torch ops
+without triton; cuDNN for the LSTM/GRU/RNN), so the two agree to float32 rounding, not bitwise: a few epochs of
 BPTT keep the metrics within 1e-3 relative.
 """
 
@@ -229,5 +229,44 @@ def test_the_triton_kernels_run_on_cuda_and_equal_the_torch_ops_in_float64():
                else fn.apply(leaves[0][symbols], *leaves[1:], reset, 1e-12))
         (out * weights).sum().backward()
         results.append([out.detach()] + [t.grad for t in leaves])
+    for name, a, r in zip(("out", "table", "b", "q", "q_init"), *results):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12, msg=name)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_the_triton_kernels_run_on_their_tensors_device_not_the_current_one():
+    """Triton launches on the current device: a model on cuda:1 (train.device: cuda:1) while cuda:0 is current ran
+    its recurrence on device 0 until the launches were put under ``torch.cuda.device_of``. On cuda:1, with cuda:0
+    current, the states and every gradient equal the torch-ops path's on the CPU (float64, resets, a table)."""
+    import importlib.util
+
+    from pipeline import native
+    from pipeline.models.psrnn import _CompiledRecurrence, _NormalizedRecurrence
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed: CUDA runs the torch ops")
+    g = torch.Generator().manual_seed(1)
+    L, B, d, V = 9, 4, 6, 5
+    table = torch.randn(V, d, d, generator=g, dtype=torch.float64) / d ** 0.5
+    symbols = torch.randint(0, V, (L, B), generator=g)
+    b = torch.randn(d, generator=g, dtype=torch.float64)
+    q = torch.nn.functional.normalize(torch.randn(B, d, generator=g, dtype=torch.float64), dim=1)
+    q_init = torch.nn.functional.normalize(torch.randn(d, generator=g, dtype=torch.float64), dim=0)
+    reset = torch.zeros(L, B, dtype=torch.bool)
+    reset[0, 1] = reset[4, 2] = True
+    weights = torch.randn(L, B, d, generator=g, dtype=torch.float64)
+    results = []
+    with torch.cuda.device(0):
+        for device in ("cuda:1", "cpu"):
+            leaves = [t.to(device).requires_grad_() for t in (table, b, q, q_init)]
+            if device == "cpu":
+                out = _NormalizedRecurrence.apply(leaves[0][symbols], *leaves[1:], reset, 1e-12)
+            else:
+                assert torch.cuda.current_device() == 0 and native.gpu_usable(d, *leaves)
+                out = _CompiledRecurrence.apply(native.gpu_kernels(), *leaves, reset.to(device), 1e-12,
+                                                symbols.to(device))
+                assert out.device == torch.device("cuda", 1)
+            (out * weights.to(device)).sum().backward()
+            results.append([out.detach().cpu()] + [t.grad.cpu() for t in leaves])
     for name, a, r in zip(("out", "table", "b", "q", "q_init"), *results):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12, msg=name)

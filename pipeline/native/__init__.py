@@ -206,7 +206,14 @@ def gpu_usable(state_dim: int, *tensors: torch.Tensor) -> bool:
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
+    """The address of ``t``'s data for the C loops, which read and write it as host memory: a tensor on another
+    device (a CUDA ``reset`` or symbol tensor beside CPU weights) is refused instead of crashing the process."""
+    if t is None:
+        return None
+    if t.device.type != "cpu":
+        raise ValueError(f"the compiled CPU recurrence got a tensor on {t.device}; expected the model's inputs on "
+                         "the model's device (cpu)")
+    return t.data_ptr()
 
 
 def _reset_bytes(reset: torch.Tensor | None) -> torch.Tensor | None:
@@ -268,8 +275,10 @@ def _index(idx: torch.Tensor | None, n_table: int, check: bool = True) -> torch.
     if idx is None:
         return None
     ix = idx.detach().to(torch.int64).contiguous()
-    if check and ix.numel() and (int(ix.min()) < 0 or int(ix.max()) >= n_table):
-        raise IndexError(f"symbol index out of range [0, {n_table}): min {int(ix.min())}, max {int(ix.max())}")
+    if check and ix.numel():
+        low, high = torch.stack(torch.aminmax(ix)).tolist()   # one copy to the host (on CUDA, one wait)
+        if low < 0 or high >= n_table:
+            raise IndexError(f"symbol index out of range [0, {n_table}): min {low}, max {high}")
     return ix
 
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pipeline.native import _index, _reset_bytes
+from pipeline.native import _index
 
 
 @triton.jit
@@ -87,6 +87,13 @@ def _full_backward_kernel(G, IDX, OUT, NORMS, RESET, GRAD_OUT, GRAD_Z, G_Q0, G_I
     tl.store(G_INIT + c * D + i, gi, mask=vm)
 
 
+def _reset_flags(reset: torch.Tensor | None) -> torch.Tensor | None:
+    """``reset`` as bytes for the kernels. Unlike the C path's :func:`pipeline.native._reset_bytes`, a window
+    without a reset is not looked for (``reset.any()`` would wait for the device at every call): its flags are
+    all 0, and ``tl.where`` on them keeps every value as it is, so the results are the same bit for bit."""
+    return None if reset is None else reset.to(torch.uint8).contiguous()
+
+
 def _launch_options(d: int) -> dict:
     block = max(16, triton.next_power_of_2(d))
     return {"BLOCK": block, "num_warps": 1 if block <= 32 else 2 if block <= 64 else 8}
@@ -107,11 +114,15 @@ def full_forward(G: torch.Tensor, b: torch.Tensor, q0: torch.Tensor, q_init: tor
     norms = torch.empty((L, B), dtype=q0.dtype, device=q0.device)
     if L == 0:
         return out, (inputs if store_inputs else None), norms
-    r = _reset_bytes(reset)
+    r = _reset_flags(reset)
     ix = _index(idx, G.shape[0])
-    _full_forward_kernel[(B,)](G, ix if ix is not None else G, b, q0, q_init, r if r is not None else q0,
-                               inputs, out, norms, L, B, d, float(eps), HAS_IDX=ix is not None,
-                               HAS_RESET=r is not None, STORE_INPUTS=store_inputs, **_launch_options(d))
+    # Triton launches on the *current* CUDA device and stream, whatever device the tensors are on: for a model on
+    # cuda:1 while cuda:0 is current (train.device: cuda:1) the kernel ran on device 0, on a stream not ordered
+    # with device 1's work. The guard makes the tensors' device current (a no-op for CPU tensors: interpreter).
+    with torch.cuda.device_of(q0):
+        _full_forward_kernel[(B,)](G, ix if ix is not None else G, b, q0, q_init, r if r is not None else q0,
+                                   inputs, out, norms, L, B, d, float(eps), HAS_IDX=ix is not None,
+                                   HAS_RESET=r is not None, STORE_INPUTS=store_inputs, **_launch_options(d))
     return out, (inputs if store_inputs else None), norms
 
 
@@ -128,13 +139,14 @@ def full_backward(G: torch.Tensor, inputs: torch.Tensor, out: torch.Tensor, norm
     g_q0 = torch.zeros((B, d), dtype=out.dtype, device=out.device)
     g_init = torch.zeros_like(g_q0)
     if L:
-        r = _reset_bytes(reset)
+        r = _reset_flags(reset)
         ix = _index(idx, G.shape[0], check=False)
         G = G.detach().contiguous()
-        _full_backward_kernel[(B,)](G, ix if ix is not None else G, out.contiguous(), norms.contiguous(),
-                                    r if r is not None else out, grad_out.contiguous(), grad_z, g_q0, g_init,
-                                    L, B, d, float(eps), HAS_IDX=ix is not None, HAS_RESET=r is not None,
-                                    **_launch_options(d))
+        with torch.cuda.device_of(out):   # as in full_forward: launch on the tensors' device
+            _full_backward_kernel[(B,)](G, ix if ix is not None else G, out.contiguous(), norms.contiguous(),
+                                        r if r is not None else out, grad_out.contiguous(), grad_z, g_q0, g_init,
+                                        L, B, d, float(eps), HAS_IDX=ix is not None, HAS_RESET=r is not None,
+                                        **_launch_options(d))
     gG = None
     if grad_G:
         outer = grad_z.unsqueeze(-1) * inputs.unsqueeze(-2)                         # (L, B, d, d)
