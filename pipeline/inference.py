@@ -15,6 +15,8 @@ after that row's observation, of the next one.
 
 from __future__ import annotations
 
+import collections.abc
+
 import json
 import os
 import math
@@ -185,7 +187,10 @@ class TrainedRun:
         or standardised features. ``unknown`` (discrete): ``error`` refuses a symbol not in the vocabulary,
         ``drop`` leaves it out, ``map`` maps it to ``<unk>`` (a vocabulary that has one). A discrete trajectory is
         1-D (a (T, 2) array or a single string is refused, not flattened); continuous features must stay finite
-        in float32 once standardised."""
+        in float32 once standardised. A trajectory with named columns (a pandas DataFrame, or a dict of column
+        name to values) is read by name: the run's features (discrete: its symbol column), in the run's order,
+        other columns ignored; a plain array must have them in the order of ``features``."""
+        trajectory = self._by_name(trajectory)
         if self.discrete:
             values = np.asarray(trajectory, dtype=object)
             if values.ndim != 1:   # reshape(-1) would read a (T, 2) array or one string as other symbols
@@ -212,6 +217,27 @@ class TrainedRun:
                              "trajectory: NaN, Inf, or too far from the train mean/std for float32); expected values "
                              "of a representable spread")
         return z
+
+    def _by_name(self, trajectory: Any) -> Any:
+        """The run's columns of a trajectory with named columns (DataFrame or mapping); anything else as it is."""
+        if isinstance(trajectory, collections.abc.Mapping):
+            names = [str(k) for k in trajectory]
+            column = lambda name: trajectory[name]   # noqa: E731
+        elif hasattr(trajectory, "columns") and hasattr(trajectory, "__getitem__"):   # pandas / polars frames
+            names = [str(k) for k in trajectory.columns]
+            column = lambda name: np.asarray(trajectory[name])   # noqa: E731
+        else:
+            return trajectory
+        wanted = [self.symbol_column] if self.discrete else self.features
+        missing = [n for n in wanted if n not in names]
+        if missing:
+            expected = (f"the symbol column {self.symbol_column!r}" if self.discrete else
+                        f"the features the run was trained on, {self.features}")
+            raise ValueError(f"no column {', '.join(map(repr, missing))} (columns present: {names}); expected "
+                             f"{expected}")
+        if self.discrete:
+            return column(self.symbol_column)
+        return np.column_stack([np.asarray(column(n)) for n in wanted])
 
     def _encode_all(self, trajectories: Sequence[Any], unknown: str) -> list[np.ndarray]:
         """:meth:`encode` of every trajectory, each with at least one observation left; errors name the index

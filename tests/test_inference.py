@@ -693,3 +693,28 @@ def test_a_large_vocabulary_is_predicted_in_blocks_within_the_byte_budget(discre
     assert pq.read_table(tmp_path / "tight_f.parquet").to_pydict() == \
         pq.read_table(tmp_path / "free_f.parquet").to_pydict() and ahead["trajectories"] == len(test)
     assert run.evaluate([np.array(run.vocab)[t] for t in test]) == pytest.approx(metrics, rel=1e-12)
+
+
+def test_trajectories_with_named_columns_are_read_by_name(continuous_run, discrete_run):
+    """A DataFrame (or a dict of columns) is read by column name, in the run's order, other columns ignored: the
+    same predictions as the plain array; a plain array in another column order cannot be told apart, a frame
+    can. A missing column is refused naming it."""
+    import pandas as pd
+
+    run, test = continuous_run
+    raw = test[0] * run.std + run.mean
+    want = run.predict([raw])[0]
+    frame = pd.DataFrame({"b": raw[:, 1], "note": "x", "a": raw[:, 0]})
+    np.testing.assert_array_equal(run.predict([frame])[0], want)
+    np.testing.assert_array_equal(run.predict([{"a": raw[:, 0], "b": raw[:, 1]}])[0], want)
+    assert run.evaluate([frame]) == run.evaluate([raw])
+    with pytest.raises(ValueError, match=re.escape("trajectories[1]: no column 'a' (columns present: ['b', 'note']);"
+                                                   " expected the features the run was trained on, ['a', 'b']")):
+        run.predict([frame, frame.drop(columns="a")])
+    drun, dtest = discrete_run
+    symbols = [drun.vocab[i] for i in dtest[0]]
+    np.testing.assert_array_equal(drun.predict([pd.DataFrame({"t": 0, "symbol": symbols})])[0],
+                                  drun.predict([symbols])[0])
+    with pytest.raises(ValueError, match=re.escape("trajectories[0]: no column 'symbol' (columns present: ['sym']); "
+                                                   "expected the symbol column 'symbol'")):
+        drun.predict([{"sym": symbols}])
