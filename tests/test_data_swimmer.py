@@ -61,7 +61,8 @@ def test_authors_rows_are_the_right_trajectories(raw):
     folder = raw / "authors_rpsp_swimmers_trajs"
     tr = loadmat(folder / "swimmers_trajs_1.0.mat")["trajs"]
     te = loadmat(folder / "swimmers_trajs_0.8.mat")["trajs"]
-    ds = load_authors_swimmer(raw, columns=(0, 1, 8, 9, 10))
+    ds = load_authors_swimmer(raw, train_file="swimmers_trajs_1.0.mat", test_file="swimmers_trajs_0.8.mat",
+                              columns=(0, 1, 8, 9, 10))  # Hefny's RFF-PSR loader's choice
     mean, std = (np.array(ds.meta["normalization"][k]) for k in ("mean", "std"))
     np.testing.assert_allclose(ds.train[0] * std + mean, tr[0][:, [0, 1, 8, 9, 10]], atol=1e-12)
     np.testing.assert_allclose(ds.test[-1] * std + mean, te[24][:, [0, 1, 8, 9, 10]], atol=1e-12)
@@ -77,7 +78,7 @@ def test_authors_errors(raw, tmp_path):
     with pytest.raises(ValueError, match="asked for 26 trajectories"):
         load_authors_swimmer(raw, n_train=26)
     with pytest.raises(ValueError, match="would overlap"):
-        load_authors_swimmer(raw, test_file="swimmers_trajs_1.0.mat", n_train=21)
+        load_authors_swimmer(raw, n_train=21)  # default: train and test both from the trained-policy file
 
 
 # --------------------------------------------------------------------------------------------- simulation

@@ -29,8 +29,16 @@ from pipeline.data.schema import SequenceDataset
 log = logging.getLogger(__name__)
 
 AUTHORS_DIR = "authors_rpsp_swimmers_trajs"
-#: Names of the columns of the authors' files whose meaning is (probably) known; see PROVENANCE.md.
+#: Names of the columns of the authors' files whose meaning is known. Read off the data: columns 6-10 are the
+#: MuJoCo positions (x, y, nose angle, joint 1, joint 2) and 11-15 their velocities, since the step change of
+#: column c is ``AUTHORS_DT_S`` times the mean of column c + 5 at both ends (r = 0.997 for c = 8, 9, 10).
 AUTHORS_COLUMN_NAMES = {8: "nose_angle", 9: "joint1_angle", 10: "joint2_angle"}
+#: Time between two rows of the authors' files, in seconds (inferred as above; the gymnasium simulation: 0.04 s).
+AUTHORS_DT_S = 0.06
+#: The authors' file of the trained policy: the suffix is ``p_blind``, the share of uniformly random actions
+#: (in ``1.0`` the 9 action pairs are equally frequent and unpredictable from the state, and the swimmer does not
+#: get anywhere); only ``0.0`` is "a robot trained to swim forward", as the paper describes.
+AUTHORS_POLICY_FILE = "swimmers_trajs_0.0.mat"
 #: Observation features of :func:`simulate_swimmer` (radians before standardisation): qpos[2:5] of Swimmer-v5.
 SIM_FEATURES = ["nose_angle", "joint1_angle", "joint2_angle"]
 ENV_ID = "Swimmer-v5"
@@ -71,20 +79,24 @@ def _load_trajs(path: Path) -> np.ndarray:
 def load_authors_swimmer(
     raw_dir: Path,
     *,
-    train_file: str = "swimmers_trajs_1.0.mat",
-    test_file: str = "swimmers_trajs_0.8.mat",
+    train_file: str = AUTHORS_POLICY_FILE,
+    test_file: str = AUTHORS_POLICY_FILE,
     n_train: int = 20,
     n_test: int = 5,
     columns: Sequence[int] = (8, 9, 10),
 ) -> SequenceDataset:
     """The authors' group's swimmer trajectories (``raw_dir/authors_rpsp_swimmers_trajs/*.mat``).
 
-    Each file holds ``trajs`` of shape (25, 100, 16). Train = the first ``n_train`` trajectories of ``train_file``,
-    test = the last ``n_test`` of ``test_file``, as in the authors' loader (``psr_lite/_exp/exp_swimmer.py``; the
-    file suffix is its ``p_blind`` parameter). Default ``columns=(8, 9, 10)``: the nose angle and the two joint
-    angles, which is what the paper says the observation is (3 features). The authors' own loader used
-    ``[0, 1, 8, 9, 10]`` (adding what is probably a 2-D position); pass ``columns=(0, 1, 8, 9, 10)`` to get that.
-    Features are standardised with train statistics (``meta["normalization"]``).
+    Each file holds ``trajs`` of shape (25, 100, 16), one row every :data:`AUTHORS_DT_S` = 0.06 s. Train = the
+    first ``n_train`` trajectories of ``train_file``, test = the last ``n_test`` of ``test_file`` (when both are the
+    same file the two must not overlap). The file suffix is the authors' ``p_blind``, the share of uniformly random
+    actions. The default is the paper's set-up: the 25 trajectories of the trained policy
+    (:data:`AUTHORS_POLICY_FILE`, ``p_blind = 0``), split 20/5. Hefny's RFF-PSR loader
+    (``psr_lite/_exp/exp_swimmer.py``) trained on ``swimmers_trajs_1.0.mat`` (random actions only) and tested on
+    ``swimmers_trajs_0.8.mat``; pass those file names to get that. Default ``columns=(8, 9, 10)``: the nose angle
+    and the two joint angles in radians, which is what the paper says the observation is (3 features). The
+    authors' own loader used ``[0, 1, 8, 9, 10]``; pass ``columns=(0, 1, 8, 9, 10)`` to get that. Features are
+    standardised with train statistics (``meta["normalization"]``).
     """
     folder = Path(raw_dir) / AUTHORS_DIR
     train_path, test_path = folder / train_file, folder / test_file
@@ -108,6 +120,7 @@ def load_authors_swimmer(
         "columns": columns,
         "train_file": train_file,
         "test_file": test_file,
+        "dt_s": AUTHORS_DT_S,
         "normalization": norm,
     }
     features = [AUTHORS_COLUMN_NAMES.get(c, f"col{c}") for c in columns]
