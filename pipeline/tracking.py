@@ -259,9 +259,10 @@ class RunTracker:
 
     def __init__(self, *, root: str | os.PathLike, experiment: str, run_name: str, run_id: str | None = None,
                  tags: Mapping[str, str] | None = None, owner_tags: tuple[str, ...] = ()):
-        """Open the run ``run_id`` again if it exists in ``experiment`` and has the same value as ``tags`` (or
-        none, like ``tags``) for every key of ``owner_tags``; else create a new run. ``continued`` says which;
-        ``foreign`` is True when ``run_id`` exists but belongs to another owner (left as it is)."""
+        """Open the run ``run_id`` again if it exists in ``experiment``, is not deleted, and has the same value as
+        ``tags`` (or none, like ``tags``) for every key of ``owner_tags``; else create a new run. ``continued`` says
+        which; ``foreign`` is True when ``run_id`` exists but belongs to another owner (left as it is). A deleted
+        ``experiment`` (its name stays taken) is a :class:`TrackingError` saying how to restore or purge it."""
         self.continued = self.foreign = False
         uri = tracking_uri(root)
         check_tracking_uri(uri)
@@ -290,12 +291,20 @@ class RunTracker:
             self.client = mlflow.MlflowClient(uri)
             exp = self.client.get_experiment_by_name(experiment)  # creates a new SQLite store's tables
             exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
+        if exp is not None and exp.lifecycle_stage != "active":
+            # deleted in the UI: its name stays taken until `mlflow gc`, and MLflow refuses runs in it
+            raise TrackingError(
+                f"{_store_label(uri)}: MLflow experiment {experiment!r} (id {exp_id}) is deleted; restore it "
+                f"(MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp_id}), purge it "
+                f"(mlflow gc --experiment-ids {exp_id} on the store) or change tracking.experiment_prefix")
         if run_id is not None:
             try:
                 run = self.client.get_run(run_id)
             except Exception:
                 run = None
-            if run is None or run.info.experiment_id != exp_id:
+            # a run deleted in the UI (hidden there, purged by `mlflow gc`) is not continued: MLflow refuses to
+            # write to it, and a new run gets the epochs so far logged again
+            if run is None or run.info.experiment_id != exp_id or run.info.lifecycle_stage != "active":
                 run_id = None
             elif any(run.data.tags.get(k) != tags.get(k) for k in owner_tags):
                 self.foreign, run_id = True, None
@@ -403,7 +412,7 @@ class RunTracker:
             run = self.client.get_run(run_id)
         except Exception:  # deleted, or in another store: nothing to close
             return
-        if run.info.status != "RUNNING":
+        if run.info.status != "RUNNING" or run.info.lifecycle_stage != "active":  # MLflow refuses a deleted one
             return
         if any(run.data.tags.get(k) != v for k, v in (only_if or {}).items()):
             return

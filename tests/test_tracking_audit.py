@@ -1,0 +1,94 @@
+"""MLflow runs and experiments that a user deleted in the UI (or with ``mlflow runs delete``), as refine meets them.
+
+A deleted run is hidden in the UI and purged by ``mlflow gc``; a deleted experiment keeps its name, so no new one
+of that name can be made. ``RunTracker`` must not log a resumed or re-logged run into a deleted run (MLflow refuses:
+the stage failed with "cannot use the tracking store") and must say what to do about a deleted experiment.
+Real SQLite store in a temporary folder, no mocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A project folder whose default store (``mlflow.db``) is created once for the module (its migrations take
+    seconds); yields (root, uri, client)."""
+    root = tmp_path_factory.mktemp("project")
+    mp = pytest.MonkeyPatch()
+    for k in ("MLFLOW_TRACKING_URI", "DVC_ROOT"):
+        mp.delenv(k, raising=False)
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import RunTracker, tracking_uri
+
+    uri = tracking_uri(root)
+    RunTracker(root=root, experiment="warmup", run_name="x").finish()   # creates the store's tables
+    yield root, uri, MlflowClient(uri)
+    mp.undo()
+
+
+TAGS = {"dataset": "hmm", "variant": "psrnn", "seed": "0", "workspace": "/w"}
+
+
+def _first_run(root, experiment: str):
+    from pipeline.tracking import RunTracker
+
+    first = RunTracker(root=root, experiment=experiment, run_name="psrnn_s0", tags=TAGS)
+    first.log_params({"train": {"lr": 1.0, "epochs": 2}})
+    first.log_epoch({"epoch": 0, "test": {"bpc": 2.0}})
+    return first
+
+
+def test_a_deleted_run_is_not_continued_but_replaced(store):
+    """Resuming a checkpoint (or logging a finished run again) whose MLflow run was deleted logs into a new run."""
+    from pipeline.tracking import RunTracker
+
+    root, uri, client = store
+    first = _first_run(root, "deleted-run")
+    first.finish()
+    client.delete_run(first.run_id)
+
+    again = RunTracker(root=root, experiment="deleted-run", run_name="psrnn_s0", run_id=first.run_id, tags=TAGS,
+                       owner_tags=("dvc_exp_name",))
+    assert again.run_id != first.run_id and not again.continued
+    again.log_params({"train": {"lr": 1.0, "epochs": 3}})
+    again.log_epoch({"epoch": 0, "test": {"bpc": 2.0}})
+    again.finish()
+    run = client.get_run(again.run_id)
+    assert run.info.lifecycle_stage == "active" and run.info.status == "FINISHED"
+    assert run.data.params["train.epochs"] == "3" and run.data.tags["variant"] == "psrnn"
+    assert client.get_run(first.run_id).info.lifecycle_stage == "deleted"   # left as the user left it
+
+
+def test_close_stale_leaves_a_deleted_run_alone(store):
+    """A run a kill left RUNNING and the user then deleted is not "closed": MLflow refuses to touch it."""
+    from pipeline.tracking import RunTracker
+
+    root, uri, client = store
+    first = _first_run(root, "deleted-stale")   # left RUNNING, as by a SIGKILL
+    client.delete_run(first.run_id)
+    other = RunTracker(root=root, experiment="deleted-stale", run_name="psrnn_s0", tags=TAGS)
+    other.close_stale(first.run_id, only_if={"workspace": "/w"})
+    other.finish()
+    info = client.get_run(first.run_id).info
+    assert info.lifecycle_stage == "deleted" and info.status == "RUNNING"
+
+
+def test_a_deleted_experiment_is_named_with_the_way_out(store):
+    """A deleted experiment of the same name: a one-line error naming it, its id and how to restore it, not
+    "cannot use the tracking store" with MLflow's "experiment 3 must be in the 'active' state"."""
+    from pipeline.tracking import RunTracker, TrackingError
+
+    root, uri, client = store
+    _first_run(root, "psrnn-gone").finish()
+    exp = client.get_experiment_by_name("psrnn-gone")
+    client.delete_experiment(exp.experiment_id)
+    with pytest.raises(TrackingError) as err:
+        RunTracker(root=root, experiment="psrnn-gone", run_name="psrnn_s0", tags=TAGS)
+    msg = str(err.value)
+    assert "'psrnn-gone'" in msg and "deleted" in msg and "experiment_prefix" in msg and "\n" not in msg, msg
+    assert f"MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp.experiment_id}" in msg, msg
+    assert "cannot use the tracking store" not in msg, msg
+    assert len(client.search_runs([exp.experiment_id], run_view_type=3)) == 1   # nothing was created in it
