@@ -679,8 +679,9 @@ def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> An
     models = [m for m in client.search_logged_models(experiment_ids=[experiment_id]) if m.source_run_id == run_id]
     if not models:
         raise ValueError(f"MLflow run {run_id}: no logged model (tracking.log_model was false?)")
+    latest = max(models, key=lambda m: m.creation_timestamp)   # a run continued to more epochs logs it again
     with fluent_tracking_uri(mlflow, uri):
-        return mlflow.pytorch.load_model(models[-1].model_uri, map_location="cpu")
+        return mlflow.pytorch.load_model(latest.model_uri, map_location="cpu")
 
 
 # ------------------------------------------------------------------------------------------------ a whole file

@@ -225,6 +225,28 @@ def git_commit(root: str | os.PathLike) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+#: tracked files whose changes do not change what a run computes: DVC rewrites dvc.lock at every stage
+_NOT_DIRTYING = ("dvc.lock",)
+
+
+def git_dirty(root: str | os.PathLike) -> str | None:
+    """The tracked files of the git work tree at ``root`` that differ from HEAD (staged or not), comma-separated
+    (at most 500 characters), "" when none; None outside git. ``dvc.lock`` does not count (DVC rewrites it); DVC
+    outputs are not tracked by git. A run's ``mlflow.source.git.commit`` says what trained it only when this is
+    empty: an uncommitted ``params.yaml`` or code change is named in the run's ``git_dirty`` tag."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--no-renames"], cwd=root,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    changed = sorted({line[3:].strip().strip('"') for line in out.stdout.splitlines() if len(line) > 3}
+                     - set(_NOT_DIRTYING))
+    shown = ", ".join(changed)
+    return shown if len(shown) <= 500 else shown[:497] + "..."
+
+
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -386,13 +408,15 @@ class RunTracker:
         self.client.log_dict(self.run_id, dict(data), artifact_file)
 
     @_uninterrupted
-    def log_model(self, model, *, name: str = "model", pip_requirements: list[str] | None = None) -> None:
+    def log_model(self, model, *, name: str = "model", pip_requirements: list[str] | None = None,
+                  epoch: int | None = None) -> None:
         """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
         ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced
         forward, which a recurrent filter over sequences of any length is not; MLflow therefore stores this
         model with its pickle format. Our own artifacts (checkpoints, tensors) hold plain tensors only (read
         with ``weights_only=True``), and ``pipeline.inference.load_mlflow_run`` rebuilds the model from the
-        checkpoint artifact instead."""
+        checkpoint artifact instead. ``epoch``: the epoch of the weights, the logged model's step and ``epoch``
+        tag (a run continued to more epochs logs its model again; ``runs:/<id>/model`` is the latest)."""
         import torch
 
         with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False), \
@@ -401,6 +425,7 @@ class RunTracker:
                 model.cpu(), name=name, serialization_format="pickle",
                 code_paths=[str(Path(__file__).resolve().parent)],
                 pip_requirements=pip_requirements or [f"torch=={torch.__version__.split('+')[0]}"],
+                **({} if epoch is None else {"step": int(epoch), "tags": {"epoch": str(int(epoch))}}),
             )
 
     @_uninterrupted

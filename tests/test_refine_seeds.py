@@ -490,6 +490,89 @@ def test_switching_log_model_on_logs_the_trained_model_once_without_retraining(t
         assert torch.equal(a, b), k
 
 
+def test_a_run_continued_to_more_epochs_logs_its_model_again_and_the_run_says_what_trained_it(tmp_path, clean_env):
+    """The logged model follows the weights: continued to 3 epochs, the run logs its model again (step and tag
+    epoch 3) and both `runs:/<id>/model` and load_mlflow_run(allow_pickle=True) give the epoch-3 weights. The run's
+    params carry the 2SR seed it ran with (the run's seed, not two_stage's default 0), and the synthetic set's
+    Bayes-optimal test metric is logged beside the run's."""
+    import mlflow
+    import torch
+    from mlflow import MlflowClient
+
+    from pipeline.inference import load_mlflow_run
+    from pipeline.train import load_checkpoint, trained_weights
+    from pipeline.workflow.paths import load_prepared
+
+    root = tmp_path
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    refine.refine(_params(root, [1], log_model=True), root, "hmm")
+    ((_, _, run_id, _),) = _runs(root)
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).data.tags["model_epoch"] == "2"
+    refine.refine(_params(root, [1], epochs=3, log_model=True), root, "hmm")
+    assert [r for *_, r, _ in _runs(root)] == [run_id]
+    run = client.get_run(run_id)
+    assert run.data.tags["model_epoch"] == "3"
+    exp = client.get_experiment_by_name("seeds-hmm")
+    models = sorted(client.search_logged_models(experiment_ids=[exp.experiment_id]),
+                    key=lambda m: m.creation_timestamp)
+    assert [m.tags.get("epoch") for m in models] == ["2", "3"]
+    want = trained_weights(load_checkpoint(model_dir(root, "hmm", "psrnn", 1) / "checkpoint.pt"))
+    mlflow.set_tracking_uri(uri)
+    try:
+        latest = mlflow.pytorch.load_model(f"runs:/{run_id}/model")
+    finally:
+        mlflow.set_tracking_uri(None)
+    pickled = load_mlflow_run(run_id, tracking_uri=uri, allow_pickle=True).model
+    for k, v in want.items():
+        assert torch.equal(latest.state_dict()[k], v) and torch.equal(pickled.state_dict()[k], v), k
+    assert run.data.params["two_stage.seed"] == "1" and run.data.params["train.seed"] == "1"
+    optimal = load_prepared(root, "hmm").meta["bayes_optimal"]["bpc"]
+    assert run.data.metrics["bayes_optimal_test_bpc"] == pytest.approx(optimal, rel=1e-12)
+
+
+def test_runs_are_tagged_with_the_commit_and_the_uncommitted_changes_that_trained_them(tmp_path, clean_env):
+    """mlflow.source.git.commit alone would credit HEAD with an uncommitted params.yaml: `git_dirty` names the
+    tracked files that differ (dvc.lock, which DVC rewrites, does not count). A run only logged again keeps the
+    commit and changes it was trained with (from its history), not the work tree's of the day."""
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import git_dirty
+
+    root = tmp_path
+    assert git_dirty(root) is None   # not a git work tree
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    _params(root, [0])
+    (root / "dvc.lock").write_text("schema: '2.0'\n")
+    git("add", "params.yaml", "dvc.lock")
+    git("commit", "-qm", "params")
+    head = git("rev-parse", "HEAD")
+    (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    assert git_dirty(root) == ""
+    refine.refine(_params(root, [0]), root, "hmm")
+    ((_, _, run_id, _),) = _runs(root)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    tags = client.get_run(run_id).data.tags
+    assert (tags["mlflow.source.git.commit"], tags["git_dirty"]) == (head, "")
+    refine.refine(_params(root, [0], epochs=3), root, "hmm")   # params.yaml changed, not committed
+    assert client.get_run(run_id).data.tags["git_dirty"] == "params.yaml"
+    history = json.loads((model_dir(root, "hmm", "psrnn", 0) / "history.json").read_text())
+    assert (history["git_commit"], history["git_dirty"]) == (head, "params.yaml")
+    git("commit", "-qam", "3 epochs")
+    refine.refine(_params(root, [0], epochs=3, log_model=True), root, "hmm")   # logged again, not trained
+    git("commit", "-qam", "log the model")
+    tags = client.get_run(run_id).data.tags
+    assert (tags["mlflow.source.git.commit"], tags["git_dirty"]) == (head, "params.yaml")
+
+
 def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean_env, capsys):
     """A device this machine lacks, set for one variant, fails before any run folder is touched, naming the key;
     a trial with another seed keeps the trained runs of the seed it leaves out (named on stderr), and listing

@@ -297,7 +297,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         raise
     history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
                "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
-               "monitor": tcfg.monitored_split(bool(ds.valid)), "best_metric": result.best_metric, "stopped_early": result.stopped_early, "run_id": tracker.run_id,
+               "monitor": tcfg.monitored_split(bool(ds.valid)), "best_metric": result.best_metric,
+               "stopped_early": result.stopped_early, "run_id": tracker.run_id,
+               "git_commit": tracker.tag("mlflow.source.git.commit"), "git_dirty": tracker.tag("git_dirty"),
                "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
@@ -322,12 +324,12 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
     if variant.family == "kf":
         config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
     elif variant.init == "2sr":
-        config["two_stage"] = asdict(dp.two_stage)
+        config["two_stage"] = {**asdict(dp.two_stage), "seed": seed}   # the RFF and range finder's, the run's
     return config
 
 
 def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
-                  continue_previous: bool):
+                  continue_previous: bool, trained_at: dict[str, Any] | None = None):
     """The MLflow run of (variant, seed), its id written to the run folder's ``run_id``.
 
     The previous run (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
@@ -335,8 +337,11 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     that a queued experiment found in its copy of the workspace (e.g. to train more epochs) opens a new run,
     into which the epochs so far are logged again, so the workspace's run and every other experiment's are left
     as they are. A previous run of another configuration that a kill in this workspace left RUNNING is closed
-    as KILLED."""
-    from pipeline.tracking import RunTracker, git_commit
+    as KILLED.
+
+    Tags ``mlflow.source.git.commit`` and ``git_dirty`` (the tracked files that differ from it, "" for none):
+    the work tree's now, or for a run logged again without training, ``trained_at``'s (its history's)."""
+    from pipeline.tracking import RunTracker, git_commit, git_dirty
 
     run_id_file = model_dir(root, dataset, variant_name, seed) / "run_id"
     previous = run_id_file.read_text().strip() if run_id_file.exists() else None
@@ -346,9 +351,14 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
             # the folder that trains it: a queued experiment's copy of the project has its own, and DVC locks a
             # workspace, so a RUNNING run of this one is a killed run, while one of another may be training
             "workspace": str(Path(root).resolve())}
-    commit = git_commit(root)
+    if trained_at and trained_at.get("git_commit"):
+        commit, dirty = trained_at["git_commit"], trained_at.get("git_dirty")
+    else:
+        commit, dirty = git_commit(root), git_dirty(root)
     if commit:
         tags["mlflow.source.git.commit"] = commit
+        if dirty is not None:
+            tags["git_dirty"] = dirty
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
     tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
@@ -373,7 +383,8 @@ def _log_missing_epochs(tracker, history: list[dict[str, Any]], discrete: bool) 
 def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[str, Any]) -> None:
     """Log what a finished run's MLflow run holds besides its epochs: the final test metrics, the checkpoint,
     the history, the data units and (``tracking.log_model``) the model with its trained weights; then close it.
-    The model is logged once per MLflow run (tag ``model_logged``), also when a run is logged again."""
+    The model is logged once per MLflow run and epoch of its weights (tag ``model_epoch``): again when a
+    continued run trained more epochs, not when a run is only logged again."""
     import torch
 
     from pipeline.train import load_checkpoint, trained_epoch, trained_weights
@@ -382,6 +393,9 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     ck = load_checkpoint(ckpt)
     last = history["history"][trained_epoch(ck)]   # the last epoch's, or the best's with restore_best
     tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
+    optimal = ds.meta.get("bayes_optimal") or {}   # the synthetic sets: the true filter's test metrics, to compare
+    if optimal:
+        tracker.log_metrics({f"bayes_optimal_test_{k}": v for k, v in optimal.items()}, step=0)
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
     if params.tracking.get("log_checkpoints", True):
@@ -391,10 +405,11 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     # so that pipeline.inference.load_mlflow_run can take and give data in the original units
     tracker.log_dict({**ds.units(), "dataset": history["dataset"], "variant": history["variant"],
                       "seed": history["seed"], "epoch": int(last["epoch"])}, "data_units.json")
-    if params.tracking.get("log_model", True) and tracker.tag("model_logged") != "true":
+    epoch = str(int(last["epoch"]))
+    if params.tracking.get("log_model", True) and tracker.tag("model_epoch") != epoch:
         model.load_state_dict(trained_weights(ck))
-        tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
-        tracker.set_tag("model_logged", "true")
+        tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"], epoch=int(epoch))
+        tracker.set_tag("model_epoch", epoch)
     tracker.finish()
 
 
@@ -412,7 +427,8 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
                                 "PSRNN_RETRAIN=1 trains it again")
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
-    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=True)
+    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=True,
+                            trained_at=history)
     tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
     _log_missing_epochs(tracker, history["history"], ds.discrete)
     history = {**history, "run_id": tracker.run_id}
