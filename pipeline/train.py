@@ -450,8 +450,10 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         if cfg.shuffle and not single:
             order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train))
         on_cpu = make_streams(train, cfg.batch_size, discrete=discrete, order=order, dtype=dtype)
-        # which windows have a target, read on the CPU: a test of the device's mask would wait for the device
-        scored = [bool(w[2].any()) for w in on_cpu.windows(cfg.bptt)]
+        # which windows have a target, and which have nothing but, read on the CPU: a test of the device's mask
+        # (or indexing by it) would wait for the device
+        scored, full = zip(*[(bool(w[2].any()), bool(w[2].all())) for w in on_cpu.windows(cfg.bptt)]) \
+            if on_cpu.length else ((), ())
         streams = on_cpu.to(device, dtype)
         model.train()
         state = model.init_state(streams.batch_size)
@@ -462,7 +464,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
                 continue
             state = detach_state(state)
             out, state = model(x, state, reset)
-            loss = masked_loss(out, y, mask, discrete)
+            loss = masked_loss(out, y, mask, discrete, full=full[step])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip > 0:

@@ -188,3 +188,26 @@ def test_to_keeps_the_layout_and_converts_floats_only():
 def test_no_trajectories_is_an_error():
     with pytest.raises(ValueError, match="trajectories: empty"):
         make_streams([], 3, discrete=True)
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_the_loss_of_a_fully_scored_window_taken_whole_has_the_same_bits_and_gradients(discrete):
+    """masked_loss(full=True) (the training loop's path for windows whose every step has a target: no boolean
+    indexing, which waits for a CUDA device) gives the loss and gradients of the masked path bit for bit."""
+    from pipeline.metrics import masked_loss
+
+    g = torch.Generator().manual_seed(0)
+    L, B, m = 7, 3, 5
+    out = torch.randn(L, B, m, generator=g, dtype=torch.float32)
+    y = torch.randint(0, m, (L, B), generator=g) if discrete else torch.randn(L, B, m, generator=g)
+    mask = torch.ones(L, B, dtype=torch.bool)
+    losses, grads = [], []
+    for full in (False, True):
+        x = out.clone().requires_grad_(True)
+        loss = masked_loss(x, y, mask, discrete, full=full)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(x.grad)
+    assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+    mask[2, 1] = False   # a step without a target: the masked path differs, as it must
+    assert not torch.equal(masked_loss(out, y, mask, discrete), losses[0])
