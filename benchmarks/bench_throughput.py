@@ -2,8 +2,9 @@
 
 Training: truncated BPTT on the PTB train stream (the paper's 1001 lines, 120780 characters) cut into ``--batch``
 parallel streams, windows of ``--bptt`` steps, SGD lr 1 with gradient clipping 0.25 — the inner loop of
-pipeline.train.fit, step for step (make_streams, detach_state, forward, masked_loss, the finite-loss and max-loss
-checks, backward, clip_grad_norm_, the finite-gradient-norm check, pipeline.optim.SGD's step), with two
+pipeline.train.fit, step for step (make_streams, the windows' targets counted on the CPU, detach_state, forward,
+masked_loss, backward, clip_grad_norm_, the finite-loss, max-loss and finite-gradient-norm checks on one host copy,
+pipeline.optim.SGD's step), with two
 differences: a non-finite or exploded step is counted (``nonfinite_steps``) instead of stopping the run, and there
 are no per-epoch evaluations, checkpoints or progress bar. One epoch by default (or ``--windows N``); the first
 ``--warmup`` windows of each run are not timed. chars/s counts the targets (mask) of the timed windows.
@@ -109,7 +110,11 @@ def train_run(model, train, args, device) -> dict:
     model.to(device)
     dtype = next(model.parameters()).dtype
     optimizer = SGD(model.parameters(), lr=args.lr)
-    streams = make_streams(train, args.batch, discrete=True, dtype=dtype).to(device, dtype)
+    on_cpu = make_streams(train, args.batch, discrete=True, dtype=dtype)
+    # as fit: which windows have a target, and which have nothing but, read on the CPU
+    scored, full, on_cpu_counts = zip(*[(bool(w[2].any()), bool(w[2].all()), int(w[2].sum()))
+                                        for w in on_cpu.windows(args.bptt)])
+    streams = on_cpu.to(device, dtype)
     model.train()
     state = model.init_state(streams.batch_size)
     n_total = math.ceil(streams.length / args.bptt)
@@ -121,20 +126,20 @@ def train_run(model, train, args, device) -> dict:
         if step == args.warmup:
             _sync(device)
             t0 = time.perf_counter()
-        if not bool(mask.any()):
+        if not scored[step]:
             continue
         state = detach_state(state)
         out, state = model(x, state, reset)
-        loss = masked_loss(out, y, mask, True)
-        # fit's checks, each a device sync per step as there
-        bad = not torch.isfinite(loss) or float(loss.detach()) > max_loss
+        loss = masked_loss(out, y, mask, True, full=full[step])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        nonfinite += bad or not bool(torch.isfinite(gnorm))
+        # fit's checks, on one copy of the loss and the gradient norm to the host (one device sync per step as there)
+        loss_value, gnorm_value = torch.stack([loss.detach().double(), gnorm.detach().double()]).tolist()
+        nonfinite += not (math.isfinite(loss_value) and loss_value <= max_loss and math.isfinite(gnorm_value))
         optimizer.step()
         if step >= args.warmup:
-            chars += int(mask.sum())
+            chars += int(on_cpu_counts[step])
     _sync(device)
     seconds = time.perf_counter() - t0 if t0 is not None else float("nan")
     return {"seconds": seconds, "chars": chars, "windows": max(n_windows - args.warmup, 0),
