@@ -280,11 +280,15 @@ class RunTracker:
     """A thin wrapper around one MLflow run, resumable by id (a killed refine continues its run)."""
 
     def __init__(self, *, root: str | os.PathLike, experiment: str, run_name: str, run_id: str | None = None,
-                 tags: Mapping[str, str] | None = None, owner_tags: tuple[str, ...] = ()):
+                 tags: Mapping[str, str] | None = None, owner_tags: tuple[str, ...] = (),
+                 same_as: tuple[str, ...] = ()):
         """Open the run ``run_id`` again if it exists in ``experiment``, is not deleted, and has the same value as
-        ``tags`` (or none, like ``tags``) for every key of ``owner_tags``; else create a new run. ``continued`` says
-        which; ``foreign`` is True when ``run_id`` exists but belongs to another owner (left as it is). A deleted
-        ``experiment`` (its name stays taken) is a :class:`TrackingError` saying how to restore or purge it."""
+        ``tags`` (or none, like ``tags``) for every key of ``owner_tags``; else, with ``same_as``, the latest run of
+        the experiment that has ``tags``' values for every key of ``same_as`` and ``owner_tags`` (``run_id`` is
+        another store's: runs logged here before the tracking URI moved away and back are continued, not
+        duplicated); else create a new run. ``continued`` says which; ``foreign`` is True when ``run_id`` exists
+        but belongs to another owner (left as it is). A deleted ``experiment`` (its name stays taken) is a
+        :class:`TrackingError` saying how to restore or purge it."""
         self.continued = self.foreign = False
         uri = tracking_uri(root)
         check_tracking_uri(uri)
@@ -296,7 +300,7 @@ class RunTracker:
         self.mlflow = mlflow
         self.uri = uri
         try:
-            self._open(experiment, run_name, run_id, tags, owner_tags)
+            self._open(experiment, run_name, run_id, tags, owner_tags, same_as)
         except TrackingError:
             raise
         except Exception as exc:  # MlflowException, SQLAlchemy errors...: one line naming the store
@@ -306,7 +310,7 @@ class RunTracker:
 
     @_uninterrupted
     def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None,
-              owner_tags: tuple[str, ...]) -> None:
+              owner_tags: tuple[str, ...], same_as: tuple[str, ...] = ()) -> None:
         mlflow, uri = self.mlflow, self.uri
         tags = dict(tags or {})
         with _store_lock(uri):
@@ -330,6 +334,8 @@ class RunTracker:
                 run_id = None
             elif any(run.data.tags.get(k) != tags.get(k) for k in owner_tags):
                 self.foreign, run_id = True, None
+            if run_id is None and run is None and same_as and all(tags.get(k) for k in same_as):
+                run_id = self._same_run(exp_id, tags, (*same_as, *owner_tags))
         if run_id is None:
             run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = run.info.run_id
@@ -340,6 +346,20 @@ class RunTracker:
             self.continued = True
         self.run_id = run_id
         self.experiment_id = exp_id
+
+    def _same_run(self, exp_id: str, tags: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
+        """The id of the latest active run of ``exp_id`` whose tags equal ``tags`` on ``keys`` (a key missing from
+        ``tags`` must be missing from the run too), or None."""
+        first = next(k for k in keys if tags.get(k))
+        value = str(tags[first]).replace("'", "")
+        if value != tags[first]:   # not expressible in a filter string: no search
+            return None
+        runs = self.client.search_runs([exp_id], filter_string=f"tags.`{first}` = '{value}'",
+                                       order_by=["attributes.start_time DESC"], max_results=50)
+        for run in runs:
+            if run.info.lifecycle_stage == "active" and all(run.data.tags.get(k) == tags.get(k) for k in keys):
+                return run.info.run_id
+        return None
 
     def _create_experiment(self, name: str) -> str:
         try:

@@ -573,6 +573,27 @@ def test_runs_are_tagged_with_the_commit_and_the_uncommitted_changes_that_traine
     assert (tags["mlflow.source.git.commit"], tags["git_dirty"]) == (head, "params.yaml")
 
 
+def test_moving_the_tracking_uri_away_and_back_continues_the_runs_there(tmp_path, clean_env):
+    """Runs are logged again into a new store when MLFLOW_TRACKING_URI moves; moved back, each continues its run
+    of the first store (found by its configuration, tag run_config), rather than logging a duplicate that a
+    comparison in the UI would show twice."""
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    params = _params(root, [0, 1])
+    refine.refine(params, root, "hmm")
+    first = _runs(root)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    clean_env.setenv("MLFLOW_TRACKING_URI", other)
+    refine.refine(params, root, "hmm")
+    exp = MlflowClient(other).get_experiment_by_name("seeds-hmm")
+    assert len(MlflowClient(other).search_runs([exp.experiment_id])) == 2
+    clean_env.delenv("MLFLOW_TRACKING_URI")
+    refine.refine(params, root, "hmm")
+    assert _runs(root) == first
+    assert (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip() == first[0][2]
+
+
 def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean_env, capsys):
     """A device this machine lacks, set for one variant, fails before any run folder is touched, naming the key;
     a trial with another seed keeps the trained runs of the seed it leaves out (named on stderr), and listing

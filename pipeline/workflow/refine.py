@@ -361,9 +361,13 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
             tags["git_dirty"] = dirty
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+    fp_file = model_dir(root, dataset, variant_name, seed) / "fingerprint.txt"
+    if fp_file.is_file():   # the run's configuration but for its epochs: what a continued run shares
+        tags["run_config"] = fp_file.read_text().strip()
     tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
                          run_id=previous if continue_previous else None,
-                         tags={**tags, "epochs": str(tcfg.epochs)}, owner_tags=("dvc_exp_name",))
+                         tags={**tags, "epochs": str(tcfg.epochs)}, owner_tags=("dvc_exp_name",),
+                         same_as=("run_config", "variant", "seed", "workspace") if continue_previous else ())
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
     write_text(run_id_file, tracker.run_id + "\n")
