@@ -74,6 +74,7 @@ _VARIANT = re.compile(r"psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<rand
 MAX_LAYERS = 64   # a bound on PSRNN depth (variants and two_stage.layers), far beyond any useful stack
 MAX_PREFIX = 200        # tracking.experiment_prefix; the experiment is named <prefix>-<dataset>
 MAX_MAGNITUDE = 1e30    # a bound on every finite number: beyond it, products like ridge·n or lr·gradient overflow
+_MAX_NAME_DIGITS = 20   # a rank or depth in a variant name: more digits exceed any bound (rank: 10·(2³¹ - 1)²)
 
 
 class ParamsError(ValueError):
@@ -94,25 +95,31 @@ class Variant:
     @classmethod
     def parse(cls, name: str, key: str = "variants") -> "Variant":
         m = _VARIANT.fullmatch(name) if isinstance(name, str) else None
+        shown = _brief_text(name) if isinstance(name, str) else _describe(name)
         if not m:
-            shown = repr(name) if isinstance(name, str) else _describe(name)
             raise ParamsError(f"{key}: unknown model variant {shown}; expected psrnn, psrnn_<L>layer, "
                               "psrnn_<L>layer_skip, psrnn_random, psrnn_<L>layer_random, "
                               "psrnn_<L>layer_skip_random, factorized_psrnn_r<rank>, factorized_psrnn_r<rank>_random, "
                               "lstm, gru, rnn or kf")
+        # a count is never this long (int() refuses 4300 digits and more, with a ValueError naming no key)
+        digits = (m.group("rank") or m.group("layers") or "").lstrip("0")
         if name.startswith("factorized_psrnn"):
-            rank = int(m.group("rank"))
+            if len(digits) > _MAX_NAME_DIGITS:
+                raise ParamsError(f"{key}: rank in {shown} is a number of {len(digits)} digits; expected at most "
+                                  f"{MAX_RANK_FACTOR} x state_dim x obs_dim")
+            rank = int(digits or "0")
             if rank <= 0:
-                raise ParamsError(f"{key}: rank in {name!r} must be > 0")
+                raise ParamsError(f"{key}: rank in {shown} must be > 0")
             variant = cls(name, "factorized_psrnn", rank=rank, init="random" if m.group("frandom") else "2sr")
             return variant._canonical(key)
         if name.startswith("psrnn"):
-            layers = int(m.group("layers") or 1)
+            layers = int(digits or "0") if len(digits) <= _MAX_NAME_DIGITS else MAX_LAYERS + 1
+            layers = layers if m.group("layers") else 1
             if not 1 <= layers <= MAX_LAYERS:
-                raise ParamsError(f"{key}: number of layers in {name!r} must be in 1..{MAX_LAYERS}")
+                raise ParamsError(f"{key}: number of layers in {shown} must be in 1..{MAX_LAYERS}")
             skip = bool(m.group("skip"))
             if skip and layers < 2:
-                raise ParamsError(f"{key}: {name!r}: _skip needs 2 or more layers (a 1-layer decoder reads its "
+                raise ParamsError(f"{key}: {shown}: _skip needs 2 or more layers (a 1-layer decoder reads its "
                                   "only layer)")
             variant = cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr", skip=skip)
             return variant._canonical(key)
@@ -127,7 +134,7 @@ class Variant:
             name = "psrnn" + (f"_{self.n_layers}layer" if self.n_layers > 1 else "") + ("_skip" if self.skip else "")
         name += "_random" if self.init == "random" else ""
         if name != self.name:
-            raise ParamsError(f"{key}: write {self.name!r} as {name!r} (one name per model)")
+            raise ParamsError(f"{key}: write {_brief_text(self.name)} as {name!r} (one name per model)")
         return self
 
 
@@ -252,7 +259,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, float):
         return f"a number {value!r}"
     if isinstance(value, str):
-        return f"a string {value!r}"
+        return f"a string {_brief_text(value)}"
     try:
         text = repr(value)
     except ValueError:   # an integer inside too long to print
@@ -262,6 +269,12 @@ def _describe(value: Any) -> str:
     kind = "a list" if isinstance(value, (list, tuple)) else "a mapping" if isinstance(value, dict) else \
         f"a {type(value).__name__}"
     return f"{kind} {text}"
+
+
+def _brief_text(text: str) -> str:
+    """``repr`` of a string for an error message, shortened as :func:`_describe` shortens a list."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _mapping(value: Any, key: str, what: str = "a mapping") -> dict[Any, Any]:
@@ -621,6 +634,7 @@ _FIELD_RULES[TwoStageConfig] = {
 _FIELD_RULES[TrainConfig] = {
     "epochs": _non_negative_int, "bptt": _non_negative_int, "batch_size": _positive_int,
     "lr": _positive, "optimizer": _choice("sgd", "adam"),
+    "patience": _check_int_ceiling,   # >= 0 is TrainConfig.validate's
     "momentum": lambda key, v: _check_number(key, v, low=0.0, high=1.0, high_open=True),
     "weight_decay": _non_negative, "clip": _non_negative,
     "max_loss": lambda key, v: _check_number(key, v, low=0.0, low_open=True, allow_inf=True),
@@ -829,6 +843,8 @@ def _check_figure_option(key: str, option: str, v: Any) -> None:
     elif option in ("trajectory", "seed"):
         if v is not None and (not _is_int(v) or v < 0):
             raise ParamsError(f"{k}: expected a non-negative integer or null, got {_describe(v)}")
+        if v is not None and option == "trajectory":
+            _check_int_ceiling(k, v)
 
 
 def _check_figure_variants(key: str, names: list[str]) -> None:
@@ -985,6 +1001,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         raise ParamsError(f"{source}: no dataset section (expected some of {_ALLOWED_DATASETS})")
     selected = _selected_datasets(raw, datasets)
     _check_figure_datasets(report, datasets)
+    _check_figure_seeds(report, seeds)
     return Params(seeds=seeds, data_mirror=mirror, datasets=datasets, tracking=tracking, report=report, raw=raw,
                   selected=selected)
 
@@ -1011,6 +1028,15 @@ def _check_figure_datasets(report: dict[str, Any], datasets: dict[str, DatasetPa
                                   f"{CONTINUOUS_FIGURES[name]} (expected one of {', '.join(continuous) or 'none'})")
 
 
+def _check_figure_seeds(report: dict[str, Any], seeds: list[int]) -> None:
+    """A figure's ``seed`` option is one of ``seeds``: the report has the runs of those alone, so another would leave
+    the figure out with only a note."""
+    for name, value in (report.get("figures") or {}).items():
+        if isinstance(value, dict) and value.get("seed") is not None and value["seed"] not in seeds:
+            raise ParamsError(f"report.figures.{name}.seed: expected one of seeds {seeds} or null (the lowest), got "
+                              f"{_describe(value['seed'])}")
+
+
 def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) -> list[str]:
     """``datasets``: the datasets dvc.yaml trains and the report shows, each with its section; absent, every
     dataset that has one (in the order of DATASETS, then ``custom_<name>`` as given)."""
@@ -1021,7 +1047,7 @@ def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) 
         raise ParamsError(f"datasets: expected a non-empty list of dataset names, got {_describe(names)}")
     for name in names:
         if name not in DATASETS and not is_custom(name):
-            raise ParamsError(f"datasets: unknown dataset {name!r}; expected some of {_ALLOWED_DATASETS}")
+            raise ParamsError(f"datasets: unknown dataset {_brief_text(name)}; expected some of {_ALLOWED_DATASETS}")
         if name not in datasets:
             raise ParamsError(f"datasets: {name!r} has no section in params.yaml; expected a {name}: section "
                               "(source, two_stage, kf, variants, model, train)")

@@ -335,6 +335,50 @@ def test_good_values_pass(defaults):
     assert p.dataset("ptb").train.device == "cuda:1" and p.dataset("ptb").two_stage.widths["past"] is None
 
 
+_LONG = "x" * 5000
+_NINES = "9" * 5000
+
+
+@pytest.mark.parametrize("mutate, message", [
+    # a count without a ceiling (README: every count at most 2**31 - 1), in train and in an override
+    (lambda p: p["ptb"]["train"].update(patience=10 ** 40),
+     "ptb.train.patience: expected an integer <= 2**31 - 1, got an integer of about 41 digits"),
+    (lambda p: p["ptb"]["train"].update(overrides={"psrnn": {"patience": 2 ** 31}}),
+     "ptb.train.overrides.psrnn.patience: expected an integer <= 2**31 - 1, got an integer 2147483648"),
+    # a rank or depth too long for int() (4300 digits): a ValueError that named no key
+    (lambda p: p["ptb"].update(variants=["factorized_psrnn_r" + _NINES]),
+     "ptb.variants: rank in 'factorized_psrnn_r" + "9" * 58 + "... is a number of 5000 digits; expected at most "
+     "10 x state_dim x obs_dim"),
+    (lambda p: p["hmm"].update(variants=["psrnn_" + _NINES + "layer_random"]),
+     "hmm.variants: number of layers in 'psrnn_" + "9" * 70 + "... must be in 1..64"),
+    (lambda p: p["hmm"].update(variants=["psrnn_" + "0" * 5000 + "2layer"]),
+     "hmm.variants: write 'psrnn_" + "0" * 70 + "... as 'psrnn_2layer' (one name per model)"),
+    # fig4b's seed picks the runs of one seed: one not in seeds leaves the figure out, with only a note
+    (lambda p: p["report"].update(figures={"fig4b": {"seed": 7}}),
+     "report.figures.fig4b.seed: expected one of seeds [0, 1] or null (the lowest), got an integer 7"),
+    (lambda p: p["report"].update(figures={"fig4b": {"seed": 10 ** 5000}}),
+     "report.figures.fig4b.seed: expected one of seeds [0, 1] or null (the lowest), got an integer of about 5001 "
+     "digits"),
+    (lambda p: p["report"].update(figures={"fig4b": {"trajectory": 10 ** 40}}),
+     "report.figures.fig4b.trajectory: expected an integer <= 2**31 - 1, got an integer of about 41 digits"),
+    # a long text is shortened, so that what was expected survives the CLI's cut at 600 characters
+    (lambda p: p["ptb"].update(variants=["psrnn", _LONG]),
+     "ptb.variants: unknown model variant '" + "x" * 76 + "...; expected psrnn, psrnn_<L>layer, psrnn_<L>layer_skip, "
+     "psrnn_random, psrnn_<L>layer_random, psrnn_<L>layer_skip_random, factorized_psrnn_r<rank>, "
+     "factorized_psrnn_r<rank>_random, lstm, gru, rnn or kf"),
+    (lambda p: p["ptb"]["train"].update(device=_LONG),
+     "ptb.train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:<index>', got a string '" + "x" * 76 + "..."),
+    (lambda p: p.update(datasets=["ptb", _LONG]),
+     "datasets: unknown dataset '" + "x" * 76 + "...; expected some of ptb, swimmer, mocap, handwriting, hmm, lgssm, "
+     "custom or custom_<name> (lower-case letters, digits, underscores)"),
+])
+def test_fuzzed_params_give_one_line_naming_the_key(defaults, mutate, message):
+    """Found by fuzzing params.yaml: each was accepted, a ValueError naming no key, or a line of 5000 characters."""
+    raw = copy.deepcopy(defaults)
+    mutate(raw)
+    assert _message(raw) == message
+
+
 @pytest.mark.parametrize("option, message", [
     ({"oversample": -5}, "two_stage.oversample: expected an integer >= 0, got -5"),
     ({"power_iterations": 0}, "two_stage.power_iterations: expected a positive integer, got 0"),
