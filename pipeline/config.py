@@ -959,8 +959,10 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         train_overrides = {}
         for vname, changes in overrides.items():
             okey = f"{key}.train.overrides.{vname}"
-            if vname not in names:
-                raise ParamsError(f"{okey}: {vname!r} is not in {key}.variants {names}; expected one of them")
+            if vname not in names:   # a long mistyped name is shown once, shortened
+                shown = _brief_text(vname) if isinstance(vname, str) else _describe(vname)
+                where = okey if len(okey) <= 120 else f"{key}.train.overrides"
+                raise ParamsError(f"{where}: {shown} is not in {key}.variants {names}; expected one of them")
             changes = _mapping(changes, okey)
             if not changes:
                 raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "

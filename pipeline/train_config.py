@@ -57,7 +57,9 @@ class TrainConfig:
         if self.clip < 0:
             raise ValueError(f"train.clip: expected >= 0, got {self.clip}")
         if self.monitor not in MONITORS:
-            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got {self.monitor!r}")
+            shown = repr(self.monitor)
+            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got "
+                             f"{shown if len(shown) <= 80 else shown[:77] + '...'}")
         if not 0 < self.lr_decay <= 1:
             raise ValueError(f"train.lr_decay: expected a factor in (0, 1] (1 = a fixed learning rate), got "
                              f"{self.lr_decay}")

@@ -854,3 +854,21 @@ def test_verbose_and_debug_count_before_or_after_the_stage_name(defaults, tmp_pa
         assert cli.main(["--root", str(tmp_path), *argv]) == 0
     parser = cli.build_parser()
     assert parser.parse_args(["predict", "hmm", "psrnn", "0", "in.parquet", "out.parquet"]).device == "auto"
+
+
+def test_a_long_mistyped_override_or_monitor_is_shown_once_and_shortened(defaults):
+    """Fuzz findings: a 5,000-character variant name under train.overrides, or monitor value, is not echoed in
+    full (the CLI cuts an error at 600 characters, which dropped the 'expected' part)."""
+    long = "psrnn_" + "x" * 5000
+    raw = copy.deepcopy(defaults)
+    raw["swimmer"]["train"]["overrides"] = {long: {"lr": 0.1}}
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    msg = str(err.value)
+    assert msg.startswith("swimmer.train.overrides: 'psrnn_xxx") and "is not in swimmer.variants" in msg, msg
+    assert len(msg) < 600 and msg.endswith("; expected one of them"), msg
+    raw = copy.deepcopy(defaults)
+    raw["swimmer"]["train"]["monitor"] = "v" * 5000
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    assert len(str(err.value)) < 300 and "expected one of ['auto'" in str(err.value), str(err.value)

@@ -490,3 +490,18 @@ def test_prepare_errors(raw, tmp_path):
         prepare_mocap(raw, trials=["07_01", "07_02"], test_trials=["07_01", "07_02"])
     with pytest.raises(ValueError, match=r"^bones=\[.*\]: \['tail'\] are not in"):
         prepare_mocap(raw, bones=["thorax", "tail"])
+
+
+def test_trial_errors_shorten_long_names_and_lists():
+    """A 5,000-character trial name (a pasted file, a fuzzed params.yaml) is shown shortened, and a long list
+    counted: the message stays one readable line with its 'expected' part."""
+    from pipeline.data.mocap import check_split
+
+    with pytest.raises(ValueError) as err:
+        check_split(["07_01", "x" * 5000], None)
+    msg = str(err.value)
+    assert len(msg) < 200 and msg.endswith("expected '<subject>_<trial>' strings such as '07_01'"), msg
+    with pytest.raises(ValueError) as err:
+        check_split([f"07_{i:02d}" for i in range(30)], [f"9_{i}" for i in range(20)])
+    msg = str(err.value)
+    assert "... (20 in all)] are not in trials [" in msg and "... (30 in all)]" in msg and len(msg) < 400, msg
