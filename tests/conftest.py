@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules, and where the raw-data mirror is (``from conftest import MIRROR``)."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,23 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the raw-data mirror, as the download stage finds it: $PSRNN_DATA_MIRROR, else ../shared/data beside the project
 #: (tests that need a data set skip when its folder is absent)
 MIRROR = Path(os.environ.get("PSRNN_DATA_MIRROR") or ROOT.parent / "shared" / "data")
+
+
+#: what a copy of the project needs to run its stages under DVC (no tests, data or outputs)
+PROJECT_FILES = ("pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
+                 ".dvc/.gitignore")
+
+
+def copy_project(root: Path, items=PROJECT_FILES) -> Path:
+    """Copy ``items`` of the project (folders without ``__pycache__``; a missing one skipped) into ``root``."""
+    for item in items:
+        src, dst = ROOT / item, root / item
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dst)
+    return root
 
 
 @pytest.fixture(scope="session")

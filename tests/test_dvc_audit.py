@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import copy_project
 from pipeline.config import dump_yaml, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,13 +37,7 @@ def project(tmp_path):
     if shutil.which("dvc") is None:
         pytest.skip("dvc is not installed")
     root = tmp_path / "project"
-    for item in COPY:
-        src, dst = ROOT / item, root / item
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, dst)
+    copy_project(root, COPY)
     params = read_yaml((ROOT / "tests" / "fixtures" / "tiny_params.yaml").read_text())
     params.update(seeds=[0], datasets=["lgssm"])
     (root / "params.yaml").write_text(dump_yaml(params, flow_leaves=True))

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import copy_project
 from pipeline.config import dump_yaml, read_yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
-        ".dvc/.gitignore"]
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +41,7 @@ PARAMS = {
 def _project(base: Path, name: str, env: dict[str, str]) -> Path:
     root = base / name
     root.mkdir()
-    for item in COPY:
-        src, dst = ROOT / item, root / item
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, dst)
+    copy_project(root)
     # only the hmm stages (params `datasets` drives the rest): drop the preparation of the downloaded sets
     dvc = read_yaml((root / "dvc.yaml").read_text())
     dvc["stages"] = {k: v for k, v in dvc["stages"].items() if not k.startswith(("download", "preprocess"))}

@@ -13,12 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MIRROR
+from conftest import MIRROR, copy_project
 from pipeline.config import dump_yaml, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY = ["pipeline", "stages", "dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore", ".dvc/config",
-        ".dvc/.gitignore"]
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +39,7 @@ def project(tmp_path_factory):
     if shutil.which("dvc") is None:
         pytest.skip("dvc is not installed")
     root = tmp_path_factory.mktemp("project")
-    for item in COPY:
-        src = ROOT / item
-        dst = root / item
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, dst)
+    copy_project(root)
     shutil.copy2(ROOT / "tests" / "fixtures" / "tiny_params.yaml", root / "params.yaml")
     _add_custom_dataset(root)
     # PYTHONDONTWRITEBYTECODE dropped: the stages write __pycache__ beside their code deps, as on a user's machine

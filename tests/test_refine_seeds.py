@@ -623,22 +623,21 @@ def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean
 
 def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_env):
     """Stages run by hand, out of order: n_features raised without the features stage would have the 2SR use the
-    old maps of another size, without a word."""
+    old maps of another size, without a word; and initialise refuses a 2SR learned with another state_dim (it
+    failed on a tensor shape, deep in torch)."""
     root = tmp_path
     _params(root, [0])
     raw = copy.deepcopy(PARAMS)
-    raw["hmm"]["two_stage"]["n_features"] = 64
-    params = _write_params(root, raw)
-    with pytest.raises(ValueError, match=r"features\.npz: drawn with hmm\.two_stage\.n_features=32, but params\.yaml "
-                                         r"now says 64; run the features stage first \(psrnn features hmm 0\)$"):
-        spectral.two_stage(params, root, "hmm", 0)
-    spectral.features(params, root, "hmm", 0)
-    spectral.two_stage(params, root, "hmm", 0)
-    # and initialise refuses a 2SR learned with another state_dim (it failed on a tensor shape, deep in torch)
-    raw["hmm"]["two_stage"]["state_dim"] = 3
-    params = _write_params(root, raw)
-    with pytest.raises(ValueError, match=r"L1\.npz: learned with hmm\.two_stage\.state_dim=4, but params\.yaml now "
-                                         r"says 3; run the two_stage stage first \(psrnn two_stage hmm 0\)$"):
-        initialise.initialise(params, root, "hmm", 0)
-    spectral.two_stage(params, root, "hmm", 0)
-    initialise.initialise(params, root, "hmm", 0)
+    for key, value, refused, stale, message in (
+            ("n_features", 64, spectral.two_stage, spectral.features,
+             r"features\.npz: drawn with hmm\.two_stage\.n_features=32, but params\.yaml now says 64; run the "
+             r"features stage first \(psrnn features hmm 0\)$"),
+            ("state_dim", 3, initialise.initialise, spectral.two_stage,
+             r"L1\.npz: learned with hmm\.two_stage\.state_dim=4, but params\.yaml now says 3; run the two_stage "
+             r"stage first \(psrnn two_stage hmm 0\)$")):
+        raw["hmm"]["two_stage"][key] = value
+        params = _write_params(root, raw)
+        with pytest.raises(ValueError, match=message):
+            refused(params, root, "hmm", 0)
+        stale(params, root, "hmm", 0)      # the stage the message names, then the refused one runs
+        refused(params, root, "hmm", 0)
