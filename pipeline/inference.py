@@ -222,10 +222,8 @@ class TrainedRun:
         """The run's columns of a trajectory with named columns (DataFrame or mapping); anything else as it is."""
         if isinstance(trajectory, collections.abc.Mapping):
             names = [str(k) for k in trajectory]
-            column = lambda name: trajectory[name]   # noqa: E731
         elif hasattr(trajectory, "columns") and hasattr(trajectory, "__getitem__"):   # pandas / polars frames
             names = [str(k) for k in trajectory.columns]
-            column = lambda name: np.asarray(trajectory[name])   # noqa: E731
         else:
             return trajectory
         wanted = [self.symbol_column] if self.discrete else self.features
@@ -236,8 +234,8 @@ class TrainedRun:
             raise ValueError(f"no column {', '.join(map(repr, missing))} (columns present: {names}); expected "
                              f"{expected}")
         if self.discrete:
-            return column(self.symbol_column)
-        return np.column_stack([np.asarray(column(n)) for n in wanted])
+            return trajectory[self.symbol_column]
+        return np.column_stack([np.asarray(trajectory[n]) for n in wanted])
 
     def _encode_all(self, trajectories: Sequence[Any], unknown: str) -> list[np.ndarray]:
         """:meth:`encode` of every trajectory, each with at least one observation left; errors name the index

@@ -43,13 +43,10 @@ def masked_loss(outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
     steps ``mask`` marks. ``full``: the caller knows every step is marked (most BPTT windows), and the outputs are
     taken whole: the same elements in the same order, so the same bits, without the boolean indexing that on CUDA
     waits for the device to count the marked steps."""
-    if full:
-        if discrete:
-            return torch.nn.functional.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
-        return torch.mean((outputs.reshape(-1, outputs.shape[-1]) - targets.reshape(-1, targets.shape[-1])) ** 2)
+    out, tgt = (outputs.flatten(0, 1), targets.flatten(0, 1)) if full else (outputs[mask], targets[mask])
     if discrete:
-        return torch.nn.functional.cross_entropy(outputs[mask], targets[mask])
-    return torch.mean((outputs[mask] - targets[mask]) ** 2)
+        return torch.nn.functional.cross_entropy(out, tgt)
+    return torch.mean((out - tgt) ** 2)
 
 
 def primary_metric(discrete: bool) -> str:

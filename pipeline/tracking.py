@@ -346,6 +346,7 @@ class RunTracker:
             self.continued = True
         self.run_id = run_id
         self.experiment_id = exp_id
+        self.tags = tags   # as opened (a continued run's are set to these), without a round trip to the store
 
     def _same_run(self, exp_id: str, tags: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
         """The id of the latest active run of ``exp_id`` whose tags equal ``tags`` on ``keys`` (a key missing from

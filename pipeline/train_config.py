@@ -14,6 +14,13 @@ DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]+)?", re.ASCII)
 SEED_LIMIT = 2 ** 32
 
 
+def brief_text(text: str, limit: int = 80) -> str:
+    """``repr`` of a string for an error message, cut to ``limit`` characters: a long mistyped value must leave
+    room for the message's "expected" part (the CLI cuts an error at 600 characters)."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
 def option_value(option: str, value: object) -> str:
     """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python, params)."""
     return f"{option}{value!r}" if option.endswith("=") else f"{option} {value}"
@@ -57,9 +64,7 @@ class TrainConfig:
         if self.clip < 0:
             raise ValueError(f"train.clip: expected >= 0, got {self.clip}")
         if self.monitor not in MONITORS:
-            shown = repr(self.monitor)
-            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got "
-                             f"{shown if len(shown) <= 80 else shown[:77] + '...'}")
+            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got {brief_text(self.monitor)}")
         if not 0 < self.lr_decay <= 1:
             raise ValueError(f"train.lr_decay: expected a factor in (0, 1] (1 = a fixed learning rate), got "
                              f"{self.lr_decay}")

@@ -299,7 +299,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "kind": ds.kind, "n_params": model.n_parameters(), "best_epoch": result.best_epoch,
                "monitor": tcfg.monitored_split(bool(ds.valid)), "best_metric": result.best_metric,
                "stopped_early": result.stopped_early, "run_id": tracker.run_id,
-               "git_commit": tracker.tag("mlflow.source.git.commit"), "git_dirty": tracker.tag("git_dirty"),
+               "git_commit": tracker.tags.get("mlflow.source.git.commit"), "git_dirty": tracker.tags.get("git_dirty"),
                "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
