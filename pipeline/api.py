@@ -24,9 +24,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
+from pipeline.messages import brief
 from pipeline.models.common import ModelConfig, SequenceModel
-from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, brief_repr, \
-    is_finite_number, linear_two_stage, multilayer_two_stage
+from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, is_finite_number, \
+    linear_two_stage, multilayer_two_stage
 
 
 def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = None,
@@ -207,12 +208,12 @@ def _check_int(name: str, v: Any, low: int, high: int | None = MAX_SIZE) -> None
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < low or \
             high is not None and v > high:
         bound = f"from {low} to 2**31 - 1" if high == MAX_SIZE else f">= {low}"
-        raise ValueError(f"{name}={brief_repr(v)}: expected an integer {bound}")
+        raise ValueError(f"{name}={brief(v)}: expected an integer {bound}")
 
 
 def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
     if not (is_finite_number(v) and (v > 0 if positive else v >= 0)):
-        raise ValueError(f"{name}={brief_repr(v)}: expected a finite number {'> 0' if positive else '>= 0'}")
+        raise ValueError(f"{name}={brief(v)}: expected a finite number {'> 0' if positive else '>= 0'}")
 
 
 def _check_train_values(options: dict[str, Any]) -> None:
@@ -220,7 +221,7 @@ def _check_train_values(options: dict[str, Any]) -> None:
     (pipeline.config): momentum in [0, 1) and only with SGD (Adam has no momentum: it would be ignored),
     weight_decay >= 0, max_loss > 0 (inf allowed), and the switches as booleans (a string "no" is truthy)."""
     def named(key: str) -> str:
-        return f"train_options[{key!r}]={brief_repr(options[key])}"
+        return f"train_options[{key!r}]={brief(options[key])}"
 
     if "momentum" in options and not (is_finite_number(options["momentum"]) and 0 <= options["momentum"] < 1):
         raise ValueError(f"{named('momentum')}: expected a number in [0, 1)")
@@ -319,7 +320,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     _check_number("lr", a["lr"], positive=True)
     _check_number("clip", a["clip"])
     if a["bias_scale"] is not None and not is_finite_number(a["bias_scale"]):
-        raise ValueError(f"bias_scale={brief_repr(a['bias_scale'])}: expected a finite number (or None)")
+        raise ValueError(f"bias_scale={brief(a['bias_scale'])}: expected a finite number (or None)")
     resolve_device(a["device"], "device=")
     two_stage_options = {} if two_stage_options is None else two_stage_options
     train_options = {} if train_options is None else train_options
@@ -338,7 +339,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
 
     spectral = model == "kf" or (model in PSRNN_MODELS and a["init"] == "2sr")
     if not spectral and (two_stage_options or a["ridge"] is not None):
-        given = "two_stage_options" if two_stage_options else f"ridge={brief_repr(a['ridge'])}"
+        given = "two_stage_options" if two_stage_options else f"ridge={brief(a['ridge'])}"
         how = "initialised at random (init='random')" if model in PSRNN_MODELS else "initialised by Xavier"
         raise ValueError(f"{given}: {model} is {how}, not by 2SR; leave it out")
     if model == "kf":
@@ -443,7 +444,7 @@ class FittedModel:
         check_steps(steps)
         check_seed(seed)
         if not isinstance(sample, (bool, np.bool_)):   # "no" would be truthy and sample
-            raise ValueError(f"sample={brief_repr(sample)}: expected True or False")
+            raise ValueError(f"sample={brief(sample)}: expected True or False")
         c = self.model.config
         inputs = self._inputs(trajectories)
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation

@@ -43,9 +43,9 @@ from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from pipeline.decompose import MAX_RANK_FACTOR
-from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig, brief_text
-from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig, \
-    brief_repr
+from pipeline.messages import INT_SHOWN_BITS, brief
+from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
+from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
@@ -95,7 +95,7 @@ class Variant:
     @classmethod
     def parse(cls, name: str, key: str = "variants") -> "Variant":
         m = _VARIANT.fullmatch(name) if isinstance(name, str) else None
-        shown = brief_text(name) if isinstance(name, str) else _describe(name)
+        shown = brief(name) if isinstance(name, str) else _describe(name)
         if not m:
             raise ParamsError(f"{key}: unknown model variant {shown}; expected psrnn, psrnn_<L>layer, "
                               "psrnn_<L>layer_skip, psrnn_random, psrnn_<L>layer_random, "
@@ -134,7 +134,7 @@ class Variant:
             name = "psrnn" + (f"_{self.n_layers}layer" if self.n_layers > 1 else "") + ("_skip" if self.skip else "")
         name += "_random" if self.init == "random" else ""
         if name != self.name:
-            raise ParamsError(f"{key}: write {brief_text(self.name)} as {name!r} (one name per model)")
+            raise ParamsError(f"{key}: write {brief(self.name)} as {name!r} (one name per model)")
         return self
 
 
@@ -255,17 +255,12 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean {str(value).lower()}"
     if isinstance(value, int):
-        return f"an integer {value}" if value.bit_length() <= 64 else brief_repr(value)
+        return f"an integer {value}" if value.bit_length() <= INT_SHOWN_BITS else brief(value)
     if isinstance(value, float):
         return f"a number {value!r}"
     if isinstance(value, str):
-        return f"a string {brief_text(value)}"
-    try:
-        text = repr(value)
-    except ValueError:   # an integer inside too long to print
-        text = "[...]" if isinstance(value, (list, tuple)) else "{...}"
-    if len(text) > 80:
-        text = text[:77] + "..."
+        return f"a string {brief(value)}"
+    text = brief(value)
     kind = "a list" if isinstance(value, (list, tuple)) else "a mapping" if isinstance(value, dict) else \
         f"a {type(value).__name__}"
     return f"{kind} {text}"
@@ -954,7 +949,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         for vname, changes in overrides.items():
             okey = f"{key}.train.overrides.{vname}"
             if vname not in names:   # a long mistyped name is shown once, shortened
-                shown = brief_text(vname) if isinstance(vname, str) else _describe(vname)
+                shown = brief(vname) if isinstance(vname, str) else _describe(vname)
                 where = okey if len(okey) <= 120 else f"{key}.train.overrides"
                 raise ParamsError(f"{where}: {shown} is not in {key}.variants {names}; expected one of them")
             changes = _mapping(changes, okey)
@@ -1043,7 +1038,7 @@ def _selected_datasets(raw: dict[str, Any], datasets: dict[str, DatasetParams]) 
         raise ParamsError(f"datasets: expected a non-empty list of dataset names, got {_describe(names)}")
     for name in names:
         if name not in DATASETS and not is_custom(name):
-            raise ParamsError(f"datasets: unknown dataset {brief_text(name)}; expected some of {_ALLOWED_DATASETS}")
+            raise ParamsError(f"datasets: unknown dataset {brief(name)}; expected some of {_ALLOWED_DATASETS}")
         if name not in datasets:
             raise ParamsError(f"datasets: {name!r} has no section in params.yaml; expected a {name}: section "
                               "(source, two_stage, kf, variants, model, train)")

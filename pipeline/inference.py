@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from pipeline.messages import brief, brief_list
 from pipeline.train_config import SEED_LIMIT, option_value
 
 UNKNOWN_RULES = ("error", "drop", "map")
@@ -58,7 +59,7 @@ def check_block_rows(block_rows: Any, option: str = "block_rows=") -> None:
     """Rows per block of :func:`predict_file`: a positive integer up to :data:`MAX_BLOCK_ROWS`."""
     if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or \
             not 1 <= block_rows <= MAX_BLOCK_ROWS:
-        shown = _brief(block_rows)   # a huge integer by its size
+        shown = brief(block_rows)   # a huge integer by its size
         named = f"{option}{shown}" if option.endswith("=") else f"{option} {shown}"
         raise ValueError(f"{named}: expected a positive integer up to 2**31 - 1 ({MAX_BLOCK_ROWS})")
 
@@ -194,7 +195,7 @@ class TrainedRun:
         if self.discrete:
             values = np.asarray(trajectory, dtype=object)
             if values.ndim != 1:   # reshape(-1) would read a (T, 2) array or one string as other symbols
-                shown = f"the single value {_brief(values.item())}" if values.ndim == 0 else f"shape {values.shape}"
+                shown = f"the single value {brief(values.item())}" if values.ndim == 0 else f"shape {values.shape}"
                 raise ValueError(f"{shown}; expected a 1-D sequence of symbols (a str is one symbol: list(text) "
                                  "for its characters)")
             index, keep = self._symbol_indices(values, unknown)
@@ -261,8 +262,7 @@ class TrainedRun:
         keep = index >= 0
         if not keep.all():
             unseen = sorted({t for t in text if t not in lookup})
-            shown = ", ".join(repr(u) for u in unseen[:10]) + (f", ... ({len(unseen)} in all)" if len(unseen) > 10
-                                                                else "")
+            shown = brief_list(unseen)
             if unknown == "error":
                 raise ValueError(f"{int((~keep).sum())} observations have symbols not in the vocabulary of "
                                  f"{self.dataset}: {shown}; use unknown 'drop' or 'map' (psrnn predict / forecast: "
@@ -402,14 +402,6 @@ def _check_lengths(encoded: Sequence[np.ndarray], name: str = "trajectories") ->
     if empty:
         raise ValueError(f"{name}[{empty[0]}]: no observation left (empty, or every symbol dropped as unknown); "
                          "expected at least one")
-
-
-def _brief(v: Any) -> str:
-    """``repr`` of one value for an error message, cut to 60 characters (an int too long to print: its size)."""
-    if isinstance(v, int) and v.bit_length() > 190:
-        return f"an integer of {v.bit_length()} bits"
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _model_input(model: Any, x: np.ndarray, device: Any) -> Any:

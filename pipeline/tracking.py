@@ -40,6 +40,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from pipeline.messages import brief
+
 
 class TrackingError(RuntimeError):
     """The tracking store cannot be used; the message names the URI."""
@@ -211,8 +213,7 @@ def check_run_id(run_id: object, option: str = "run_id") -> str:
     """``run_id`` when it is an MLflow run id; else a one-line :class:`ValueError` (MLflow raises its own exception
     for "../x", and a TypeError for None)."""
     if not isinstance(run_id, str) or RUN_ID.fullmatch(run_id) is None:
-        shown = repr(run_id) if len(repr(run_id)) <= 60 else repr(run_id)[:57] + "..."
-        raise ValueError(f"{option}={shown}: expected an MLflow run id (32 hexadecimal digits, as the MLflow UI "
+        raise ValueError(f"{option}={brief(run_id, 60)}: expected an MLflow run id (32 hexadecimal digits, as the MLflow UI "
                          "shows it, e.g. 0123456789abcdef0123456789abcdef)")
     return run_id
 

@@ -6,6 +6,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from pipeline.messages import brief
+
 
 MONITORS = ("auto", "valid", "train", "test")
 #: the device names training and inference accept (``pipeline.train.resolve_device`` maps them to torch devices)
@@ -14,16 +16,11 @@ DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]+)?", re.ASCII)
 SEED_LIMIT = 2 ** 32
 
 
-def brief_text(text: str, limit: int = 80) -> str:
-    """``repr`` of a string for an error message, cut to ``limit`` characters: a long mistyped value must leave
-    room for the message's "expected" part (the CLI cuts an error at 600 characters)."""
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
-
-
 def option_value(option: str, value: object) -> str:
     """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python, params)."""
-    return f"{option}{value!r}" if option.endswith("=") else f"{option} {value}"
+    if option.endswith("="):
+        return f"{option}{brief(value)}"
+    return f"{option} {value if isinstance(value, str) and len(value) <= 80 else brief(value)}"
 
 
 @dataclass
@@ -64,7 +61,7 @@ class TrainConfig:
         if self.clip < 0:
             raise ValueError(f"train.clip: expected >= 0, got {self.clip}")
         if self.monitor not in MONITORS:
-            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got {brief_text(self.monitor)}")
+            raise ValueError(f"train.monitor: expected one of {list(MONITORS)}, got {brief(self.monitor)}")
         if not 0 < self.lr_decay <= 1:
             raise ValueError(f"train.lr_decay: expected a factor in (0, 1] (1 = a fixed learning rate), got "
                              f"{self.lr_decay}")

@@ -46,6 +46,7 @@ import numpy as np
 
 from pipeline.features import (MIN_KERNEL_WIDTH, DistinctWindows, FeatureMaps, Windows, distinct_windows, fit_feature_maps,
                                make_windows)
+from pipeline.messages import brief
 from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
@@ -85,35 +86,35 @@ class TwoStageConfig:
                     "power_iterations"):   # power_iterations 0: the projections would span a random subspace
             v = getattr(self, key)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"two_stage.{key}: expected a positive integer, got {brief_repr(v)}")
+                raise ValueError(f"two_stage.{key}: expected a positive integer, got {brief(v)}")
             bound = MAX_POWER_ITERATIONS if key == "power_iterations" else MAX_SIZE
             if v > bound:
                 shown = "2**31 - 1" if bound == MAX_SIZE else bound
-                raise ValueError(f"two_stage.{key}: expected an integer <= {shown}, got {brief_repr(v)}")
+                raise ValueError(f"two_stage.{key}: expected an integer <= {shown}, got {brief(v)}")
         if not isinstance(self.oversample, (int, np.integer)) or isinstance(self.oversample, bool) \
                 or self.oversample < 0:
-            raise ValueError(f"two_stage.oversample: expected an integer >= 0, got {brief_repr(self.oversample)}")
+            raise ValueError(f"two_stage.oversample: expected an integer >= 0, got {brief(self.oversample)}")
         for key in ("state_dim", "obs_dim", "past_dim"):
             if getattr(self, key) > self.n_features:
-                raise ValueError(f"two_stage.{key}={brief_repr(getattr(self, key))} exceeds n_features="
-                                 f"{brief_repr(self.n_features)}: a projection cannot have more directions than RFF "
+                raise ValueError(f"two_stage.{key}={brief(getattr(self, key))} exceeds n_features="
+                                 f"{brief(self.n_features)}: a projection cannot have more directions than RFF "
                                  "features")
         for key in ("ridge", "decoder_ridge", "obs_ridge"):
             v = getattr(self, key)
             if not is_finite_number(v) or v < 0:
-                raise ValueError(f"two_stage.{key}: expected a finite number >= 0, got {brief_repr(v)}")
+                raise ValueError(f"two_stage.{key}: expected a finite number >= 0, got {brief(v)}")
         if not is_finite_number(self.width_scale) or self.width_scale <= 0:
-            raise ValueError(f"two_stage.width_scale: expected a finite number > 0, got {brief_repr(self.width_scale)}")
+            raise ValueError(f"two_stage.width_scale: expected a finite number > 0, got {brief(self.width_scale)}")
         if self.widths is not None:
             if not isinstance(self.widths, dict):
                 raise ValueError(f"two_stage.widths: expected a mapping of obs/past/future widths or None, got "
-                                 f"{brief_repr(self.widths)}")
+                                 f"{brief(self.widths)}")
             for k, w in self.widths.items():
                 if k not in WIDTH_FAMILIES:
                     raise ValueError(f"two_stage.widths.{k}: unknown family; expected obs, past or future")
                 if w is not None and (not is_finite_number(w) or w < MIN_KERNEL_WIDTH):
                     raise ValueError(f"two_stage.widths.{k}: expected a finite number >= {MIN_KERNEL_WIDTH:g}, got "
-                                     f"{brief_repr(w)}")
+                                     f"{brief(w)}")
         if self.svd not in ("randomized", "exact"):
             raise ValueError(f"two_stage.svd: expected 'randomized' or 'exact', got {self.svd!r}")
         if self.feature_dtype not in ("float32", "float64"):
@@ -130,14 +131,6 @@ def is_finite_number(v: Any) -> bool:
         return math.isfinite(v)
     except OverflowError:   # an int beyond the float range
         return False
-
-
-def brief_repr(v: Any) -> str:
-    """``repr`` of a value for an error message; an integer too long to print (str() refuses past 4300 digits) is
-    described by its size, as params validation describes it."""
-    if isinstance(v, int) and v.bit_length() > 64:
-        return f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
-    return repr(v)
 
 
 @dataclass

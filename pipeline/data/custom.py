@@ -72,14 +72,13 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, utf8_error
+from pipeline.messages import brief_list
 from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
 
 RESERVED = ("trajectory", "step", "split")
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
-_MAX_SHOWN = 10
-
 
 
 def _warn_uneven_steps(path, codes: np.ndarray, steps: np.ndarray, ids: np.ndarray) -> None:
@@ -132,11 +131,6 @@ def _warn_unlikely_features(path, values: np.ndarray, columns: list[str], s_code
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _shown(values: list[Any]) -> str:
-    head = ", ".join(repr(v) for v in values[:_MAX_SHOWN])
-    return head + (f", ... ({len(values)} in all)" if len(values) > _MAX_SHOWN else "")
 
 
 def _check_path(path: Any) -> Path:
@@ -274,7 +268,7 @@ def read_rows(
     names = list(schema.names)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise ValueError(f"{path}: columns appearing more than once: {_shown(repeated)}; expected each column name "
+        raise ValueError(f"{path}: columns appearing more than once: {brief_list(repeated)}; expected each column name "
                          "once (rename or drop the duplicates)")
     types = {name: schema.field(i).type for i, name in enumerate(names)}
 
@@ -466,7 +460,7 @@ def load_custom(
     if has_split:
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
         if unknown:
-            raise fail(f"column 'split' has values {_shown(unknown)}; expected only {list(SPLITS)}")
+            raise fail(f"column 'split' has values {brief_list(unknown)}; expected only {list(SPLITS)}")
         assignment = []
         for k, g in enumerate(groups):
             vals = np.unique(split_values[g])
@@ -517,7 +511,7 @@ def load_custom(
             unseen = np.setdiff1d(np.unique(values[idx]), vocab_values)
             if unseen.size:
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
-                           f"{_shown([_py(v) for v in unseen])}; expected only train symbols")
+                           f"{brief_list([_py(v) for v in unseen])}; expected only train symbols")
         index = np.searchsorted(vocab_values, values)
         trajs = {s: [index[groups[k]].astype(np.int64) for k in members[s]] for s in SPLITS}
         vocab = [str(_py(v)) for v in vocab_values]

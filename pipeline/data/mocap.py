@@ -36,11 +36,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from pipeline.data.schema import SequenceDataset
+from pipeline.messages import brief_list
 
 log = logging.getLogger(__name__)
 
@@ -487,19 +488,19 @@ def check_split(trials: Sequence[str], test_trials: Sequence[str] | None, *, war
         raise ValueError("mocap trials: no trials given")
     bad = [t for t in trials if not isinstance(t, str) or not re.fullmatch(r"\d+_\d+", t)]
     if bad:
-        raise ValueError(f"mocap trials {_brief_list(bad)}: expected '<subject>_<trial>' strings such as '07_01'")
+        raise ValueError(f"mocap trials [{brief_list(bad)}]: expected '<subject>_<trial>' strings such as '07_01'")
     if len(set(trials)) != len(trials):
-        raise ValueError(f"mocap trials: duplicate trials in {_brief_list(trials)}")
+        raise ValueError(f"mocap trials: duplicate trials in [{brief_list(trials)}]")
     if len(trials) < 2:
         raise ValueError("mocap trials: at least 2 trials are needed to split train and test by trial")
     if test_trials is None:
         return
     test_trials = list(test_trials)
     if len(set(test_trials)) != len(test_trials):
-        raise ValueError(f"mocap test_trials: duplicate trials in {_brief_list(test_trials)}")
+        raise ValueError(f"mocap test_trials: duplicate trials in [{brief_list(test_trials)}]")
     unknown = [t for t in test_trials if t not in trials]
     if unknown:
-        raise ValueError(f"mocap test_trials {_brief_list(unknown)} are not in trials {_brief_list(trials)}")
+        raise ValueError(f"mocap test_trials [{brief_list(unknown)}] are not in trials [{brief_list(trials)}]")
     if not test_trials or len(test_trials) == len(trials):
         raise ValueError("mocap test_trials must hold at least one trial and leave one for training")
     seen = {_subject(t) for t in trials if t not in test_trials}
@@ -507,12 +508,6 @@ def check_split(trials: Sequence[str], test_trials: Sequence[str] | None, *, war
     if unseen and warn:
         log.warning("mocap test_trials %s: subject(s) %s have no trial in training (a cross-subject test)",
                     test_trials, unseen)  # fmt: skip
-
-
-def _brief_list(items: Sequence[Any]) -> str:
-    """A list of trial names for a one-line error: each at most 40 characters, the first 10 of them."""
-    shown = [repr(t) if len(repr(t)) <= 40 else repr(t)[:37] + "..." for t in list(items)[:10]]
-    return "[" + ", ".join(shown) + (f", ... ({len(items)} in all)" if len(items) > 10 else "") + "]"
 
 
 def _choose_test_trials(trials: list[str], frames: dict[str, int], n_train: int, n_test: int,

@@ -1,0 +1,37 @@
+"""How an error message shows a value it was given: on one line and short, so that the message's "expected" part
+survives however long the value is (the CLI cuts an error at 600 characters; Python's ``str()`` refuses an
+integer of more than 4300 digits, so a huge integer cannot even be printed).
+
+Every module's one-line errors show the user's values through :func:`brief` and :func:`brief_list`; nothing here
+changes a result (dvc.yaml does not list this module).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+#: integers longer than this are described by their size ("an integer of about 101 digits"); shorter ones (up to
+#: 73 digits) are printed whole
+INT_SHOWN_BITS = 240
+
+
+def brief(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (ending in "..."); an integer of more than
+    :data:`INT_SHOWN_BITS` bits as "an integer of about N digits"."""
+    if isinstance(value, int) and value.bit_length() > INT_SHOWN_BITS:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        text = repr(value)
+    except ValueError:   # a container holding an integer too long to print
+        text = "[...]" if isinstance(value, (list, tuple)) else "{...}" if isinstance(value, dict) else \
+            f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:max(limit - 3, 0)] + "..."
+
+
+def brief_list(values: Iterable[Any], most: int = 10, each: int = 40) -> str:
+    """The first ``most`` of ``values``, each by :func:`brief` cut to ``each`` characters, comma-separated, and
+    how many there are when some are left out: ``'a', 'b', ... (25 in all)``."""
+    values = list(values)
+    shown = ", ".join(brief(v, each) for v in values[:most])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > most else "")
