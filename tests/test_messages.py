@@ -30,3 +30,13 @@ def test_brief_list_shows_the_first_values_and_the_count():
     assert brief_list(values, most=2) == "'trial_0', 'trial_1', ... (25 in all)"
     assert brief_list(["y" * 100], each=10) == "'yyyyyy..."
     assert brief_list(iter([1, 2, 3])) == "1, 2, 3"
+
+
+def test_an_option_with_a_huge_value_gets_its_own_message():
+    """repr() of a 5000-digit integer raises Python's own ValueError ("Exceeds the limit (4300 digits)...")."""
+    import pytest
+
+    from pipeline.inference import check_seed
+
+    with pytest.raises(ValueError, match=r"^seed=an integer of about 5001 digits: expected an integer with 0 <= seed"):
+        check_seed(10 ** 5000)
