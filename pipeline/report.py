@@ -74,11 +74,12 @@ DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
 }
 
 _FIXED_COLORS = {
-    "kf": "tab:gray", "rnn": "tab:orange", "gru": "tab:green", "lstm": "tab:blue", "psrnn": "tab:red",
+    "kf": "tab:cyan", "rnn": "tab:orange", "gru": "tab:green", "lstm": "tab:blue", "psrnn": "tab:red",
     "psrnn_2layer": "tab:purple", "psrnn_2layer_skip": "tab:brown", "psrnn_random": "tab:pink",
 }
-_SPARE_COLORS = ["tab:cyan", "tab:olive", "tab:brown", "#17364f", "#8c6d31", "#637939", "#7b4173", "#3182bd",
-                 "#e6550d", "#31a354", "#756bb1", "#636363"]
+#: no greys: Figure 4b draws the test data in black under every prediction (the KF's grey was lost on it)
+_SPARE_COLORS = ["tab:olive", "tab:brown", "#17364f", "#8c6d31", "#637939", "#7b4173", "#3182bd", "#e6550d",
+                 "#31a354", "#756bb1"]
 
 
 # --------------------------------------------------------------------------------------------------------------- input
