@@ -209,10 +209,14 @@ class DatasetParams:
         notes = []
         no_valid = _has_valid(self.name, self.source) is False
         for key, cfg in self.train_configs():
-            if cfg.monitor == "test" and cfg.scheduled:
+            # auto falls back to the test split when there is no valid split and the train split is not scored
+            by_auto = cfg.monitor == "auto" and not cfg.eval_train and no_valid
+            if (cfg.monitor == "test" or by_auto) and cfg.scheduled:
                 uses = cfg.schedule_keys
                 listed = " and ".join([", ".join(uses[:-1]), uses[-1]] if len(uses) > 1 else uses)
-                notes.append(f"{key}: monitor: test lets the test split drive {listed}, so the test "
+                why = (f"monitor: auto with eval_train: false ({self.name} has no validation split)" if by_auto
+                       else "monitor: test")
+                notes.append(f"{key}: {why} lets the test split drive {listed}, so the test "
                              "metrics of these runs are not held out")
                 continue
             uses = [k for k in cfg.schedule_keys if k != "lr_decay"]   # a plateau decay is not noted

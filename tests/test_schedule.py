@@ -225,6 +225,16 @@ def test_early_stopping_on_the_training_metric_is_noted(defaults):
         "ptb.train.overrides.lstm: monitor: test lets the test split drive lr_decay, patience and "
         "restore_best, so the test metrics of these runs are not held out"]
     assert parsed.dataset("mocap").schedule_notes() == []
+    # auto with the train split unscored falls back to the test split where there is no validation split
+    p["swimmer"]["train"]["eval_train"] = False
+    p["ptb"]["train"]["eval_train"] = False                             # valid split: auto watches it, no note
+    parsed = parse_params(p)
+    assert parsed.dataset("swimmer").train_config("psrnn").monitored_split(False) == "test"
+    assert parsed.dataset("swimmer").schedule_notes() == [
+        "swimmer.train: monitor: auto with eval_train: false (swimmer has no validation split) lets the test split "
+        "drive patience, so the test metrics of these runs are not held out"]
+    assert parsed.dataset("ptb").schedule_notes() == [parsed.dataset("ptb").schedule_notes()[0]] and \
+        "overrides.lstm: monitor: test" in parsed.dataset("ptb").schedule_notes()[0]
 
 
 def test_synthetic_sets_draw_a_validation_split_after_train_and_test(defaults):
