@@ -520,10 +520,44 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         if len(set(digits)) != len(digits):
             raise ParamsError(f"{key}.digits: duplicated {sorted({d for d in digits if digits.count(d) > 1})} in "
                               f"{digits}; expected each digit once")
-    for a, b in (("n_train", "n_trajectories"),):
-        if a in source and b in source and source[a] >= source[b]:
-            raise ParamsError(f"{key}.{a}={source[a]} leaves no test trajectory out of {b}={source[b]}")
+    if name == "swimmer":
+        _check_swimmer_counts(key, source)
     return dict(source)
+
+
+def _source_default(module: str, function: str, k: str) -> Any:
+    """The default of source key ``k``: that of the parameter of the data function that reads it."""
+    import importlib
+    import inspect
+
+    return inspect.signature(getattr(importlib.import_module(module), function)).parameters[k].default
+
+
+def _check_swimmer_counts(key: str, source: dict[str, Any]) -> None:
+    """The train/test counts of either Swimmer mode, with the defaults of the keys left out (the data function
+    would refuse them only after the simulation or the file read, naming no key)."""
+    def count(k: str, function: str) -> tuple[int, str]:
+        given = k in source
+        value = source[k] if given else _source_default("pipeline.data.swimmer", function, k)
+        return value, f"{k}={value}" + ("" if given else " (the default)")
+
+    if source.get("mode", "simulate") == "simulate":
+        (n_train, train_text), (n_all, all_text) = (count(k, "simulate_swimmer") for k in ("n_train", "n_trajectories"))
+        if n_train >= n_all:
+            raise ParamsError(f"{key}.{train_text} leaves no test trajectory out of {all_text}; expected "
+                              "n_train < n_trajectories")
+        return
+    from pipeline.data.swimmer import AUTHORS_FILE_TRAJECTORIES as held, AUTHORS_POLICY_FILE
+
+    (n_train, train_text), (n_test, test_text) = (count(k, "load_authors_swimmer") for k in ("n_train", "n_test"))
+    for n, text in ((n_train, train_text), (n_test, test_text)):
+        if n > held:
+            raise ParamsError(f"{key}.{text}: each of the authors' files holds {held} trajectories; expected at "
+                              f"most {held}")
+    if source.get("train_file", AUTHORS_POLICY_FILE) == source.get("test_file", AUTHORS_POLICY_FILE) and \
+            n_train + n_test > held:
+        raise ParamsError(f"{key}.{train_text} and {test_text}: train and test come from the same file, whose "
+                          f"{held} trajectories they would share; expected n_train + n_test <= {held}")
 
 
 _YAML_KINDS = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
@@ -541,13 +575,7 @@ def _known_length(name: str, source: dict[str, Any]) -> tuple[int, str] | None:
     if name not in _KNOWN_LENGTH or (name == "swimmer" and source.get("mode", "simulate") != "simulate"):
         return None
     k, module, function = _KNOWN_LENGTH[name]
-    if k not in source:  # the generator's default
-        import importlib
-        import inspect
-
-        fn = getattr(importlib.import_module(module), function)
-        return int(inspect.signature(fn).parameters[k].default), f"{name}.source.{k}"
-    return int(source[k]), f"{name}.source.{k}"
+    return int(source[k] if k in source else _source_default(module, function, k)), f"{name}.source.{k}"
 
 
 def _known_obs_dim(name: str, source: dict[str, Any]) -> int | None:
@@ -653,7 +681,8 @@ def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = No
     """``section`` as a :class:`TrainConfig` (no seed: it is the run's). For a variant's override, ``section``
     is ``train`` merged with the override and ``key`` names the override; a bad value of ``train`` itself was
     already reported under ``train``."""
-    tr = _load_dataclass(TrainConfig, section, key, exclude=("seed",), also=() if shown else ("overrides",))
+    tr = _load_dataclass(TrainConfig, section, key, exclude=("seed",), also=() if shown else ("overrides",),
+                         prefix="train")
     if tr.optimizer == "adam" and tr.momentum != 0:
         if shown is None or "momentum" in shown:
             raise ParamsError(f"{key}.momentum: only used by optimizer 'sgd' (adam has no momentum parameter), got "
@@ -664,8 +693,10 @@ def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = No
 
 
 def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (),
-                    also: tuple[str, ...] = ()) -> Any:
-    """``also``: keys of the section that the caller reads itself (named in the unknown-key message)."""
+                    also: tuple[str, ...] = (), prefix: str | None = None) -> Any:
+    """``also``: keys of the section that the caller reads itself (named in the unknown-key message);
+    ``prefix``: how the class's ``validate`` names its keys (``train.lr``), where ``key`` does not end in it (a
+    variant's ``<ds>.train.overrides.<variant>``)."""
     data = _mapping(data, key)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}
     hints = typing.get_type_hints(cls)
@@ -689,14 +720,15 @@ def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (
         try:
             validate()
         except ValueError as exc:
-            raise ParamsError(_under(key, str(exc))) from None
+            raise ParamsError(_under(key, str(exc), prefix)) from None
     return obj
 
 
-def _under(key: str, message: str) -> str:
+def _under(key: str, message: str, prefix: str | None = None) -> str:
     """A library message that names its key relative to the section (``two_stage.state_dim=...``), named in full
-    (``hmm.two_stage.state_dim=...``) and only once."""
-    section = key.rsplit(".", 1)[-1]
+    (``hmm.two_stage.state_dim=...``) and only once. ``prefix``: the section name the message uses, where it is not
+    the last part of ``key``."""
+    section = prefix or key.rsplit(".", 1)[-1]
     if message.startswith(f"{section}."):
         return f"{key}{message[len(section):]}"
     return f"{key}: {message}"

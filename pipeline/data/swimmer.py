@@ -39,6 +39,9 @@ AUTHORS_DT_S = 0.06
 #: (in ``1.0`` the 9 action pairs are equally frequent and unpredictable from the state, and the swimmer does not
 #: get anywhere); only ``0.0`` is "a robot trained to swim forward", as the paper describes.
 AUTHORS_POLICY_FILE = "swimmers_trajs_0.0.mat"
+#: Trajectories in each of the authors' files (``trajs`` of shape (25, 100, 16)); params validation bounds
+#: ``n_train`` and ``n_test`` by it before any file is read.
+AUTHORS_FILE_TRAJECTORIES = 25
 #: Observation features of :func:`simulate_swimmer` (radians before standardisation): qpos[2:5] of Swimmer-v5.
 SIM_FEATURES = ["nose_angle", "joint1_angle", "joint2_angle"]
 ENV_ID = "Swimmer-v5"
