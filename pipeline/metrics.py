@@ -18,14 +18,19 @@ class MetricSums:
 
     def add(self, outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> None:
         with torch.no_grad():
+            # a block whose every step is scored (all but a stream's last) is taken whole: the same elements in
+            # the same order as the boolean indexing, without its copy
+            if bool(mask.all()):
+                out, tgt = outputs.flatten(0, 1), targets.flatten(0, 1)
+            else:
+                out, tgt = outputs[mask], targets[mask]
             if self.discrete:
-                logp = torch.log_softmax(outputs[mask].double(), dim=-1)
-                tgt = targets[mask]
+                logp = torch.log_softmax(out.double(), dim=-1)
                 self.loss_sum += float(-logp.gather(1, tgt[:, None]).sum())
                 self.correct += int((logp.argmax(-1) == tgt).sum())
                 self.count += int(tgt.numel())
             else:
-                diff = (outputs[mask] - targets[mask]).double()
+                diff = (out - tgt).double()
                 self.loss_sum += float((diff ** 2).sum())
                 self.count += int(diff.numel())
 

@@ -221,3 +221,47 @@ def test_custom_backward_matches_autograd_of_the_plain_loop():
     (torch.stack(outs) * w).sum().backward()
     for a, t in zip(fast, (G, b, q0, qi)):
         assert torch.allclose(a, t.grad, atol=1e-10)
+
+
+def test_rff_cosine_backward_is_autograds_to_the_bit():
+    """The encoder's cosine computes autograd's CosBackward (grad * -sin h) in one buffer: the same bits, so that
+    training curves did not move when it replaced h.cos()."""
+    from pipeline.models.psrnn import _Cosine
+
+    for dtype in (torch.float32, torch.float64):
+        g = torch.Generator().manual_seed(3)
+        h = (torch.randn(300, 257, generator=g, dtype=dtype) * 7).requires_grad_()
+        grad = torch.randn(300, 257, generator=g, dtype=dtype)
+        expected, = torch.autograd.grad(h.cos(), h, grad)
+        got, = torch.autograd.grad(_Cosine.apply(h), h, grad)
+        assert torch.equal(got, expected) and torch.equal(_Cosine.apply(h), h.cos())
+    h64 = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_Cosine.apply, (h64,))
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_metric_sums_of_whole_blocks_equal_the_masked_ones(discrete):
+    """MetricSums takes a block whose mask is all true without boolean indexing: the same sums to the bit."""
+    from pipeline.metrics import MetricSums
+
+    g = torch.Generator().manual_seed(1)
+    out = torch.randn(64, 3, 11, generator=g)
+    y = torch.randint(0, 11, (64, 3), generator=g) if discrete else torch.randn(64, 3, 11, generator=g)
+    full = torch.ones(64, 3, dtype=torch.bool)
+    whole, reference = MetricSums(discrete=discrete), MetricSums(discrete=discrete)
+    whole.add(out, y, full)
+    with torch.no_grad():   # the boolean-indexing path of the same elements
+        if discrete:
+            logp = torch.log_softmax(out[full].double(), dim=-1)
+            reference.loss_sum = float(-logp.gather(1, y[full][:, None]).sum())
+            reference.correct = int((logp.argmax(-1) == y[full]).sum())
+            reference.count = int(full.sum())
+        else:
+            diff = (out[full] - y[full]).double()
+            reference.loss_sum, reference.count = float((diff ** 2).sum()), int(diff.numel())
+    assert whole.result() == reference.result()
+    partial = full.clone()
+    partial[-1, 1:] = False                       # a stream that ended: its steps are left out
+    some = MetricSums(discrete=discrete)
+    some.add(out, y, partial)
+    assert some.count == (int(partial.sum()) if discrete else int(partial.sum()) * 11)

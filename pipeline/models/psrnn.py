@@ -43,6 +43,23 @@ class EmbeddingEncoder(nn.Module):
         return self.table(x)
 
 
+class _Cosine(torch.autograd.Function):
+    """cos(h), whose backward is autograd's own ``grad * -sin(h)`` computed in one buffer: the same kernels on the
+    same operands (negation is exact, IEEE products commute), so the same bits, without the two more (steps,
+    n_features) temporaries of autograd's CosBackward, whose page faults took a third of the training time of a
+    2-layer PSRNN on PTB (its 2nd layer encodes 2000 features per step)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h)
+        return h.cos()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (h,) = ctx.saved_tensors
+        return h.sin().neg_().mul_(grad)
+
+
 class RFFEncoder(nn.Module):
     """Continuous observations: o = U_oᵀ sqrt(2/D) cos(Ωᵀx + β), with Ω, β and U_o all trainable."""
 
@@ -59,7 +76,7 @@ class RFFEncoder(nn.Module):
         # traffic of the plain expression; the 2nd layer of a 2-layer PSRNN filters 2000 features per step).
         flat = x.reshape(-1, x.shape[-1])
         h = torch.addmm(self.offsets, flat, self.frequencies)
-        h = h.cos_() if not (torch.is_grad_enabled() and h.requires_grad) else h.cos()
+        h = h.cos_() if not (torch.is_grad_enabled() and h.requires_grad) else _Cosine.apply(h)
         return (h @ (self.scale * self.projection)).reshape(*x.shape[:-1], self.projection.shape[1])
 
 
