@@ -45,7 +45,7 @@ def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = N
         if config.init == "random":
             return model.random_init(seed)
         if config.init != "2sr":
-            raise ValueError(f"init={config.init!r}: expected '2sr' or 'random' for {config.model}")
+            raise ValueError(f"init={brief(config.init)}: expected '2sr' or 'random' for {config.model}")
         if two_stage is None:
             raise ValueError(f"{config.model} with init '2sr' needs a 2SR model")
         factors = [c.as_dict() for c in cp] if cp is not None else None
@@ -291,9 +291,9 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
 
     model = a["model"]
     if not isinstance(model, str) or model not in MODEL_NAMES:
-        raise ValueError(f"model={model!r}: expected one of {', '.join(MODEL_NAMES)}")
+        raise ValueError(f"model={brief(model)}: expected one of {', '.join(MODEL_NAMES)}")
     if not isinstance(a["init"], str) or a["init"] not in ("2sr", "random"):
-        raise ValueError(f"init={a['init']!r}: expected '2sr' or 'random'")
+        raise ValueError(f"init={brief(a['init'])}: expected '2sr' or 'random'")
     if a["init"] == "random" and model not in PSRNN_MODELS:
         raise ValueError(f"init='random': applies to psrnn and factorized_psrnn; {model} is initialised by "
                          f"{'linear 2SR' if model == 'kf' else 'Xavier'}")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import os
 import re
 import sys
 import typing
@@ -554,8 +555,9 @@ def _check_swimmer_counts(key: str, source: dict[str, Any]) -> None:
         if n > held:
             raise ParamsError(f"{key}.{text}: each of the authors' files holds {held} trajectories; expected at "
                               f"most {held}")
-    if source.get("train_file", AUTHORS_POLICY_FILE) == source.get("test_file", AUTHORS_POLICY_FILE) and \
-            n_train + n_test > held:
+    same = os.path.normpath(source.get("train_file", AUTHORS_POLICY_FILE)) == \
+        os.path.normpath(source.get("test_file", AUTHORS_POLICY_FILE))
+    if same and n_train + n_test > held:
         raise ParamsError(f"{key}.{train_text} and {test_text}: train and test come from the same file, whose "
                           f"{held} trajectories they would share; expected n_train + n_test <= {held}")
 
@@ -682,7 +684,7 @@ def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = No
     is ``train`` merged with the override and ``key`` names the override; a bad value of ``train`` itself was
     already reported under ``train``."""
     tr = _load_dataclass(TrainConfig, section, key, exclude=("seed",), also=() if shown else ("overrides",),
-                         prefix="train")
+                         prefix="train", shown=shown)
     if tr.optimizer == "adam" and tr.momentum != 0:
         if shown is None or "momentum" in shown:
             raise ParamsError(f"{key}.momentum: only used by optimizer 'sgd' (adam has no momentum parameter), got "
@@ -693,10 +695,9 @@ def _train_config(section: dict[str, Any], key: str, shown: set[str] | None = No
 
 
 def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (),
-                    also: tuple[str, ...] = (), prefix: str | None = None) -> Any:
+                    also: tuple[str, ...] = (), prefix: str | None = None, shown: set[str] | None = None) -> Any:
     """``also``: keys of the section that the caller reads itself (named in the unknown-key message);
-    ``prefix``: how the class's ``validate`` names its keys (``train.lr``), where ``key`` does not end in it (a
-    variant's ``<ds>.train.overrides.<variant>``)."""
+    ``prefix``, ``shown``: see :func:`_under`."""
     data = _mapping(data, key)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}
     hints = typing.get_type_hints(cls)
@@ -720,16 +721,20 @@ def _load_dataclass(cls: type, data: Any, key: str, exclude: tuple[str, ...] = (
         try:
             validate()
         except ValueError as exc:
-            raise ParamsError(_under(key, str(exc), prefix)) from None
+            raise ParamsError(_under(key, str(exc), prefix, shown)) from None
     return obj
 
 
-def _under(key: str, message: str, prefix: str | None = None) -> str:
+def _under(key: str, message: str, prefix: str | None = None, shown: set[str] | None = None) -> str:
     """A library message that names its key relative to the section (``two_stage.state_dim=...``), named in full
     (``hmm.two_stage.state_dim=...``) and only once. ``prefix``: the section name the message uses, where it is not
-    the last part of ``key``."""
+    the last part of ``key`` (a variant's ``<ds>.train.overrides.<variant>``); ``shown``: the keys that override
+    sets, so that a message about a key it merges from ``<ds>.train`` names that key there."""
     section = prefix or key.rsplit(".", 1)[-1]
     if message.startswith(f"{section}."):
+        named = re.match(r"\w+", message[len(section) + 1:])
+        if shown is not None and named is not None and named.group() not in shown:
+            return f"{key}: {key.split('.overrides.')[0]}{message[len(section):]}"
         return f"{key}{message[len(section):]}"
     return f"{key}: {message}"
 

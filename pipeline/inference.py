@@ -254,7 +254,7 @@ class TrainedRun:
 
     def _symbol_indices(self, values: np.ndarray, unknown: str) -> tuple[np.ndarray, np.ndarray]:
         if unknown not in UNKNOWN_RULES:
-            raise ValueError(f"unknown={unknown!r}: expected one of {UNKNOWN_RULES}")
+            raise ValueError(f"unknown={brief(unknown)}: expected one of {UNKNOWN_RULES}")
         lookup = {v: i for i, v in enumerate(self.vocab)}
         codes, distinct = _factorize(values)
         text = [str(v.item() if isinstance(v, np.generic) else v) for v in distinct]

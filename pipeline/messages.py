@@ -2,8 +2,8 @@
 survives however long the value is (the CLI cuts an error at 600 characters; Python's ``str()`` refuses an
 integer of more than 4300 digits, so a huge integer cannot even be printed).
 
-Every module's one-line errors show the user's values through :func:`brief` and :func:`brief_list`; nothing here
-changes a result (dvc.yaml does not list this module).
+The one-line errors that echo a value they were given show it through :func:`brief` or :func:`brief_list`;
+nothing here changes a result (dvc.yaml does not list this module).
 """
 
 from __future__ import annotations
@@ -11,16 +11,20 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-#: integers longer than this are described by their size ("an integer of about 101 digits"); shorter ones (up to
-#: 73 digits) are printed whole
+#: integers of more bits than this (from about 73 digits on) are described by their size ("an integer of about 101
+#: digits"); shorter ones are printed whole
 INT_SHOWN_BITS = 240
+#: the most digits Python's str() prints by default (sys.get_int_max_str_digits); past it the size is estimated
+_STR_DIGITS = 4300
 
 
 def brief(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters (ending in "..."); an integer of more than
     :data:`INT_SHOWN_BITS` bits as "an integer of about N digits"."""
     if isinstance(value, int) and value.bit_length() > INT_SHOWN_BITS:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+        estimate = int(value.bit_length() * math.log10(2)) + 1   # exact or one too many
+        digits = len(str(abs(value))) if estimate < _STR_DIGITS else estimate
+        return f"an integer of about {digits} digits"
     try:
         text = repr(value)
     except ValueError:   # a container holding an integer too long to print

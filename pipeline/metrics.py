@@ -21,7 +21,7 @@ class MetricSums:
             # a block whose every step is scored (all but a stream's last) is taken whole: the same elements in
             # the same order as the boolean indexing, without its copy
             if bool(mask.all()):
-                out, tgt = outputs.flatten(0, 1), targets.flatten(0, 1)
+                out, tgt = outputs.flatten(0, mask.dim() - 1), targets.flatten(0, mask.dim() - 1)
             else:
                 out, tgt = outputs[mask], targets[mask]
             if self.discrete:

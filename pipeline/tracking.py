@@ -213,8 +213,8 @@ def check_run_id(run_id: object, option: str = "run_id") -> str:
     """``run_id`` when it is an MLflow run id; else a one-line :class:`ValueError` (MLflow raises its own exception
     for "../x", and a TypeError for None)."""
     if not isinstance(run_id, str) or RUN_ID.fullmatch(run_id) is None:
-        raise ValueError(f"{option}={brief(run_id, 60)}: expected an MLflow run id (32 hexadecimal digits, as the MLflow UI "
-                         "shows it, e.g. 0123456789abcdef0123456789abcdef)")
+        raise ValueError(f"{option}={brief(run_id, 60)}: expected an MLflow run id (32 hexadecimal digits, as the "
+                         "MLflow UI shows it, e.g. 0123456789abcdef0123456789abcdef)")
     return run_id
 
 

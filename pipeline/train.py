@@ -36,6 +36,7 @@ import torch
 
 from pipeline.batching import make_streams
 from pipeline.metrics import MetricSums, masked_loss, primary_metric
+from pipeline.messages import brief
 from pipeline.models.common import SequenceModel, detach_state
 from pipeline.progress import progress
 from pipeline.train_config import DEVICE, TrainConfig, option_value
@@ -185,7 +186,7 @@ def _filter_streams(model: SequenceModel, trajectories: Sequence[np.ndarray], *,
     if len(trajectories) == 0:
         raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, (int, np.integer)) or block_bytes < 1:
-        raise ValueError(f"block_bytes={block_bytes!r}: expected a positive integer (bytes)")
+        raise ValueError(f"block_bytes={brief(block_bytes)}: expected a positive integer (bytes)")
     param = next(model.parameters())
     device = device or param.device
     dtype = param.dtype

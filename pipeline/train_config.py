@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -20,7 +21,9 @@ def option_value(option: str, value: object) -> str:
     """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python, params)."""
     if option.endswith("="):
         return f"{option}{brief(value)}"
-    return f"{option} {value if isinstance(value, str) and len(value) <= 80 else brief(value)}"
+    if isinstance(value, str):   # as typed on the command line: unquoted
+        return f"{option} {value if len(value) <= 80 else value[:77] + '...'}"
+    return f"{option} {brief(int(value) if isinstance(value, numbers.Integral) else value)}"
 
 
 @dataclass

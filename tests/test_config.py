@@ -59,12 +59,17 @@ def test_default_and_tiny_params_are_valid(defaults):
      r"^ptb\.train\.overrides\.psrnn\.patience: expected >= 0 \(0 = never stop early\), got -1$"),
     (lambda p: p["ptb"]["train"].update(overrides={"lstm": {"lr_decay": 2}}),
      r"^ptb\.train\.overrides\.lstm\.lr_decay: expected a factor in \(0, 1\]"),
+    # ... and a rule across two keys, one of them from train, names the key where train sets it
+    (lambda p: p["ptb"]["train"].update(monitor="train", overrides={"psrnn": {"eval_train": False}}),
+     r"^ptb\.train\.overrides\.psrnn: ptb\.train\.monitor: 'train' needs eval_train: true"),
     # the counts of either Swimmer mode, with the defaults of the keys left out (preprocess named no key)
     (lambda p: p["swimmer"].update(source={"n_trajectories": 10}), r"^swimmer\.source\.n_train=20 \(the default\) "
      r"leaves no test trajectory out of n_trajectories=10; expected n_train < n_trajectories$"),
     (lambda p: p["swimmer"].update(source={"mode": "authors", "n_train": 25}), r"^swimmer\.source\.n_train=25 and "
      r"n_test=5 \(the default\): train and test come from the same file, whose 25 trajectories they would share; "
      r"expected n_train \+ n_test <= 25$"),
+    (lambda p: p["swimmer"].update(source={"mode": "authors", "n_train": 25, "test_file": "./swimmers_trajs_0.0.mat"}),
+     r"^swimmer\.source\.n_train=25 and n_test=5 \(the default\): train and test come from the same file"),
     (lambda p: p["swimmer"].update(source={"mode": "authors", "test_file": "swimmers_trajs_0.8.mat", "n_test": 26}),
      r"^swimmer\.source\.n_test=26: each of the authors' files holds 25 trajectories; expected at most 25$"),
     (lambda p: p["ptb"]["source"].update(unknown="ignore"), r"^ptb\.source\.unknown: expected one of 'drop', "

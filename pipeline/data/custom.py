@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, utf8_error
-from pipeline.messages import brief_list
+from pipeline.messages import brief, brief_list
 from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _check_path(path: Any) -> Path:
     if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path={path!r}: expected a str or os.PathLike naming a Parquet file")
+        raise ValueError(f"path={brief(path)}: expected a str or os.PathLike naming a Parquet file")
     return Path(path)
 
 
@@ -186,16 +186,16 @@ def _is_real(value: Any) -> bool:
 def _check_options(test_fraction: Any, valid_fraction: Any, seed: Any, normalize: Any) -> None:
     """The split and normalisation arguments of :func:`load_custom`: one-line errors naming the argument."""
     if not _is_real(test_fraction) or not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction={test_fraction!r}: expected a number strictly between 0 and 1")
+        raise ValueError(f"test_fraction={brief(test_fraction)}: expected a number strictly between 0 and 1")
     if not _is_real(valid_fraction) or not 0.0 <= float(valid_fraction) < 1.0 \
             or float(test_fraction) + float(valid_fraction) >= 1.0:
-        raise ValueError(f"valid_fraction={valid_fraction!r}: expected a number >= 0 with test_fraction + "
-                         f"valid_fraction < 1 (test_fraction={test_fraction!r})")
+        raise ValueError(f"valid_fraction={brief(valid_fraction)}: expected a number >= 0 with test_fraction + "
+                         f"valid_fraction < 1 (test_fraction={brief(test_fraction)})")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) \
             or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed={seed!r}: expected an integer with 0 <= seed < 2**32")
+        raise ValueError(f"seed={brief(seed)}: expected an integer with 0 <= seed < 2**32")
     if not isinstance(normalize, (bool, np.bool_)):
-        raise ValueError(f"normalize={normalize!r}: expected a bool (True or False)")
+        raise ValueError(f"normalize={brief(normalize)}: expected a bool (True or False)")
 
 
 def _py(value: Any) -> Any:
@@ -237,25 +237,25 @@ def read_rows(
 
     path = _check_path(path)
     if not isinstance(kind, str) or kind not in KINDS:
-        raise ValueError(f"kind={kind!r}: expected one of {KINDS}")
+        raise ValueError(f"kind={brief(kind)}: expected one of {KINDS}")
     if isinstance(min_length, (bool, np.bool_)) or not isinstance(min_length, (int, np.integer)) or min_length < 1:
-        raise ValueError(f"min_length={min_length!r}: expected a positive integer")
+        raise ValueError(f"min_length={brief(min_length)}: expected a positive integer")
     if not isinstance(symbol_column, str):
-        raise ValueError(f"symbol_column={symbol_column!r}: expected a column name (a string)")
+        raise ValueError(f"symbol_column={brief(symbol_column)}: expected a column name (a string)")
     if kind == "discrete" and features is not None:
-        raise ValueError(f"features={features!r}: only used with kind='continuous' (discrete data uses symbol_column)")
+        raise ValueError(f"features={brief(features)}: only used with kind='continuous' (discrete data uses symbol_column)")
     if features is not None:
         if not isinstance(features, (list, tuple)) or not all(isinstance(f, str) for f in features):
-            raise ValueError(f"features={features!r}: expected a list of column names (strings), or None for all "
+            raise ValueError(f"features={brief(features)}: expected a list of column names (strings), or None for all "
                              "numeric columns")
         features = list(features)
         if not features:
             raise ValueError("features=[]: expected at least one feature column (or None for all numeric columns)")
         if len(set(features)) != len(features):
-            raise ValueError(f"features={features!r}: column names repeat")
+            raise ValueError(f"features={brief(features)}: column names repeat")
         bad = [f for f in features if f in RESERVED]
         if bad:
-            raise ValueError(f"features={features!r}: {bad} are reserved columns, not features")
+            raise ValueError(f"features={brief(features)}: {bad} are reserved columns, not features")
 
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
@@ -285,7 +285,7 @@ def read_rows(
         require(symbol_column, "the discrete observation; set symbol_column to its name (psrnn predict / "
                                "forecast: --symbol-column NAME)")
         if symbol_column in RESERVED:
-            raise ValueError(f"symbol_column={symbol_column!r}: that is a reserved column")
+            raise ValueError(f"symbol_column={brief(symbol_column)}: that is a reserved column")
         value_columns = [symbol_column]
     else:
         if features is None:
@@ -455,7 +455,7 @@ def load_custom(
 
     n_traj = len(uniq)
     if has_split and valid_fraction:
-        raise fail(f"has a 'split' column, which decides the splits; valid_fraction={valid_fraction!r} is not "
+        raise fail(f"has a 'split' column, which decides the splits; valid_fraction={brief(valid_fraction)} is not "
                    "used with it: remove valid_fraction, or mark validation trajectories with split 'valid'")
     if has_split:
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))

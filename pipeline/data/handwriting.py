@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.schema import SequenceDataset
+from pipeline.messages import brief
 
 log = logging.getLogger(__name__)
 
@@ -203,11 +204,11 @@ def prepare_handwriting(
     raw_dir = Path(raw_dir)
     for what, n in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"{what}={n!r}: expected a positive integer")
+            raise ValueError(f"{what}={brief(n)}: expected a positive integer")
     if digits is not None:
         digits = [int(d) for d in digits]
         if not digits or any(d < 0 or d > 9 for d in digits):
-            raise ValueError(f"digits={digits!r}: expected a non-empty list of labels in 0-9 (or None for all)")
+            raise ValueError(f"digits={brief(digits)}: expected a non-empty list of labels in 0-9 (or None for all)")
     wanted = set(range(10)) if digits is None else set(digits)
     rng = np.random.default_rng(seed)
 

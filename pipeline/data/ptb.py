@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.schema import SPLITS, SequenceDataset
+from pipeline.messages import brief
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,11 @@ def prepare_ptb(
     ``vocab_from`` and ``unknown``.
     """
     if unknown not in UNKNOWN_RULES:
-        raise ValueError(f"unknown={unknown!r}: expected one of {UNKNOWN_RULES}")
+        raise ValueError(f"unknown={brief(unknown)}: expected one of {UNKNOWN_RULES}")
     if vocab_from not in VOCAB_SOURCES:
-        raise ValueError(f"vocab_from={vocab_from!r}: expected one of {VOCAB_SOURCES}")
+        raise ValueError(f"vocab_from={brief(vocab_from)}: expected one of {VOCAB_SOURCES}")
     if lines is not None and (isinstance(lines, bool) or not isinstance(lines, (int, np.integer)) or lines < 1):
-        raise ValueError(f"lines={lines!r}: expected a positive integer or None")
+        raise ValueError(f"lines={brief(lines)}: expected a positive integer or None")
     raw_dir = Path(raw_dir)
 
     texts: dict[str, str] = {}

@@ -8,6 +8,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from pipeline.messages import brief
+
 MODEL_NAMES = ("psrnn", "factorized_psrnn", "lstm", "gru", "rnn", "kf")
 DECODER_INPUTS = ("top", "all")
 
@@ -35,9 +37,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_NAMES:
-            raise ValueError(f"model {self.model!r}: expected one of {MODEL_NAMES}")
+            raise ValueError(f"model {brief(self.model)}: expected one of {MODEL_NAMES}")
         if self.decoder_input not in DECODER_INPUTS:
-            raise ValueError(f"decoder_input {self.decoder_input!r}: expected one of {DECODER_INPUTS}")
+            raise ValueError(f"decoder_input {brief(self.decoder_input)}: expected one of {DECODER_INPUTS}")
         if self.decoder_input == "all" and self.model not in ("psrnn", "factorized_psrnn"):
             raise ValueError(f"decoder_input 'all' is a PSRNN option (layer skip connections); {self.model} has "
                              "one recurrent layer")
