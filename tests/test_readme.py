@@ -28,3 +28,51 @@ def test_library_example_prints_what_the_readme_says():
     for g, w in zip(re.findall(number, got), re.findall(number, want)):
         step = 10.0 ** -len(w.split(".")[1]) if "." in w else 1.0
         assert abs(float(g) - float(w)) <= 2 * step + 1e-12, (got, want)
+
+
+def _exp_run_commands(text: str) -> list[str]:
+    """Every `dvc exp run ...` the text shows: in fenced blocks (with their backslash continuations) and in inline
+    code spans (which the Markdown may break across lines)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line.startswith("dvc exp run"):
+                commands.append(line)
+    outside = re.sub(r"```.*?```", "", text, flags=re.S)
+    commands += [" ".join(m.split()) for m in re.findall(r"`(dvc exp run[^`]*)`", outside)]
+    return commands
+
+
+def _sweep_values(override: str) -> list[str]:
+    """A comma sweep (``key=a,b``) queues one experiment per value; a list, a mapping or a deletion is one."""
+    key, eq, value = override.partition("=")
+    if not eq or value[:1] in "[{" or "," not in value:
+        return [override]
+    return [f"{key}={v}" for v in value.split(",")]
+
+
+def test_every_params_override_the_docs_show_validates(tmp_path):
+    """The `-S` overrides of every `dvc exp run` in the README and the reference notes, applied by DVC's own code to
+    the shipped params.yaml, give params that validate: a command a user copies must not stop on its own params
+    (the Swimmer authors-mode one did: -S merges a mapping into the section, whose simulation keys remained)."""
+    import shlex
+    import shutil
+
+    from dvc.utils.hydra import apply_overrides
+
+    from pipeline.config import load_params
+
+    commands = [c for doc in ("README.md", "docs/reference/README.md")
+                for c in _exp_run_commands((ROOT / doc).read_text())]
+    with_overrides = [c for c in commands if " -S" in c and "=..." not in c]   # not a placeholder (datasets=...)
+    assert len(with_overrides) >= 8, commands
+    for n, command in enumerate(with_overrides):
+        args = shlex.split(command)
+        overrides = [args[i + 1] for i, a in enumerate(args) if a == "-S"]
+        sweeps = [_sweep_values(o) for o in overrides]
+        for choice in range(max(len(s) for s in sweeps)):
+            params = tmp_path / f"params_{n}_{choice}.yaml"
+            shutil.copy(ROOT / "params.yaml", params)
+            apply_overrides(str(params), [s[min(choice, len(s) - 1)] for s in sweeps])
+            load_params(params)   # raises ParamsError naming the key
