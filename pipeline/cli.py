@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initialise", "refine", "evaluate",
           "report", "check", "predict", "forecast")
@@ -431,6 +431,18 @@ def _lookup(raw: Any, key: str) -> Any:
     return raw
 
 
+def dvc_references(value: Any) -> Iterator[str]:
+    """The ``${...}`` references in a dvc.yaml value (a string, or the strings of nested mappings and lists)."""
+    if isinstance(value, str):
+        yield from _REFERENCE.findall(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from dvc_references(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from dvc_references(v)
+
+
 def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
     """(file, key, where) for every params key that the ``stages`` of dvc.yaml read: the ``${...}`` their
     ``foreach`` / ``matrix`` iterate over or their fields interpolate, and each param they declare, expanded over
@@ -438,16 +450,6 @@ def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
     file a ``{file: [keys]}`` entry names (``key`` None where the entry tracks the whole file) and ``where`` only
     the stage. DVC stops on any of them missing, for every stage of the file, with a message that names the stage
     rather than the key."""
-    def references(value: Any):
-        if isinstance(value, str):
-            yield from _REFERENCE.findall(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                yield from references(v)
-        elif isinstance(value, list):
-            for v in value:
-                yield from references(v)
-
     def resolve(value: Any) -> Any:
         if isinstance(value, str):
             whole = _REFERENCE.fullmatch(value.strip())
@@ -469,9 +471,9 @@ def _dvc_yaml_params(stages: dict[str, Any], raw: dict[str, Any]):
             body = stage
         else:
             items, body = [None], stage
-        for ref in references({k: v for k, v in stage.items() if k in ("foreach", "matrix")}):
+        for ref in dvc_references({k: v for k, v in stage.items() if k in ("foreach", "matrix")}):
             yield None, ref, f"iterates over it in stage {name}"
-        for ref in references({k: v for k, v in body.items() if k != "params"}):
+        for ref in dvc_references({k: v for k, v in body.items() if k != "params"}):
             if not ref.startswith("item"):
                 yield None, ref, f"interpolates it in stage {name}"
         if not isinstance(items, (list, dict)):

@@ -197,6 +197,15 @@ def test_source_defaults_match_the_data_modules():
                 assert _same(got, default), f"{name}.source.{key}: documented {got!r}, code {default!r}"
 
 
+def _assert_defaults(section: str, cls: type, name: str) -> None:
+    """The defaults a section's table states for ``cls``'s fields (not NOT_KEYS) are the dataclass's."""
+    for f in dataclasses.fields(cls):
+        if f.name in NOT_KEYS:
+            continue
+        got = _default(section, f.name)
+        assert _same(got, f.default), f"{name}.{f.name}: documented {got!r}, {cls.__name__} {f.default!r}"
+
+
 def test_two_stage_keys_and_defaults():
     accepted = set(_accepted({"ptb": {"two_stage": {UNKNOWN: 1}}}))
     fields = set(_fields(TwoStageConfig))
@@ -206,11 +215,7 @@ def test_two_stage_keys_and_defaults():
     families = set(_accepted({"ptb": {"two_stage": {"widths": {UNKNOWN: 1}}}})) | set(WIDTH_FAMILIES)
     _assert_listed(title, families, "`widths.{}`")
     section = _section(title)
-    for f in dataclasses.fields(TwoStageConfig):
-        if f.name in NOT_KEYS:
-            continue
-        got = _default(section, f.name)
-        assert _same(got, f.default), f"two_stage.{f.name}: documented {got!r}, TwoStageConfig {f.default!r}"
+    _assert_defaults(section, TwoStageConfig, "two_stage")
     layers = {f.name: f.default for f in dataclasses.fields(DatasetParams)}["layers"]
     assert _same(_default(section, "layers"), layers)
     for family in families:   # null: the median width
@@ -225,11 +230,7 @@ def test_train_keys_and_defaults():
     title = "`<dataset>.train`"
     _assert_listed(title, accepted)
     section = _section(title)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in NOT_KEYS:
-            continue
-        got = _default(section, f.name)
-        assert _same(got, f.default), f"train.{f.name}: documented {got!r}, TrainConfig {f.default!r}"
+    _assert_defaults(section, TrainConfig, "train")
     assert _default(section, "overrides") == {}
 
 
@@ -239,27 +240,14 @@ def test_kf_and_model_keys_and_defaults(cls, title, name):
     accepted = set(_accepted({"swimmer": {name: {UNKNOWN: 1}}}))
     assert accepted == set(_fields(cls))
     _assert_listed(title, accepted)
-    section = _section(title)
-    for f in dataclasses.fields(cls):
-        got = _default(section, f.name)
-        assert _same(got, f.default), f"{name}.{f.name}: documented {got!r}, {cls.__name__} {f.default!r}"
+    _assert_defaults(_section(title), cls, name)
 
 
 def test_the_keys_dvc_needs_are_named():
     """Every params key dvc.yaml declares or interpolates (``${item}`` / ``${item.dataset}`` as ``<ds>``)."""
+    from pipeline.cli import dvc_references
+
     stages = read_yaml((ROOT / "dvc.yaml").read_text())["stages"]
-    ref = re.compile(r"\$\{\s*([^}]+?)\s*\}")
-
-    def refs(value):
-        if isinstance(value, str):
-            yield from ref.findall(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                yield from refs(v)
-        elif isinstance(value, list):
-            for v in value:
-                yield from refs(v)
-
     keys = set()
     for stage in stages.values():
         body = stage.get("do", stage)
@@ -270,7 +258,7 @@ def test_the_keys_dvc_needs_are_named():
                 keys.update(k for k in (entry.get("params.yaml") or []) if isinstance(k, str))
         outer = {k: v for k, v in stage.items() if k in ("foreach", "matrix")}
         inner = {k: v for k, v in body.items() if k != "params"}
-        keys.update(r for r in (*refs(outer), *refs(inner)) if not r.startswith("item"))
+        keys.update(r for r in (*dvc_references(outer), *dvc_references(inner)) if not r.startswith("item"))
     keys = {re.sub(r"\$\{\s*item(\.dataset)?\s*\}", "<ds>", k) for k in keys}
     assert keys, "dvc.yaml: no params found"
     _assert_listed("Keys DVC needs", keys)
