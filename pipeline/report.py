@@ -559,15 +559,7 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     if not features:
         notes.append(f"`{fname}`: prediction files on `{ds}` have no rows")
         return None
-    feature = cfg["feature"]
-    if isinstance(feature, int) and not isinstance(feature, bool):
-        if not 0 <= feature < len(features):
-            notes.append(f"`{fname}`: feature index {feature} out of range ({len(features)} features on `{ds}`)")
-            return None
-        feature = features[feature]
-    elif feature is None:
-        feature = features[0]
-    feature = str(feature)
+    feature = features[0] if cfg["feature"] is None else str(cfg["feature"])   # a name, as params validation says
     if feature not in features:   # a typo in params must not read as missing data
         notes.append(f"`{fname}`: feature `{feature}` is not in the predictions on `{ds}`; "
                      f"`report.figures.fig4b.feature` expects one of {_names(features)}")
