@@ -8,7 +8,7 @@ in it is written), all measured on the test split at epoch 0 unless said otherwi
   after the dataset's default training (``--train``), which for PSRNNs at lr 1 shows how far SGD throws each start.
 * **linear encoder** — the PSRNN's RFF encoder U_oᵀ·√(2/D)·cos(Ωx + β) against the best affine map fitted to it by
   least squares on the training observations (same W, b, q₁ and decoder): what the paper's "linear encoder"
-  (Sec. 5) would cost the 2SR start on continuous data. R² of the fit is reported.
+  (Sec. 6) would cost the 2SR start on continuous data. R² of the fit is reported.
 * **decoder refit** — the 2SR decoder is fitted on states filtered with the full W and b = 0; variants with a bias
   (factorized PSRNNs, ``bias_scale`` > 0) or with CP factors start from another filter. Here the decoder is refitted
   on each initial model's own filtered training states.

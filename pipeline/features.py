@@ -1,4 +1,4 @@
-"""Random Fourier features and the past / future / observation windows of Sec. 3.2.
+"""Random Fourier features and the past / future / observation windows of Sec. 3.1.
 
 The kernel is Gaussian, k(x, y) = exp(-‖x - y‖² / (2σ²)), approximated (Rahimi & Recht, 2008) by
 

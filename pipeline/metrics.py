@@ -1,4 +1,4 @@
-"""Metrics of one-step prediction (Sec. 5): bits per character and accuracy for discrete data, mean squared error
+"""Metrics of one-step prediction (Sec. 6): bits per character and accuracy for discrete data, mean squared error
 for continuous data. Accumulated as sums so that windows and batches of any size give the same number."""
 
 from __future__ import annotations

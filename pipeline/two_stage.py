@@ -58,7 +58,7 @@ MAX_SIZE = 2 ** 31 - 1       # a bound on every count and size (params.yaml, Two
 
 @dataclass
 class TwoStageConfig:
-    """Hyperparameters of one 2SR layer (defaults: the paper's text, Sec. 5)."""
+    """Hyperparameters of one 2SR layer (defaults: the paper's text, Sec. 6, where it gives them)."""
 
     state_dim: int = 20          # d: size of the predictive state (and of the future projection)
     obs_dim: int = 20            # d_o: size of the projected observation (encoder output)

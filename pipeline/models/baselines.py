@@ -1,4 +1,4 @@
-"""RNN, GRU and LSTM baselines in the same encoder → recurrent → decoder shape as the PSRNN (Sec. 5).
+"""RNN, GRU and LSTM baselines in the same encoder → recurrent → decoder shape as the PSRNN (Sec. 6).
 
 Weights are Xavier-initialised and biases zero, as in the paper. The recurrent part is ``torch.nn.RNN/GRU/LSTM``
 (cuDNN / MKL kernels). A window containing trajectory resets is run in segments between reset steps.

@@ -5,8 +5,8 @@ One layer updates its state by Eq. (5):
     q_{t+1} = (W ×₂ o_t ×₃ q_t + b) / ‖W ×₂ o_t ×₃ q_t + b‖₂,
 
 W having shape (d, d_o, d) — W[i, j, k]: output state i, observation j, input state k. The factorized layer uses
-the CP form W = Σ_r a_r ⊗ b_r ⊗ c_r (Eq. 8): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b, with A, C of shape (r, d) and
-B of shape (r, d_o). Layers stack: the states of layer l are the observations of layer l+1 (Sec. 4.2). Each layer's
+the CP form W = Σ_r a_r ⊗ b_r ⊗ c_r (Sec. 3.3): q_{t+1} ∝ Aᵀ(B o_t ⊙ C q_t) + b (Eq. 8), A and C of shape (r, d),
+B of shape (r, d_o). Layers stack: the states of layer l are the observations of layer l+1 (Sec. 4.1). Each layer's
 observation enters through an encoder, the RFF map followed by the 2SR projection, o_t = U_oᵀ ω(x_t):
 an embedding table for discrete symbols (exactly U_oᵀ ω(e_v) per symbol) and a trainable RFF layer for continuous
 inputs. A linear decoder maps the top state to logits (discrete) or to the predicted next observation; with

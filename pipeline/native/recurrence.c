@@ -1,4 +1,4 @@
-/* The sequential core of the PSRNN (Eq. 5) and of the factorized PSRNN (Eq. 10), forward and backward.
+/* The sequential core of the PSRNN (Eq. 5) and of the factorized PSRNN (Eq. 8), forward and backward.
 
    Both reduce, for a known window of observations, to a normalised recurrence
        z_t = M_t(q_t) + b,   q_{t+1} = z_t / ||z_t||,
