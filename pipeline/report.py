@@ -186,6 +186,7 @@ def _collect(root: Path, datasets: Sequence[str] | None = None) -> tuple[list[di
             "test": test if isinstance(test, dict) else None,
             "initial_test": initial if isinstance(initial, dict) else None,
             "bayes_optimal": (met_obj or {}).get("bayes_optimal") or None,
+            "naive": (met_obj or {}).get("naive") or None,
             "predictions_path": pred if pred.is_file() else None,
         })
     runs.sort(key=lambda r: (r["dataset"], r["variant"], r["seed"], r["run"]))
@@ -197,7 +198,8 @@ def collect_runs(root: Path) -> list[dict[str, Any]]:
 
     Keys: dataset, run, variant, family, seed, kind, n_params, best_epoch, epochs (trained), model_epoch (whose
     weights were scored), stopped_early (the reason, or None), history (list of epoch entries or
-    None), test / initial_test (metric dicts or None), bayes_optimal (dict or None), predictions_path (Path or None).
+    None), test / initial_test (metric dicts or None), bayes_optimal (dict or None), naive (the test metrics of
+    :mod:`pipeline.naive`'s predictors, ``{predictor: {metric: value}}``, or None), predictions_path (Path or None).
     """
     return _collect(Path(root))[0]
 
@@ -240,6 +242,22 @@ def _bayes_optimal(runs: Sequence[dict], metric: str) -> float | None:
         log.warning("report: runs of %s disagree on the Bayes-optimal %s (%s); drawing the mean",
                     runs[0]["dataset"], metric, sorted(set(vals)))
     return float(np.mean(vals))
+
+
+def _naive(runs: Sequence[dict], metric: str) -> dict[str, float]:
+    """``{predictor: value}`` of ``metric`` for :mod:`pipeline.naive`'s predictors, in their order: the runs of
+    a dataset share them (from one run's metrics file; every run of a dataset is scored on the same test split)."""
+    from pipeline.naive import NAIVE_PREDICTORS
+
+    order = [n for names in NAIVE_PREDICTORS.values() for n in names]
+    for r in runs:
+        naive = r.get("naive")
+        if isinstance(naive, dict):
+            found = {n: float(v[metric]) for n, v in naive.items()
+                     if isinstance(v, dict) and isinstance(v.get(metric), (int, float)) and math.isfinite(v[metric])}
+            if found:
+                return dict(sorted(found.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    return {}
 
 
 def _curve(runs: Sequence[dict], split: str, metric: str):
@@ -398,6 +416,13 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
         ax.axhline(optimal, color="black", ls="--", lw=1.2, label=f"Bayes optimal ({optimal:.4g})")
         extent.append(optimal)
+    if drawn and split == "test":   # what a model must beat (pipeline.naive), the same for every run of the set
+        from pipeline.naive import NAIVE_LABELS
+
+        for (name, value), ls in zip(_naive([r for rs in by_variant.values() for r in rs], metric).items(),
+                                     (":", "-.")):
+            ax.axhline(value, color="black", ls=ls, lw=1.0, label=f"{NAIVE_LABELS.get(name, name)} ({value:.4g})")
+            extent.append(value)
     if drawn and _use_log(extent, logy):
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -742,6 +767,9 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     lines = [f"## {_md(ds)} ({kind})", ""]
     if optimal is not None:
         lines += [f"Bayes-optimal test {LABELS[primary]}: {_fmt(optimal)}", ""]
+    naive = _naive_text(all_runs, metrics)
+    if naive:
+        lines += [naive, ""]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     lines += ["| " + " | ".join(cells) + " |" for _, _, cells in rows]
@@ -761,6 +789,24 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     return lines
 
 
+def _naive_text(runs: Sequence[dict], metrics: Sequence[str]) -> str | None:
+    """The line of :mod:`pipeline.naive`'s predictors under a dataset's heading, e.g. "Naive predictors (no
+    dynamics learned), test MSE: last value 4.451e-03, training mean 1.908"."""
+    from pipeline.naive import NAIVE_LABELS
+
+    values = {m: _naive(runs, m) for m in metrics}
+    names = list(dict.fromkeys(n for m in metrics for n in values[m]))
+    if not names:
+        return None
+    if len(metrics) == 1:
+        m = metrics[0]
+        shown = ", ".join(f"{NAIVE_LABELS.get(n, n)} {_fmt(values[m][n])}" for n in names)
+        return f"Naive predictors (no dynamics learned), test {LABELS[m]}: {shown}"
+    shown = "; ".join(f"{NAIVE_LABELS.get(n, n)}: " + ", ".join(f"{LABELS[m]} {_fmt(values[m][n])}" for m in metrics
+                                                                 if n in values[m]) for n in names)
+    return f"Naive predictors (no dynamics learned), test {shown}"
+
+
 def _stats(values: Iterable[Any]) -> tuple[float | None, float | None]:
     """Mean and sample std (ddof=1) of the finite values; None where undefined (JSON has no NaN)."""
     vals, _ = _finite(values)
@@ -773,7 +819,8 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
     """The numbers of the results table, per dataset and variant: ``seeds`` (runs with final metrics),
     ``test_<m>`` and ``test_<m>_std`` (mean and sample std over seeds; std null for one seed), ``init_test_<m>``
     (epoch-0 mean) for every metric of the kind, ``n_params``, and on synthetic data ``optimal_<m>`` and
-    ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric)."""
+    ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric); and per dataset a row
+    ``naive_<predictor>`` with the ``test_<m>`` of each of :mod:`pipeline.naive`'s predictors."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for ds in sorted(grouped):
         for v in sorted(grouped[ds], key=_variant_key):
@@ -793,6 +840,12 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
             ps = [int(r["n_params"]) for r in runs if isinstance(r["n_params"], (int, float))]
             row["n_params"] = max(ps) if ps else None
             out.setdefault(ds, {})[v] = row
+        runs = [r for rs in grouped[ds].values() for r in rs if r["test"] is not None]
+        kind = _dataset_kind(runs)
+        if ds in out and kind is not None:
+            naive = {m: _naive(runs, m) for m in METRICS[kind]}
+            for name in dict.fromkeys(n for m in METRICS[kind] for n in naive[m]):
+                out[ds][f"naive_{name}"] = {f"test_{m}": naive[m][name] for m in METRICS[kind] if name in naive[m]}
     return out
 
 

@@ -124,6 +124,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
         assert m["test"][key] == pytest.approx(history["history"][scored]["test"][key], rel=1e-6)
         assert m["run_id"] == history["run_id"]
         assert (root / "predictions" / ds / f"{v}_s{s}.parquet").is_file()
+        assert set(m["naive"]) == ({"unigram"} if key == "bpc" else {"last_value", "train_mean"})
     assert json.loads((root / "metrics" / "hmm" / "psrnn_s0.json").read_text())["bayes_optimal"]["bpc"] > 0
     from pipeline.io import load_npz
 
@@ -137,6 +138,10 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
     results = (root / "reports" / "results.md").read_text()
     assert "## ptb" in results and "## swimmer" in results and "## custom" in results
     assert "gap to optimal" in results
+    assert "Naive predictors (no dynamics learned), test MSE: last value" in results
+    summary = json.loads((root / "reports" / "summary.json").read_text())
+    assert summary["swimmer"]["naive_last_value"]["test_mse"] == pytest.approx(
+        json.loads((root / "metrics" / "swimmer" / "kf_s0.json").read_text())["naive"]["last_value"]["mse"])
 
     from mlflow import MlflowClient
 
@@ -166,6 +171,9 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
             steps = [m.step for m in client.get_metric_history(run.info.run_id, f"test_{key}")]
             assert sorted(steps) == list(range(params[ds]["train"]["epochs"] + 1))
             assert f"final_test_{key}" in run.data.metrics
+            naive = json.loads((root / "metrics" / ds / f"{tags['variant']}_s{tags['seed']}.json").read_text())["naive"]
+            for name, values in naive.items():   # the yardstick is beside every run in MLflow too
+                assert run.data.metrics[f"naive_{name}_test_{key}"] == pytest.approx(values[key], rel=1e-12)
             artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
             assert {"checkpoints", "history.json", "data_units.json"} <= artifacts
             models = client.search_logged_models(experiment_ids=[exp.experiment_id])

@@ -14,6 +14,7 @@ import numpy as np
 from pipeline.config import Params
 from pipeline.data.schema import SequenceDataset
 from pipeline.io import read_json, write_json
+from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, prune, run_name
 
@@ -50,7 +51,8 @@ def check_current(params: Params, root: Path, dataset: str, variant_name: str, s
 def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
                  ds: SequenceDataset | None = None) -> dict[str, Any]:
     """Final test metrics of one trained model (the last epoch's weights, or the best epoch's with
-    ``train.restore_best``: ``model_epoch`` says which), its epoch-0 metrics, its MLflow run id, and the
+    ``train.restore_best``: ``model_epoch`` says which), its epoch-0 metrics, its MLflow run id, the test metrics
+    of the naive predictors (:mod:`pipeline.naive`) beside the Bayes-optimal ones of synthetic data, and the
     one-step test predictions of the initial and final model."""
     from pipeline.train import evaluate_and_predict, load_checkpoint, trained_epoch, trained_weights
 
@@ -77,7 +79,9 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
               "lr": (ck.get("train_config") or {}).get("lr"),   # the initial rate: train.overrides may set it
               "run_id": history.get("run_id"),
               "test": final_test, "initial_test": initial_test,
-              "bayes_optimal": ds.meta.get("bayes_optimal")}
+              "bayes_optimal": ds.meta.get("bayes_optimal"),
+              "naive": naive_metrics(ds.train, ds.test, discrete=ds.discrete,
+                                     vocab_size=ds.obs_dim if ds.discrete else None)}
     name = run_name(variant_name, seed)
     write_predictions(predictions_dir(root, dataset) / f"{name}.parquet", ds, initial_pred, final_pred)
     write_json(metrics_dir(root, dataset) / f"{name}.json", result)

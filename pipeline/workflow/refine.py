@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from pipeline.config import Params
 from pipeline.io import read_json, write_json, write_text
+from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
     artifact_dir, dataset_models_dir, load_prepared, model_dir, plot_path, prepared_path, prune, run_name,
@@ -400,6 +401,10 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     optimal = ds.meta.get("bayes_optimal") or {}   # the synthetic sets: the true filter's test metrics, to compare
     if optimal:
         tracker.log_metrics({f"bayes_optimal_test_{k}": v for k, v in optimal.items()}, step=0)
+    naive = naive_metrics(ds.train, ds.test, discrete=ds.discrete, vocab_size=ds.obs_dim if ds.discrete else None)
+    if naive:   # the yardstick of pipeline.naive, beside every run's curves
+        tracker.log_metrics({f"naive_{name}_test_{k}": v for name, values in naive.items() for k, v in values.items()},
+                            step=0)
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
     if params.tracking.get("log_checkpoints", True):

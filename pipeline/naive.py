@@ -1,0 +1,61 @@
+"""Predictors that learn nothing of the dynamics, scored on the steps the models are scored on: the yardstick a
+model's one-step test metric has to beat.
+
+The paper compares its models with each other only. On the continuous sets a model that merely copied its input
+would be hard to beat: consecutive Mocap frames (120 Hz) are almost equal, and predicting ô_{t+1} = o_t scores a
+test MSE about 40 times lower than the best model of the paper's setting (20 states for 51 features). The report
+prints these numbers beside every table so that no curve is read without them.
+
+* continuous: ``last_value`` (persistence, ô_{t+1} = o_t) and ``train_mean`` (ô_{t+1} = the mean of the training
+  observations), MSE over the same steps and features as :class:`pipeline.metrics.MetricSums`;
+* discrete: ``unigram``, the training symbol frequencies with add-½ smoothing (a symbol never seen in training
+  costs finite bits): BPC, and the accuracy of always predicting the most frequent training symbol.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+#: the names of the predictors, per kind, in the order the report shows them
+NAIVE_PREDICTORS = {"continuous": ("last_value", "train_mean"), "discrete": ("unigram",)}
+#: how the report names them
+NAIVE_LABELS = {"last_value": "last value", "train_mean": "training mean", "unigram": "unigram"}
+
+
+def naive_metrics(train: Sequence[np.ndarray], test: Sequence[np.ndarray], *, discrete: bool,
+                  vocab_size: int | None = None) -> dict[str, dict[str, float]]:
+    """``{predictor: {metric: value}}`` on the one-step targets o_{t+1}, t = 1 … T-1, of every ``test``
+    trajectory (a trajectory of one step has none). Discrete trajectories are int symbols 0 … V-1 (``vocab_size``
+    V, default 1 + the largest symbol of train and test); continuous ones are (T, m) or (T,) arrays. Empty when the
+    test split has no step to score."""
+    if not any(len(t) > 1 for t in test):
+        return {}
+    if discrete:
+        syms = [np.asarray(t, dtype=np.int64).ravel() for t in train]
+        targets = np.concatenate([np.asarray(t, dtype=np.int64).ravel()[1:] for t in test])
+        V = vocab_size if vocab_size is not None else 1 + int(max(max((s.max() for s in syms if s.size), default=0),
+                                                                   targets.max()))
+        counts = np.bincount(np.concatenate(syms), minlength=V).astype(np.float64)
+        p = (counts + 0.5) / (counts.sum() + 0.5 * V)
+        bits = -np.log2(p[targets])
+        return {"unigram": {"bpc": float(bits.mean()),
+                            "accuracy": float(np.mean(targets == int(np.argmax(counts))))}}
+
+    def rows(t: np.ndarray) -> np.ndarray:
+        a = np.asarray(t, dtype=np.float64)
+        return a.reshape(len(a), -1)
+
+    mean = np.concatenate([rows(t) for t in train]).mean(axis=0)
+    persistence = squares = 0.0
+    count = 0
+    for t in test:
+        x = rows(t)
+        if len(x) < 2:
+            continue
+        persistence += float(((x[1:] - x[:-1]) ** 2).sum())
+        squares += float(((x[1:] - mean) ** 2).sum())
+        count += x[1:].size
+    return {"last_value": {"mse": persistence / count}, "train_mean": {"mse": squares / count}}
+
