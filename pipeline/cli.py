@@ -135,11 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The sub-parser of command ``name``, so that a usage error names ``psrnn <name>`` and its ``--help``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug and -v count anywhere, also after the stage name (the stage scripts put the stage name first)
     verbose = ("-v", "--verbose")
-    args = build_parser().parse_args([a for a in argv if a != "--debug" and a not in verbose])
+    parser = build_parser()
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug" and a not in verbose])
+    if extra:   # argparse would name `psrnn`, whose --help does not list the command's flags
+        _command_parser(parser, args.stage).error(f"unrecognized arguments: {' '.join(extra)}")
     args.debug = "--debug" in argv
     args.verbose = any(a in verbose for a in argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -211,12 +211,17 @@ class TrainedRun:
                              f"got {np.asarray(trajectory).shape}")
         with np.errstate(over="ignore", invalid="ignore"):
             z = (x - self.mean) / self.std
-        bad = ~(np.abs(z) <= _FLOAT32_MAX)   # NaN, Inf, or beyond float32 (the models' arithmetic)
+        missing = ~np.isfinite(x)
+        if missing.any():   # a gap in the data, not a value too far out
+            t, j = (int(i) for i in np.argwhere(missing)[0])
+            raise ValueError(f"feature {self.features[j]!r} is {float(x[t, j])!r} at row {t} of the trajectory; "
+                             "expected finite values (fill or drop missing observations first)")
+        bad = ~(np.abs(z) <= _FLOAT32_MAX)   # beyond float32 (the models' arithmetic) once standardised
         if bad.any():
             t, j = (int(i) for i in np.argwhere(bad)[0])
             raise ValueError(f"feature {self.features[j]!r} overflows when standardised (first at row {t} of the "
-                             "trajectory: NaN, Inf, or too far from the train mean/std for float32); expected values "
-                             "of a representable spread")
+                             "trajectory: too far from the train mean/std for float32); expected values of a "
+                             "representable spread")
         return z
 
     def _by_name(self, trajectory: Any) -> Any:
@@ -728,7 +733,8 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
     if output_path.resolve() == input_path.resolve():
         raise ValueError(f"{output_path}: the output would overwrite the input file; name another output")
     rows = read_rows(input_path, kind=run.kind, features=None if run.discrete else run.features,
-                     symbol_column=symbol_column, min_length=1, features_are="a feature the run was trained on")
+                     symbol_column=symbol_column, min_length=1, features_are="a feature the run was trained on",
+                     symbol_column_is="name it with --symbol-column NAME (symbol_column= in Python)")
     if not run.discrete:
         _check_standardised(run, input_path, rows)
     ids_out, steps_out, encoded = [], [], []

@@ -160,6 +160,9 @@ def test_cli_reports_one_line(tmp_path, capsys, defaults):
     (["refine"], "psrnn refine: error: the following arguments are required: dataset (see psrnn refine --help)"),
     (["forecast", "ptb", "psrnn", "0", "in.parquet", "out.parquet", "--steps", "many"],
      "psrnn forecast: error: argument --steps: invalid int value: 'many' (see psrnn forecast --help)"),
+    # a flag of another command (forecast's --sample) is named by the command it was given to
+    (["predict", "custom", "psrnn", "0", "in.parquet", "out.parquet", "--sample"],
+     "psrnn predict: error: unrecognized arguments: --sample (see psrnn predict --help)"),
 ])
 def test_cli_usage_errors_are_one_line(argv, line, capsys):
     from pipeline.cli import main

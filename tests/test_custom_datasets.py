@@ -184,3 +184,19 @@ def test_readme_examples_of_your_own_data_run_as_printed(defaults, tmp_path, mon
     raw["datasets"] = ["custom_events"]
     p = parse_params(raw)
     assert p.dataset("custom_events").discrete and p.selected == ["custom_events"]
+
+
+def test_a_symbol_column_the_file_lacks_is_named_by_the_key_that_sets_it(tmp_path, defaults):
+    """Preparing names the params key; predict's wording (--symbol-column) belongs to predict only."""
+    from pipeline.config import load_params
+    from pipeline.workflow.data import prepare
+
+    _project(tmp_path, defaults)
+    raw = read_yaml(tmp_path / "params.yaml")
+    raw["custom_sales"]["source"]["symbol_column"] = "Event"
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    with pytest.raises(ValueError) as err:
+        prepare(load_params(tmp_path / "params.yaml"), tmp_path, "custom_sales")
+    assert str(err.value) == (f"{tmp_path / 'data' / 'sales.parquet'}: missing column 'Event' (the discrete "
+                              "observation; set custom_sales.source.symbol_column in params.yaml to its name); "
+                              "columns present: ['trajectory', 'event']")

@@ -583,8 +583,8 @@ def test_trained_run_errors_name_the_trajectory(discrete_run, continuous_run):
     bad = raw[1].copy()
     bad[3, 0] = np.nan
     for call in (crun.predict, crun.evaluate, lambda t: crun.forecast(t, 2)):
-        with pytest.raises(ValueError, match=r"^trajectories\[1\]: feature 'a' overflows when standardised \(first at "
-                                             r"row 3 of the trajectory: NaN, Inf"):
+        with pytest.raises(ValueError, match=r"^trajectories\[1\]: feature 'a' is nan at row 3 of the trajectory; "
+                                             r"expected finite values \(fill or drop missing observations first\)$"):
             call([raw[0], bad])
         with pytest.raises(ValueError, match=r"^trajectories\[0\]: expected trajectories of shape \(T, 2\) \(features "
                                              r"\['a', 'b'\]\), got \(4, 3\)$"):

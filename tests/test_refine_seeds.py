@@ -332,8 +332,8 @@ def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, c
     first, last = (history["history"][e]["test"]["bpc"] for e in (0, -1))
     captured = capsys.readouterr()
     assert history["monitor"] == ("valid" if load_prepared(root, "hmm").valid else "train")
-    line = (f"refine hmm: psrnn_s0 2 epochs, test bpc {first:.4g} -> {last:.4g} (best epoch on {history['monitor']} "
-            f"{history['best_epoch']})")
+    line = (f"refine hmm: psrnn_s0 2 epochs, test bpc {first:.4g} -> {last:.4g} (epoch 0 -> 2); lowest "
+            f"{history['monitor']} bpc at epoch {history['best_epoch']}")
     assert captured.out == line + "\n" and "refine hmm: psrnn_s0 2" not in captured.err
     # the stage (every run of the dataset) writes the same line to its log, stderr, for each run it trains
     clean_env.setenv("PSRNN_RETRAIN", "1")

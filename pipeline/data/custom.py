@@ -226,6 +226,7 @@ def read_rows(
     min_length: int = 1,
     with_split: bool = False,
     features_are: str = "named in features",
+    symbol_column_is: str = "set symbol_column to its name",
 ) -> "Rows":
     """Read and check the rows of ``path`` (schema and checks in the module docstring), grouped by trajectory.
 
@@ -282,8 +283,7 @@ def read_rows(
     require("trajectory", "the trajectory id of each row")
     auto_features = kind == "continuous" and features is None   # taken from the column types below
     if kind == "discrete":
-        require(symbol_column, "the discrete observation; set symbol_column to its name (psrnn predict / "
-                               "forecast: --symbol-column NAME)")
+        require(symbol_column, f"the discrete observation; {symbol_column_is}")
         if symbol_column in RESERVED:
             raise ValueError(f"symbol_column={brief(symbol_column)}: that is a reserved column")
         value_columns = [symbol_column]
@@ -441,12 +441,14 @@ def load_custom(
     seed: int = 0,
     normalize: bool = True,
     min_length: int = 2,
+    symbol_column_is: str = "set symbol_column to its name",
 ) -> SequenceDataset:
-    """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring)."""
+    """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring).
+    ``symbol_column_is``: how the caller names the symbol column, for the error when the file lacks it."""
     _check_path(path)
     _check_options(test_fraction, valid_fraction, seed, normalize)
     rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
-                     with_split=True)
+                     with_split=True, symbol_column_is=symbol_column_is)
     path, uniq, groups, values, value_columns = rows.path, rows.ids, rows.groups, rows.values, rows.columns
     has_split, split_values = rows.split is not None, rows.split
 

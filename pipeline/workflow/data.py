@@ -115,7 +115,8 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
     src = dict(dp.source)
     path = Path(src.pop("path"))
     try:
-        return load_custom(path if path.is_absolute() else root / path, **src)
+        return load_custom(path if path.is_absolute() else root / path, **src,
+                           symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name")
     except FileNotFoundError as exc:   # the one error that is the params' rather than the file's: name the key
         raise FileNotFoundError(f"{dp.name}.source.path: {exc} (relative paths are read from the project root "
                                 f"{root})") from None

@@ -133,23 +133,24 @@ def _note_unlisted_runs(root: Path, dataset: str, variants: list[str], seeds: li
     if unlisted:
         shown = ", ".join(unlisted[:6]) + (f" and {len(unlisted) - 6} more" if len(unlisted) > 6 else "")
         print(f"refine {dataset}: {len(unlisted)} trained run{'s' if len(unlisted) > 1 else ''} not in params.yaml "
-              f"kept in {folder} ({shown}): not evaluated or reported; listing one again reuses it, deleting its "
-              "folder frees the space", file=sys.stderr)
+              f"kept in {folder} ({shown}): not evaluated or reported; listed again, one trained with the same "
+              "configuration is reused; deleting its folder frees the space", file=sys.stderr)
 
 
 def summary_line(history: dict[str, Any]) -> str:
     """One line of a :func:`refine_run` history: the primary test metric at epoch 0 and at the last epoch, and
-    the best epoch on the monitored split."""
+    the epoch with the lowest value on the monitored split (said so: "best epoch 0" beside a worse final number
+    read as if epoch 0's weights were the ones kept, which only ``train.restore_best`` does)."""
     from pipeline.metrics import primary_metric
 
     key = primary_metric(history["kind"] == "discrete")
     epochs = history["history"]
     first, last = epochs[0]["test"].get(key), epochs[-1]["test"].get(key)
     stopped = f", stopped early: {history['stopped_early']}" if history.get("stopped_early") else ""
-    on = f" on {history['monitor']}" if history.get("monitor") else ""   # not the test numbers beside it
+    on = f"{history['monitor']} " if history.get("monitor") else ""   # not the test numbers beside it
     return (f"refine {history['dataset']}: {run_name(history['variant'], history['seed'])} "
-            f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (best epoch{on} "
-            f"{history['best_epoch']}){stopped}")
+            f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (epoch 0 -> {len(epochs) - 1}); "
+            f"lowest {on}{key} at epoch {history['best_epoch']}{stopped}")
 
 
 def _write_plot(root: Path, dataset: str, variant: str, seed: int, history: list[dict[str, Any]]) -> None:
