@@ -7,9 +7,11 @@
     >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one file, loaded with weights_only=True
 
 Integer 1-D arrays are treated as discrete symbols 0 … V-1 (indices: sparse ids such as 0 and 10**9 are refused),
-float arrays of shape (T,) or (T, m) as continuous; every trajectory of train, valid and test must be of one kind
-(and, continuous, of one width). Bad input is refused up front, before any 2SR work, in one line naming the argument
-and trajectory (``train[1]: ...``).
+strings as discrete symbols (a str trajectory is its characters), float arrays of shape (T,) or (T, m) as
+continuous; ``kind="discrete"`` / ``"continuous"`` says it instead (integer measurements). Every trajectory of
+train, valid and test must be of one kind (and, continuous, of one width). Frames and dicts of columns are read by
+column name. Bad input is refused up front, before any 2SR work, in one line naming the argument and trajectory
+(``train[1]: ...``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
-from pipeline.messages import brief
+from pipeline.messages import brief, brief_list
 from pipeline.models.common import ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, is_finite_number, \
     linear_two_stage, multilayer_two_stage
@@ -60,16 +62,19 @@ def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = N
     return model.xavier_init(seed)
 
 
-def infer_kind(trajectories: Sequence[np.ndarray]) -> tuple[bool, int]:
+def infer_kind(trajectories: Sequence[Any], kind: str = "auto") -> tuple[bool, int]:
     """(discrete, input_dim) from the arrays themselves (checked as :func:`fit_model` checks ``train``)."""
-    discrete, input_dim, _ = _checked_splits({"train": trajectories})
-    return discrete, input_dim
+    data = _checked_splits({"train": trajectories}, kind)
+    return data.discrete, data.input_dim
 
 
 # ----------------------------------------------------------------------------------------- checking the inputs
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)   # the models compute in float32: larger values become Inf
 _A_LIST = "a list of trajectories (arrays of shape (T,) or (T, m))"
+KINDS = ("auto", "discrete", "continuous")
+#: how many symbols the warning about symbols never seen in train names before "and N more"
+_SHOWN_SYMBOLS = 5
 
 
 def _trajectory_list(name: str, trajectories: Any) -> list[Any]:
@@ -83,21 +88,103 @@ def _trajectory_list(name: str, trajectories: Any) -> list[Any]:
     return list(trajectories)
 
 
+def _column_keys(t: Any) -> dict[str, Any] | None:
+    """``{name: key}`` of a trajectory with named columns (a Mapping of column name -> 1-D array, or a frame:
+    anything with ``.columns`` and ``[]``, duck-typed so that pandas is not imported); None for any other."""
+    if isinstance(t, collections.abc.Mapping):
+        keys = list(t)
+    elif hasattr(t, "columns") and hasattr(t, "__getitem__") and not isinstance(t, np.ndarray):
+        keys = list(t.columns)
+    else:
+        return None
+    return {str(k): k for k in keys}
+
+
+def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> Any:
+    """A trajectory with named columns as an array of ``columns`` in that order (one column: 1-D, so that a column
+    of symbols is a trajectory of symbols; other columns ignored); any other trajectory as it is. Named columns are
+    read by name, never by position: a frame [b, a] for a model of [a, b] would otherwise be silently swapped.
+    ``source`` names what has the columns ("train[0]", "the model")."""
+    keys = _column_keys(t)
+    if keys is None:
+        return t
+    if columns is None:
+        raise ValueError(f"{where}: named columns {brief_list(keys)}, but {source} has no column names (plain "
+                         f"arrays, read by position); expected an array with the columns in {source}'s order, e.g. "
+                         "frame.to_numpy()")
+    missing = [c for c in columns if c not in keys]
+    if missing:
+        raise ValueError(f"{where}: no column {brief_list(missing)} (columns present: {brief_list(keys)}); expected "
+                         f"the columns of {source}: {brief_list(columns)}")
+    values = []
+    for c in columns:
+        try:
+            v = np.asarray(t[keys[c]])
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise ValueError(f"{where}: column {brief(c)} is not an array ({' '.join(str(exc).split())[:120]}); "
+                             "expected one value per step") from None
+        if v.ndim != 1:
+            raise ValueError(f"{where}: column {brief(c)} of shape {v.shape}; expected one value per step (1-D)")
+        values.append(v)
+    if len({len(v) for v in values}) > 1:
+        lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
+        raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
+    return values[0] if len(values) == 1 else np.column_stack(values)
+
+
+def _object_values(where: str, a: np.ndarray) -> np.ndarray:
+    """An object array (a pandas column of strings, of nullable integers, ...) as strings or numbers, or refused."""
+    flat = a.ravel().tolist()
+
+    def group(v: Any) -> str:
+        if isinstance(v, str):
+            return "str"
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
+            return "number"
+        return type(v).__name__
+
+    groups = [group(v) for v in flat]
+    if flat and all(g == "str" for g in groups):
+        return np.asarray(a.tolist(), dtype=str)
+    if flat and all(g == "number" for g in groups):
+        numbers = np.asarray(a.tolist())
+        if numbers.dtype.kind in "iuf":
+            return numbers
+    other = next((j for j, g in enumerate(groups) if g not in ("str", "number")), None)
+    if other is None:
+        other = next((j for j, g in enumerate(groups) if g != groups[0]), 0)
+    shown = f" ({type(flat[other]).__name__} {brief(flat[other], 40)} at step {other})" if flat and a.ndim == 1 else ""
+    raise ValueError(f"{where}: an array of dtype object{shown}; expected integer symbols, float features or strings "
+                     "(one kind per trajectory)")
+
+
 def _trajectory_array(where: str, t: Any) -> np.ndarray:
-    """One trajectory as a numeric array of shape (T,) or (T, m), T >= 1 and m >= 1."""
+    """One trajectory as an array of shape (T,) or (T, m), T >= 1 and m >= 1: numbers, or strings of shape (T,)
+    (symbols; a str is the sequence of its characters)."""
+    if isinstance(t, str):
+        t = list(t)
     try:
         a = np.asarray(t)
     except (ValueError, TypeError, RuntimeError) as exc:   # ragged nested lists, tensors that need grad, ...
         raise ValueError(f"{where}: not an array ({' '.join(str(exc).split())[:120]}); expected an array of shape "
                          "(T,) or (T, m)") from None
-    if a.dtype.kind not in "biuf":
-        raise ValueError(f"{where}: an array of dtype {a.dtype}; expected integer symbols or float features")
+    if a.dtype.kind == "O":
+        a = _object_values(where, a)
+    if a.dtype.kind not in "biufU":
+        raise ValueError(f"{where}: an array of dtype {a.dtype}; expected integer symbols, float features or "
+                         "strings (symbols)")
     if a.ndim not in (1, 2) or a.ndim == 2 and a.shape[1] == 0:
         shown = f"the scalar {a.item()!r}" if a.ndim == 0 else f"shape {a.shape}"
         raise ValueError(f"{where}: {shown}; expected an array of shape (T,) or (T, m), one row per step")
+    if a.dtype.kind == "U" and a.ndim != 1:
+        raise ValueError(f"{where}: strings of shape {a.shape}; expected a 1-D sequence of symbols, one per step")
     if len(a) == 0:
         raise ValueError(f"{where}: an empty trajectory; expected at least one observation")
     return a
+
+
+def _is_text(a: np.ndarray) -> bool:
+    return a.dtype.kind == "U"
 
 
 def _is_symbols(a: np.ndarray) -> bool:
@@ -105,15 +192,25 @@ def _is_symbols(a: np.ndarray) -> bool:
 
 
 def _kind_text(a: np.ndarray) -> str:
+    if _is_text(a):
+        return "strings (symbols)"
     return "discrete symbols (an integer 1-D array)" if _is_symbols(a) else \
         f"continuous features (a {a.dtype} array of shape {a.shape})"
 
 
-def _symbols(where: str, a: np.ndarray, vocab_size: int | None) -> np.ndarray:
+#: the hint of the symbol errors where the kind was inferred: integers that are measurements, not symbols
+_MEASUREMENTS = " (measurements? pass kind='continuous')"
+
+
+def _symbols(where: str, a: np.ndarray, vocab_size: int | None, hint: str = "") -> np.ndarray:
     """Symbols as int64 indices 0 … ``vocab_size`` - 1 (None: any below :data:`MAX_SIZE`). Floats with integer
-    values (2.0) are taken as those integers; other floats (0.9) are refused, never truncated."""
+    values (2.0) are taken as those integers; other floats (0.9) are refused, never truncated. ``hint`` ends the
+    message of a symbol out of range."""
     if a.ndim != 1:
         raise ValueError(f"{where}: shape {a.shape}; expected a 1-D array of symbols (the model is discrete)")
+    if _is_text(a):
+        raise ValueError(f"{where}: strings (an array of dtype {a.dtype}); expected integer symbols (the model was "
+                         "fitted on integers, not strings)")
     if a.dtype.kind == "f":
         whole = np.isfinite(a) & (a == np.floor(a))
         if not whole.all():
@@ -128,12 +225,31 @@ def _symbols(where: str, a: np.ndarray, vocab_size: int | None) -> np.ndarray:
         j = int(np.flatnonzero(bad)[0])
         expected = (f"symbols 0 … {vocab_size - 1}, the model's vocabulary" if vocab_size is not None else
                     f"integers from 0 to {MAX_SIZE - 1} (indices into a vocabulary: map other ids to 0 … V-1)")
-        raise ValueError(f"{where}: symbol {a[j].item()!r} at step {j}; expected {expected}")
+        raise ValueError(f"{where}: symbol {a[j].item()!r} at step {j}; expected {expected}{hint}")
     return a.astype(np.int64)
+
+
+def _text_symbols(where: str, a: np.ndarray, vocab: Sequence[str]) -> np.ndarray:
+    """Strings as int64 indices into the sorted ``vocab`` (a model fitted on strings); a symbol not in it, or a
+    trajectory of numbers, is refused naming it."""
+    if not _is_text(a):
+        raise ValueError(f"{where}: {_kind_text(a)}, but the model was fitted on strings; expected strings of its "
+                         f"vocabulary ({brief_list(vocab)})")
+    v = np.asarray(vocab, dtype=str)
+    index = np.searchsorted(v, a)
+    bad = v[np.minimum(index, len(v) - 1)] != a
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: symbol {brief(str(a[j]))} at step {j} is not in the model's vocabulary "
+                         f"({brief_list(vocab)}); expected symbols seen when fitting (in train, valid or test)")
+    return index.astype(np.int64)
 
 
 def _features(where: str, a: np.ndarray, width: int, source: str) -> np.ndarray:
     """Features as (T, m) float64, ``m == width`` (``source`` says whose width), finite within float32."""
+    if _is_text(a):
+        raise ValueError(f"{where}: strings (an array of dtype {a.dtype}); expected float features (the model is "
+                         "continuous)")
     x = a.reshape(len(a), -1).astype(np.float64)
     if x.shape[1] != width:
         raise ValueError(f"{where}: {x.shape[1]} features per step (shape {a.shape}); expected {width}, {source}")
@@ -145,29 +261,117 @@ def _features(where: str, a: np.ndarray, width: int, source: str) -> np.ndarray:
     return x
 
 
-def _checked_splits(splits: dict[str, Any]) -> tuple[bool, int, dict[str, list[np.ndarray]]]:
-    """(discrete, input_dim, arrays per split) of ``splits`` (name: trajectories, the first one ``train``): every
-    trajectory of one kind, like ``train[0]``, and continuous ones of its width; V = 1 + the largest symbol of any
-    split (symbols are indices 0 … V-1, a symbol seen only in test included)."""
-    raw = {name: [_trajectory_array(f"{name}[{i}]", t) for i, t in enumerate(_trajectory_list(name, value))]
-           for name, value in splits.items()}
-    if not raw["train"]:
+@dataclass
+class _Data:
+    """The splits as :func:`_checked_splits` reads them: in model units, with what the model must remember to read
+    new data alike (``columns``: the names of train's columns; ``vocab``: the symbols of a model of strings)."""
+
+    discrete: bool
+    input_dim: int
+    arrays: dict[str, list[np.ndarray]]
+    columns: list[str] | None = None
+    vocab: list[str] | None = None
+    unseen: dict[str, list[Any]] = field(default_factory=dict)   # per split: symbols that train never has
+
+
+def _checked_splits(splits: dict[str, Any], kind: str = "auto") -> _Data:
+    """Every trajectory of ``splits`` (name: trajectories, the first one ``train``) in model units.
+
+    Named columns (a frame or a dict of columns) are read by name: train[0]'s names, which every named trajectory
+    must have (plain arrays stay positional). ``kind``: ``auto`` takes integer 1-D arrays and strings as symbols
+    and the rest as features, ``discrete`` every trajectory as symbols (floats with integer values too),
+    ``continuous`` every one as features (integers cast to float). Every trajectory is of one kind, like
+    ``train[0]``, and continuous ones of its width. Integer symbols are indices 0 … V-1, V = 1 + the largest
+    symbol of any split; strings are mapped to their index in the sorted distinct symbols of every split (so
+    that, as for integers, a symbol seen only in test is part of the vocabulary)."""
+    lists = {name: _trajectory_list(name, value) for name, value in splits.items()}
+    if not lists["train"]:
         raise ValueError(f"train: empty; expected {_A_LIST}, at least one")
+    keys = _column_keys(lists["train"][0])
+    columns = list(keys) if keys is not None else None
+    if columns == []:
+        raise ValueError("train[0]: named columns, but none; expected at least one column")
+    raw = {name: [_trajectory_array(f"{name}[{i}]", _by_columns(f"{name}[{i}]", t, columns, "train[0]"))
+                  for i, t in enumerate(trajectories)] for name, trajectories in lists.items()}
     first = raw["train"][0]
-    discrete = _is_symbols(first)
-    width = None if discrete else first.reshape(len(first), -1).shape[1]
-    out: dict[str, list[np.ndarray]] = {}
+    if kind == "continuous":
+        for name, arrays in raw.items():
+            for i, a in enumerate(arrays):
+                if _is_text(a):
+                    raise ValueError(f"{name}[{i}]: strings (an array of dtype {a.dtype}); kind='continuous' reads "
+                                     "numbers; expected numeric arrays, or kind='auto' for symbols")
+        discrete = False
+    elif kind == "discrete":
+        discrete = True
+    else:
+        discrete = _is_text(first) or _is_symbols(first)
+    if discrete:
+        for name, arrays in raw.items():
+            for i, a in enumerate(arrays):
+                if _is_text(a) != _is_text(first):
+                    text, number = (f"{name}[{i}]", "train[0]") if _is_text(a) else ("train[0]", f"{name}[{i}]")
+                    raise ValueError(f"{name}[{i}]: {_kind_text(a)}, but train[0] holds {_kind_text(first)}; "
+                                     f"expected one kind of symbol in train, valid and test: strings ({text}) or "
+                                     f"numbers ({number}), not both (map one to the other first, e.g. "
+                                     "[str(s) for s in t])")
+                if kind == "auto" and not _is_text(a) and not _is_symbols(a):
+                    raise ValueError(f"{name}[{i}]: {_kind_text(a)}, but train[0] holds {_kind_text(first)}; "
+                                     "expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
+                                     "float arrays (features)")
+        if _is_text(first):
+            return _text_data(raw, columns)
+        hint = _MEASUREMENTS if kind == "auto" else ""
+        out = {name: [_symbols(f"{name}[{i}]", a, None, hint) for i, a in enumerate(arrays)]
+               for name, arrays in raw.items()}
+        return _Data(True, _vocab_size(out, hint), out, columns, None, _unseen(out))
+    width = first.reshape(len(first), -1).shape[1]
+    out = {}
     for name, arrays in raw.items():
         for i, a in enumerate(arrays):
-            if _is_symbols(a) != discrete:
+            if kind == "auto" and (_is_symbols(a) or _is_text(a)):
                 raise ValueError(f"{name}[{i}]: {_kind_text(a)}, but train[0] holds {_kind_text(first)}; expected "
                                  "one kind in train, valid and test: integer 1-D arrays (symbols) or float arrays "
                                  "(features)")
-        out[name] = [_symbols(f"{name}[{i}]", a, None) if discrete else
-                     _features(f"{name}[{i}]", a, width, "as train[0] has") for i, a in enumerate(arrays)]
-    if discrete:
-        return True, _vocab_size(out), out
-    return False, width, out
+        out[name] = [_features(f"{name}[{i}]", a, width, "as train[0] has") for i, a in enumerate(arrays)]
+    return _Data(False, width, out, columns)
+
+
+def _text_data(raw: dict[str, list[np.ndarray]], columns: list[str] | None) -> _Data:
+    """Strings as indices into the vocabulary: the sorted distinct symbols of every split."""
+    vocab = np.unique(np.concatenate([a for arrays in raw.values() for a in arrays]))
+    out = {name: [np.searchsorted(vocab, a).astype(np.int64) for a in arrays] for name, arrays in raw.items()}
+    names = [str(s) for s in vocab]
+    unseen = {name: [names[j] for j in found] for name, found in _unseen(out).items()}
+    return _Data(True, len(names), out, columns, names, unseen)
+
+
+def _unseen(arrays: dict[str, list[np.ndarray]]) -> dict[str, list[int]]:
+    """Per split other than train, the symbols (indices) it has and train has not."""
+    seen = np.unique(np.concatenate(arrays["train"]))
+    out = {}
+    for name, split in arrays.items():
+        if name != "train" and split:
+            new = np.setdiff1d(np.unique(np.concatenate(split)), seen)
+            if new.size:
+                out[name] = [int(s) for s in new]
+    return out
+
+
+def _warn_unseen(unseen: dict[str, list[Any]], vocab_size: int) -> None:
+    """Warn, naming a few, about symbols that occur in valid or test but never in train: they are part of the
+    vocabulary (so they can be scored, and predicted), but the model learns nothing about them from train."""
+    import warnings
+
+    if not unseen:
+        return
+    symbols = sorted({s for found in unseen.values() for s in found})
+    shown = ", ".join(brief(s, 40) for s in symbols[:_SHOWN_SYMBOLS])
+    more = f" and {len(symbols) - _SHOWN_SYMBOLS} more" if len(symbols) > _SHOWN_SYMBOLS else ""
+    where = " and ".join(unseen)
+    many = len(symbols) > 1
+    warnings.warn(f"{where}: symbol{'s' if many else ''} {shown}{more} never seen in train; "
+                  f"{'they are' if many else 'it is'} in the vocabulary (V = {vocab_size}, from every split) but the "
+                  f"model learns nothing about {'them' if many else 'it'} from train", UserWarning, stacklevel=4)
 
 
 #: a vocabulary (1 + the largest symbol) above this and above SPARSE_RATIO x the distinct symbols is refused
@@ -175,7 +379,7 @@ SPARSE_VOCAB = 10_000
 SPARSE_RATIO = 2
 
 
-def _vocab_size(arrays: dict[str, list[np.ndarray]]) -> int:
+def _vocab_size(arrays: dict[str, list[np.ndarray]], hint: str = "") -> int:
     """V = 1 + the largest symbol of any split (symbols are indices). Ids that are not indices (0 and 10**9 for two
     symbols) would make every logits table V wide, gigabytes per step: a V above :data:`SPARSE_VOCAB` and
     :data:`SPARSE_RATIO` x the distinct symbols is refused, naming where the largest symbol is."""
@@ -190,7 +394,7 @@ def _vocab_size(arrays: dict[str, list[np.ndarray]]) -> int:
         raise ValueError(f"{name}[{i}]: symbol {vocab - 1} at step {j} makes a vocabulary of {vocab} (symbols are "
                          f"indices 0 … V-1) for {distinct} distinct symbols; expected indices near 0 … {distinct - 1}: "
                          "map the ids, e.g. ids = np.unique(np.concatenate(every split's trajectories)), then "
-                         "np.searchsorted(ids, t) for each trajectory t")
+                         f"np.searchsorted(ids, t) for each trajectory t{hint}")
     return vocab
 
 
@@ -259,6 +463,8 @@ class _FitPlan:
     two_stage: TwoStageConfig | None      # PSRNNs initialised by 2SR
     windows: dict[str, int]
     kf_ridge: float | None = None          # the Kalman filter's linear 2SR
+    columns: list[str] | None = None       # the names of train's columns (frames, dicts of columns)
+    vocab: list[str] | None = None         # the symbols of a model of strings, in index order
 
 
 #: a training feature whose mean or standard deviation exceeds this in absolute value gets a warning
@@ -321,6 +527,10 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     _check_number("clip", a["clip"])
     if a["bias_scale"] is not None and not is_finite_number(a["bias_scale"]):
         raise ValueError(f"bias_scale={brief(a['bias_scale'])}: expected a finite number (or None)")
+    _check_shape_options(model, a)
+    if not isinstance(a["kind"], str) or a["kind"] not in KINDS:
+        raise ValueError(f"kind={brief(a['kind'])}: expected 'auto' (integer 1-D arrays and strings are symbols, "
+                         "the rest features), 'discrete' or 'continuous'")
     resolve_device(a["device"], "device=")
     two_stage_options = {} if two_stage_options is None else two_stage_options
     train_options = {} if train_options is None else train_options
@@ -347,12 +557,15 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         if other:
             raise ValueError(f"two_stage_options: {other} apply to the PSRNNs' 2SR on random features; the Kalman "
                              "filter's linear 2SR takes past_window, future_window and ridge")
-    discrete, input_dim, arrays = _checked_splits(data)
+    checked = _checked_splits(data, a["kind"])
+    discrete, input_dim, arrays = checked.discrete, checked.input_dim, checked.arrays
     if not discrete:
         _warn_unstandardised(arrays["train"])
     if model == "kf" and discrete:
-        raise ValueError("model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
-                         "(integer 1-D arrays); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols")
+        how = ("strings" if checked.vocab is not None else
+               "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
+        raise ValueError(f"model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
+                         f"({how}); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols")
     options = dict(two_stage_options)
     windows = {"past_window": a["horizon"] if a["past_window"] is None else a["past_window"],
                "future_window": a["horizon"]}
@@ -361,6 +574,9 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         raise ValueError(f"state_dim={a['state_dim']}: the Kalman filter's state has at most future window × "
                          f"features = {windows['future_window']} × {input_dim} dimensions; expected a smaller "
                          "state_dim or a longer horizon")
+    if spectral:
+        _check_long_enough(arrays["train"], windows, model, a, two_stage_options)
+    _warn_unseen(checked.unseen, input_dim)
     bias_scale = a["bias_scale"] if a["bias_scale"] is not None else 0.1 if model == "factorized_psrnn" else 0.0
     cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
                       state_dim=a["state_dim"], obs_dim=a["obs_dim"], n_layers=a["n_layers"],
@@ -390,11 +606,85 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     train = arrays["train"]
     return _FitPlan(train=train, test=arrays.get("test") or train,   # none given: train is scored as "test"
                     valid=valid, model=cfg, train_config=tcfg, two_stage=ts_cfg, windows=windows,
-                    kf_ridge=kf_ridge)
+                    kf_ridge=kf_ridge, columns=checked.columns, vocab=checked.vocab)
+
+
+def _check_shape_options(model: str, a: dict[str, Any]) -> None:
+    """Refuse the shape options that ``model`` would ignore, as ``rank`` is refused: a config that records
+    n_layers=3 for a one-layer Kalman filter, or a bias_scale no bias reads, describes another model than the one
+    trained. The RNN baselines stack layers (torch's num_layers); the Kalman filter has one state."""
+    if model == "kf" and a["n_layers"] != 1:
+        raise ValueError(f"n_layers={brief(a['n_layers'])}: the Kalman filter has one state, no layers to stack; "
+                         "leave it out (psrnn, lstm, gru and rnn stack layers)")
+    if a["bias_scale"] is not None and not (model in PSRNN_MODELS and a["init"] == "2sr"):
+        has = ("init='random' sets its bias to zero" if model in PSRNN_MODELS else "has no such bias")
+        raise ValueError(f"bias_scale={brief(a['bias_scale'])}: the PSRNN bias is bias_scale × the mean 2SR state; "
+                         f"{model} {has}, leave it out")
+    if not isinstance(a["decoder_input"], str) or a["decoder_input"] not in ("top", "all"):
+        raise ValueError(f"decoder_input={brief(a['decoder_input'])}: expected 'top' (the decoder reads the top "
+                         "layer's state) or 'all' (every layer's)")
+    if a["decoder_input"] == "all":
+        if model not in PSRNN_MODELS:
+            raise ValueError(f"decoder_input='all': the skip connections of a multilayer PSRNN; {model}'s decoder "
+                             "reads its top layer, leave it out")
+        if a["n_layers"] == 1:
+            raise ValueError("decoder_input='all': reads every layer's state, and n_layers=1 has one layer (the "
+                             "same as 'top'); expected n_layers >= 2, or leave it out")
+
+
+def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], model: str, a: dict[str, Any],
+                       two_stage_options: dict[str, Any]) -> None:
+    """Refuse, naming the arguments, a train split too short for 2SR, by 2SR's own conditions (deeper in, the
+    error named neither train nor the arguments): a window at step t needs t >= past and t + future <= T - 1
+    (:func:`pipeline.features.make_windows`), so a trajectory holds T - past - future of them, and 2SR needs one
+    (T >= past + future + 1); the PSRNNs' 2SR at least two in all (its kernel widths are median distances
+    between windows, :func:`pipeline.features.fit_feature_maps`, unless ``widths`` gives all three for one
+    layer), the Kalman filter's linear 2SR two consecutive ones in one trajectory
+    (:func:`pipeline.two_stage.linear_stage_one`: T >= past + future + 2)."""
+    past, future = windows["past_window"], windows["future_window"]
+    extra = 2 if model == "kf" else 1
+    need = past + future + extra
+    i = max(range(len(train)), key=lambda k: len(train[k]))
+    longest = train[i]
+    past_name = ("two_stage_options['past_window']" if "past_window" in two_stage_options else
+                 "past_window" if a["past_window"] is not None else "past_window (= horizon)")
+    future_name = "two_stage_options['future_window']" if "future_window" in two_stage_options else "horizon"
+    smaller = f"a smaller {past_name.split(' ')[0]} or {future_name}"
+    if len(longest) < need:
+        what = "the Kalman filter's linear 2SR (two consecutive windows)" if model == "kf" else "2SR (one window)"
+        hint = ""
+        if longest.ndim == 2 and longest.shape[1] > longest.shape[0]:
+            hint = (f" (train[{i}] has shape {longest.shape}: trajectories are (T, m), one row per step; "
+                    "transposed?)")
+        raise ValueError(f"train: no trajectory is long enough for {what}: {past_name} {past} + {future_name} "
+                         f"{future} + {extra} = {need} steps, and the longest has {len(longest)}; expected a "
+                         f"trajectory of at least {need} steps, or {smaller}{hint}")
+    widths = two_stage_options.get("widths") or {}
+    given = a["n_layers"] == 1 and all(widths.get(k) is not None for k in ("obs", "past", "future"))
+    if model != "kf" and not given and sum(max(0, len(t) - past - future) for t in train) < 2:
+        raise ValueError(f"train: one window for 2SR ({past_name} {past} + {future_name} {future} + 1 = {need} "
+                         f"steps, in train[{i}] of {len(longest)}); 2SR needs two (its kernel widths are median "
+                         f"distances between windows): expected one more step or trajectory, or {smaller}")
 
 
 @dataclass
 class FittedModel:
+    """A model fitted by :func:`fit_model` (or read back by :func:`load_fitted`), with what reads new data alike.
+
+    Attributes:
+
+    * ``model``: the network (a :class:`pipeline.models.common.SequenceModel`), holding the weights of
+      :attr:`epoch`; ``model.config`` says its kind (``discrete``), sizes and options.
+    * ``history``: one dict per epoch, epoch 0 the initialisation: ``{"epoch", "seconds", "train", "valid",
+      "test", "lr"}``, each split's metrics ``{"mse"}`` or ``{"bpc", "accuracy"}`` (``"test"`` is the training
+      data when no test set was given; ``"valid"`` only with ``valid=``).
+    * ``two_stage``: the 2SR statistics the model was initialised from (PSRNNs with init '2sr', the KF's linear
+      2SR); None for the others, and after :func:`load_fitted` (not saved).
+    * ``extras``: ``train_config``, ``windows`` (past/future), ``two_stage_config``, ``best_epoch``,
+      ``stopped_early`` (the reason, or None); ``columns``, the names of train's columns when it had names (frames
+      and dicts are then read by name), and ``vocab``, the symbols of a model fitted on strings (index order).
+    """
+
     model: SequenceModel
     history: list[dict[str, Any]]
     two_stage: TwoStageModel | LinearStateSpace | None = None
@@ -409,36 +699,53 @@ class FittedModel:
         return int(self.history[-1]["epoch"]) if self.history else 0
 
     def _inputs(self, trajectories: Any) -> list[np.ndarray]:
-        """:func:`model_inputs` of ``trajectories``, at least one (none would fail deeper without naming them)."""
-        inputs = model_inputs(trajectories, self.model.config)
+        """``trajectories`` in model units, at least one (none would fail deeper without naming them): frames and
+        dicts read by the column names of train (``extras['columns']``), strings mapped by the vocabulary
+        (``extras['vocab']``), then :func:`model_inputs`."""
+        columns, vocab = self.extras.get("columns"), self.extras.get("vocab")
+        arrays = [_trajectory_array(f"trajectories[{i}]", _by_columns(f"trajectories[{i}]", t, columns, "the model"))
+                  for i, t in enumerate(_trajectory_list("trajectories", trajectories))]
+        if vocab is not None:
+            arrays = [_text_symbols(f"trajectories[{i}]", a, vocab) for i, a in enumerate(arrays)]
+        inputs = model_inputs(arrays, self.model.config)
         if not inputs:
             raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
         return inputs
 
-    def predict(self, trajectories: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Per trajectory, row t = the prediction of o_{t+1} (logits for discrete data).
+    def predict(self, trajectories: Sequence[Any]) -> list[np.ndarray]:
+        """Per trajectory, row t = the prediction of o_{t+1}, made after reading o_0 … o_t.
 
-        ``trajectories``: a list of arrays in the model's units, checked by :func:`model_inputs`: symbols 0 … V-1
-        (integers; floats only with integer values, 2.0, never 0.9), or (T, m) finite features of the trained
-        width m ((T,) when m = 1). Anything else is a one-line ValueError naming the trajectory index."""
+        Returns a list of float32 arrays (the model's dtype), one per trajectory: (T, m) predicted features for a
+        continuous model (a (T,) trajectory gives (T, 1)), or (T, V) logits for a discrete one (softmax them for
+        probabilities; column j is symbol j, or ``extras['vocab'][j]`` for a model of strings).
+
+        ``trajectories``: a list, each in the units the model was fitted on: symbols 0 … V-1 (integers; floats
+        only with integer values, 2.0, never 0.9), strings of the vocabulary (a model fitted on strings; a str is
+        its characters), or (T, m) finite features of the trained width m ((T,) when m = 1). A frame or a dict of
+        columns is read by name (the columns of train); plain arrays by position. Anything else is a one-line
+        ValueError naming the trajectory index."""
         from pipeline.train import predict
 
         return predict(self.model, self._inputs(trajectories))
 
-    def evaluate(self, trajectories: Sequence[np.ndarray]) -> dict[str, float]:
-        """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (checked as :meth:`predict` does)."""
+    def evaluate(self, trajectories: Sequence[Any]) -> dict[str, float]:
+        """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (read as :meth:`predict` reads them):
+        ``{"mse"}`` for a continuous model, the mean squared one-step error per feature and step in the units of
+        the given arrays (fit_model does not standardise them); ``{"bpc", "accuracy"}`` for a discrete one, the
+        bits per symbol of the next symbol and the fraction predicted most likely."""
         from pipeline.train import check_scorable, evaluate
 
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
         return evaluate(self.model, inputs)
 
-    def forecast(self, trajectories: Sequence[np.ndarray], steps: int, *, sample: bool = False, seed: int = 0
+    def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:
         """Per trajectory, the ``steps`` observations after its end, each prediction fed back as the next input
-        (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) values, or (steps,) symbols, the most likely
-        ones or, with ``sample``, drawn from the predicted distributions. ``trajectories`` are checked as
-        :meth:`predict` checks them."""
+        (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) values for a continuous model; for a discrete
+        one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
+        (numpy ``seed``): int64 indices, or strings for a model fitted on strings. ``trajectories`` are read as
+        :meth:`predict` reads them."""
         from pipeline.inference import TrainedRun, check_seed, check_steps
 
         check_steps(steps)
@@ -454,30 +761,78 @@ class FittedModel:
                          mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
         out = run.forecast_encoded(inputs, steps, sample=sample, seed=seed,
                                    device=str(next(self.model.parameters()).device))
+        vocab = self.extras.get("vocab")
+        if vocab is not None:
+            symbols = np.asarray(vocab, dtype=str)
+            return [symbols[values] for values, _ in out]
         return [values for values, _ in out]
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the fitted model to one file that :func:`load_fitted` reads back: the model's config and weights,
-        the training history and the configs used (``extras``), as plain tensors, numbers, strings, lists and
-        dicts (``torch.save``, read with ``weights_only=True``: no pickled objects, nothing runs on loading).
-        The 2SR statistics (``two_stage``) are not kept: the initial weights they gave are part of the training
-        history's epoch 0, the current ones are in the model. Written to a temporary file and renamed."""
+        """Write the fitted model to one file that :func:`load_fitted` reads back: the model's config, weights and
+        parameter dtype, the training history and the configs used (``extras``), as plain tensors, numbers,
+        strings, lists and dicts (``torch.save``, read with ``weights_only=True``: no pickled objects, nothing
+        runs on loading), with a SHA-256 digest of all of it (:func:`_fitted_digest`): a damaged file is refused on
+        loading instead of giving other predictions. The 2SR statistics (``two_stage``) are not kept: the initial
+        weights they gave are part of the training history's epoch 0, the current ones are in the model. Written
+        to a temporary file and renamed."""
         from pipeline.train import save_checkpoint
 
         if Path(path).is_dir():   # the rename onto it would fail naming a temporary file
             raise ValueError(f"{path}: a directory; expected a file path to write the model to, e.g. "
                              f"{Path(path) / 'model.pt'}")
-        save_checkpoint(path, {"format": FITTED_FORMAT, "model_config": self.model.config.to_dict(),
-                               "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                               "history": self.history, "extras": self.extras})
+        payload = {"format": FITTED_FORMAT, "model_config": self.model.config.to_dict(),
+                   "dtype": _dtype_name(next(self.model.parameters()).dtype),
+                   "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                   "history": self.history, "extras": self.extras}
+        payload["digest"] = _fitted_digest(payload)
+        save_checkpoint(path, payload)
 
 
-FITTED_FORMAT = "psrnn-pipeline fitted model v1"
+FITTED_FORMAT = "psrnn-pipeline fitted model v2"
+#: files of before the digest and the dtype: still read, unverified, in the dtype of their weights
+FITTED_FORMAT_V1 = "psrnn-pipeline fitted model v1"
+#: the parameter dtypes a saved model may have (the models compute in float32, or float64 under that default)
+_DTYPES = ("float32", "float64")
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _fitted_digest(ck: dict[str, Any]) -> str:
+    """The SHA-256 (hex) of what a saved model holds: every weight tensor (its key, dtype, shape and bytes, in key
+    order) and a canonical JSON of the format, dtype, model config, history and extras. A byte flipped in a
+    tensor or a number still loads (torch checks no checksum) and gives other predictions: the digest makes it
+    an error."""
+    import hashlib
+    import json
+
+    import torch
+
+    h = hashlib.sha256()
+    weights = ck["model"]
+    for key in sorted(weights):
+        t = weights[key]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"weight {key!r} is not a tensor")
+        t = t.detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        head = json.dumps([key, _dtype_name(t.dtype), list(t.shape), len(data)]).encode()
+        h.update(len(head).to_bytes(8, "little") + head + data)
+    meta = {k: ck.get(k) for k in ("format", "dtype", "model_config", "history", "extras")}
+    h.update(json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=True, default=repr).encode())
+    return h.hexdigest()
 
 
 def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
-    """A :class:`FittedModel` written by :meth:`FittedModel.save`, its model on ``device``; a file that is not
-    one (a Parquet file, a directory, a damaged file) is a one-line error naming it."""
+    """A :class:`FittedModel` written by :meth:`FittedModel.save`, its model on ``device``, rebuilt in the dtype it
+    was saved in (float32 weights stay float32 under ``torch.set_default_dtype(torch.float64)``, and the other way
+    round: the predictions are the saved model's, bit for bit); the global default dtype is left as it was. The
+    file's digest is checked first. A file that is not one (a Parquet file, a directory, a damaged file) is a
+    one-line error naming it. Files of format v1 (no digest, no dtype) are read unverified, in their weights'
+    dtype."""
+    import torch
+
     from pipeline.train import load_checkpoint, resolve_device
 
     expected = "expected a model file saved by FittedModel.save"
@@ -491,10 +846,28 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
         raise FileNotFoundError(f"{path}: file not found; {expected}") from None
     except ValueError:
         raise ValueError(f"{path}: not a readable checkpoint; {expected}") from None
-    if ck.get("format") != FITTED_FORMAT:
+    damaged = f"{path}: damaged: its contents do not match the digest written with it"
+    if ck.get("format") == FITTED_FORMAT:
+        try:
+            intact = isinstance(ck.get("digest"), str) and _fitted_digest(ck) == ck["digest"]
+        except Exception:   # a damaged file may hold anything: tensors where dicts belong, ...
+            intact = False
+        if not intact or ck.get("dtype") not in _DTYPES:
+            raise ValueError(damaged)
+        dtype = getattr(torch, ck["dtype"])
+    elif ck.get("format") == FITTED_FORMAT_V1 and "digest" not in ck:   # a v2 file's "v2" flipped to "v1" has one
+        floats = [v.dtype for v in (ck.get("model") or {}).values()
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        dtype = floats[0] if floats and floats[0] in (torch.float32, torch.float64) else torch.get_default_dtype()
+    else:
         raise ValueError(f"{path}: not a fitted model written by FittedModel.save (format "
-                         f"{ck.get('format')!r}, expected {FITTED_FORMAT!r})")
-    model = model_from_checkpoint(ck, str(path))
+                         f"{brief(ck.get('format'))}, expected {FITTED_FORMAT!r})")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)   # built in the saved dtype: its weights are copied in without a rounding
+    try:
+        model = model_from_checkpoint(ck, str(path))
+    finally:
+        torch.set_default_dtype(previous)
     return FittedModel(model=model.to(resolve_device(device)), history=list(ck.get("history") or []),
                        extras=dict(ck.get("extras") or {}))
 
@@ -527,10 +900,10 @@ def _check_options(name: str, options: dict[str, Any], config_class: type, shape
 
 
 def fit_model(
-    train: Sequence[np.ndarray],
-    test: Sequence[np.ndarray] | None = None,
+    train: Sequence[Any],
+    test: Sequence[Any] | None = None,
     *,
-    valid: Sequence[np.ndarray] | None = None,
+    valid: Sequence[Any] | None = None,
     model: str = "psrnn",
     state_dim: int = 20,
     obs_dim: int = 20,
@@ -552,12 +925,38 @@ def fit_model(
     seed: int = 0,
     two_stage_options: dict[str, Any] | None = None,
     train_options: dict[str, Any] | None = None,
+    kind: str = "auto",
 ) -> FittedModel:
     """Initialise ``model`` (2SR for PSRNNs and the KF) and refine it by BPTT; returns the model and history.
 
+    The model:
+
+    * ``model``: ``psrnn``, ``factorized_psrnn``, ``lstm``, ``gru``, ``rnn`` or ``kf`` (Kalman filter, continuous
+      data only).
+    * ``state_dim``: the size d of the recurrent state (the PSRNN's predictive state, the RNNs' hidden state, the
+      KF's state: at most future window × features).
+    * ``obs_dim``: the size of the encoded observation each step feeds the recurrence (the PSRNN's RFF projection
+      or symbol embedding, d_o; the RNN baselines' input embedding); the KF reads observations as they are.
+    * ``n_features``: the random Fourier features per family of 2SR (observation, history and future features, D)
+      and of the PSRNN's RFF encoders (continuous inputs, and the layers above the first); unused by the RNN
+      baselines and the KF.
+    * ``n_layers``: stacked recurrent layers: PSRNN layers (each initialised by 2SR on the states of the layer
+      below) or torch's ``num_layers`` of the RNN baselines; the KF has one state and refuses more.
+    * ``decoder_input``: ``"all"`` lets the decoder of a multilayer PSRNN read every layer's state (skip
+      connections; the ``psrnn_<L>layer_skip`` variants), ``"top"`` (default, the paper's) the top layer's alone;
+      ``"all"`` is refused for one layer and for the other models, where it would change nothing.
+    * ``rank``: the CP rank of ``factorized_psrnn`` (at most 10 × ``state_dim`` × ``obs_dim``, params.yaml's
+      bound); refused for the other models, which have none.
+    * ``init``: ``"2sr"`` (default: PSRNNs by two-stage regression, the paper's) or ``"random"`` (PSRNNs only,
+      to see what 2SR buys); the RNN baselines are Xavier-initialised, the KF by linear 2SR.
+    * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean 2SR state; default 0 for ``psrnn``,
+      0.1 for ``factorized_psrnn``; refused where there is no such bias (the other models, ``init="random"``).
+
+    2SR (epoch 0):
+
     * ``horizon``: the future window k of 2SR (observations predicted from a state, the paper's "horizon");
       ``past_window``: the history window p (default: ``horizon``). Both apply to the PSRNNs' 2SR and to the
-      KF's linear 2SR.
+      KF's linear 2SR; train needs a trajectory of at least p + k + 1 steps (KF: p + k + 2).
     * ``ridge``: the ridge of 2SR; ``None`` is each model's default: 10⁻² (λ = ridge · n, the paper's) for the
       PSRNNs, 10⁻³ for the KF's linear 2SR (λ = ridge × the mean eigenvalue of each regression's Gram matrix).
     * ``two_stage_options``: any other :class:`pipeline.two_stage.TwoStageConfig` field (``width_scale``,
@@ -566,34 +965,54 @@ def fit_model(
       ``ridge`` / ``seed`` there override the arguments of that name. ``state_dim``, ``obs_dim``,
       ``n_features`` shape the network too and are refused there. Models not initialised by 2SR (the RNN
       baselines, ``init="random"``) refuse ``two_stage_options`` and ``ridge``.
+
+    BPTT (epochs 1 …):
+
+    * ``epochs``: passes over train (0: the initialisation alone); ``lr``: the learning rate (the paper's SGD: 1).
     * ``bptt``: the truncated-BPTT horizon; ``None`` (default) picks it by the kind of data, as the paper does:
       35 for discrete data, 0 (whole sequences) for continuous data.
-    * ``epochs``, ``lr``, ``batch_size``, ``clip``, ``device``, ``seed`` go to :class:`pipeline.train.TrainConfig`;
+    * ``batch_size``: the number of parallel streams: train's trajectories are laid end to end into this many
+      streams, trained side by side (one gradient step per ``bptt`` window of all of them).
+    * ``clip``: the gradient-norm clip (the gradient is scaled down to this 2-norm when above it); 0 = off.
+    * ``device`` (auto: CUDA when present), ``seed`` and the above go to :class:`pipeline.train.TrainConfig`;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
       ``max_loss``, ``eval_train``; the schedule ``monitor``, ``lr_decay``, ``patience``, ``min_delta``,
       ``restore_best``) or overrides these. ``valid``: trajectories held out for the schedule and the best epoch
       (scored after every epoch, like ``test``); without them the schedule monitors the training metrics.
-    * ``rank``: the CP rank of ``factorized_psrnn`` (at most 10 × ``state_dim`` × ``obs_dim``, params.yaml's
-      bound); refused for the other models, which have none.
-    * ``decoder_input``: ``"all"`` lets the decoder of a multilayer PSRNN read every layer's state (skip
-      connections; the ``psrnn_<L>layer_skip`` variants), ``"top"`` (default, the paper's) the top layer's alone.
-    * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean state; default 0 for ``psrnn``, 0.1 for
-      ``factorized_psrnn``.
+    * A loss or gradient that is not finite (or a loss above ``train_options['max_loss']``) stops training with
+      :class:`pipeline.train.TrainingDiverged`, whose ``history`` holds the epochs completed (epoch 0 included)
+      and ``model`` the network as it stood. A final model that scores more than 10% worse than a 2SR
+      initialisation on the monitored split gets a UserWarning with the remedies.
 
     ``extras`` of the result holds the configs used: ``train_config``, ``windows`` (past/future) and
-    ``two_stage_config`` (PSRNNs initialised by 2SR); and ``best_epoch`` and ``stopped_early`` (the reason, or
-    None) of training.
+    ``two_stage_config`` (PSRNNs initialised by 2SR); ``best_epoch`` and ``stopped_early`` (the reason, or
+    None) of training; ``columns`` and ``vocab`` (below).
 
-    The data: ``train``, ``test``, ``valid`` are lists of arrays, every one of one kind: integer 1-D arrays are
-    discrete symbols 0 … V-1 (V = 1 + the largest symbol of any split; ids that are not such indices, a V above
-    10 000 and above twice the distinct symbols, are refused: ``np.searchsorted(np.unique(ids), t)`` maps them),
-    float arrays (T,) or (T, m) continuous features, all of one width m and finite. Every split needs a step to
-    score: a trajectory of at least 2 steps (a one-step prediction is scored against the next observation).
-    ``test=None`` (or ``[]``): the training trajectories are scored as the test set, so the history's ``"test"``
-    entries are the training metrics. Every argument and trajectory is
-    checked before any 2SR work; an error is one ValueError naming it (``train[1]: ...``, ``rank=2.5: ...``).
+    The data: ``train``, ``test``, ``valid`` are lists of trajectories, every one of one kind, read as ``kind``
+    says.
+
+    * ``kind="auto"`` (default): integer 1-D arrays are discrete symbols 0 … V-1 (V = 1 + the largest symbol of
+      any split; ids that are not such indices, a V above 10 000 and above twice the distinct symbols, are
+      refused: ``np.searchsorted(np.unique(ids), t)`` maps them); strings are discrete symbols too (a str
+      trajectory is its characters, lists or arrays of str one symbol per step; the vocabulary,
+      ``extras['vocab']``, is the sorted distinct symbols of every split); float arrays (T,) or (T, m) are
+      continuous features, all of one width m and finite.
+    * ``kind="discrete"`` reads every trajectory as symbols (floats with integer values, 2.0, as those integers),
+      ``kind="continuous"`` every one as features (integer counts or readings cast to float).
+    * Symbols that occur in valid or test but never in train are part of the vocabulary, with a warning naming
+      them.
+    * A trajectory with named columns (a pandas DataFrame, or a dict of column name -> 1-D array) is read by
+      name: train[0]'s column names, kept in ``extras['columns']``, which every named trajectory (and those given
+      to predict, evaluate and forecast) must have; one column is a 1-D trajectory (of symbols, when integers or
+      strings). Plain arrays are read by position.
+    * Every split needs a step to score: a trajectory of at least 2 steps (a one-step prediction is scored
+      against the next observation). ``test=None`` (or ``[]``): the training trajectories are scored as the test
+      set, so the history's ``"test"`` entries are the training metrics.
+
+    Every argument and trajectory is checked before any 2SR work; an error is one ValueError naming it
+    (``train[1]: ...``, ``rank=2.5: ...``).
     """
-    from pipeline.train import fit
+    from pipeline.train import TrainingDiverged, fit
 
     data = {"train": train, **({"valid": valid} if valid is not None else {}),
             **({"test": test} if test is not None else {})}
@@ -601,7 +1020,7 @@ def fit_model(
                                 decoder_input=decoder_input, rank=rank, n_features=n_features, horizon=horizon,
                                 past_window=past_window, ridge=ridge, init=init, bias_scale=bias_scale,
                                 epochs=epochs, lr=lr, bptt=bptt, batch_size=batch_size, clip=clip, device=device,
-                                seed=seed), two_stage_options, train_options)
+                                seed=seed, kind=kind), two_stage_options, train_options)
     cfg, tcfg, ts_cfg, windows, train = plan.model, plan.train_config, plan.two_stage, plan.windows, plan.train
     tsm = lss = None
     cps = None
@@ -613,8 +1032,68 @@ def fit_model(
     elif model == "kf":
         lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
     net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
-    result = fit(net, train, plan.test, tcfg, valid=plan.valid)
-    return FittedModel(model=net, history=result.history, two_stage=tsm or lss,
-                       extras={"train_config": asdict(tcfg), "windows": windows,
-                               "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
-                               "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
+    completed: list[dict[str, Any]] = []
+    try:
+        result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
+    except TrainingDiverged as exc:
+        stopped = TrainingDiverged(_in_api_terms(str(exc), tcfg))
+        stopped.history = completed   # the epochs completed, epoch 0 (the initialisation) included
+        stopped.model = net           # as it stood: the last good step's weights (a loss or gradient stop)
+        raise stopped from None
+    fitted = FittedModel(model=net, history=result.history, two_stage=tsm or lss,
+                         extras={"train_config": asdict(tcfg), "windows": windows,
+                                 "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
+                                 "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
+                                 "columns": plan.columns, "vocab": plan.vocab})
+    if cfg.init == "2sr" and tcfg.epochs >= 1:
+        _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)))
+    return fitted
+
+
+#: a final model this much worse than a 2SR initialisation (relative, on the monitored split) gets a warning
+WORSE_THAN_2SR = 0.10
+
+
+def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
+    """Warn when BPTT left a 2SR-initialised model worse than its initialisation, by more than
+    :data:`WORSE_THAN_2SR` on the split that scores epochs (``train_config.monitor``): with the paper's SGD at
+    lr 1 a small data set often does, and the returned weights (the last epoch's) would silently be worse than
+    what 2SR gave. Xavier and random initialisations are not compared: their epoch 0 is no model."""
+    import math
+    import warnings
+
+    from pipeline.metrics import primary_metric
+
+    metric = primary_metric(fitted.model.config.discrete)
+    final_epoch = fitted.epoch
+    entries = {e["epoch"]: e for e in fitted.history}
+    if 0 not in entries or final_epoch == 0 or final_epoch not in entries:
+        return
+    initial, final = entries[0][split][metric], entries[final_epoch][split][metric]
+    if not (math.isfinite(initial) and math.isfinite(final)) or final - initial <= WORSE_THAN_2SR * abs(initial):
+        return
+    lr = fitted.extras["train_config"]["lr"]
+    warnings.warn(f"fit_model: the returned model (epoch {final_epoch}) scores {split} {metric} {final:.4g}, "
+                  f"{100 * (final - initial) / abs(initial):.0f}% worse than its 2SR initialisation (epoch 0: "
+                  f"{initial:.4g}); BPTT made it worse: try a lower lr= (now {lr:g}), or "
+                  "train_options={'restore_best': True} with valid=... to keep the best epoch's weights",
+                  UserWarning, stacklevel=3)
+
+
+def _in_api_terms(message: str, tcfg: Any) -> str:
+    """A :class:`pipeline.train.TrainingDiverged` message, which names params.yaml keys (train.lr, ...), in the
+    terms of :func:`fit_model`'s arguments (the pipeline's own message stays as it is)."""
+    import re
+
+    lr, clip = f"lr= (now {tcfg.lr:g})", f"clip= (now {tcfg.clip:g})"
+    for old, new in (
+            ("lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)",
+             f"lower {lr} or turn gradient-norm clipping on (clip=0.25, say)"),
+            ("Lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)",
+             f"Lower {lr} or turn gradient-norm clipping on (clip=0.25, say)"),
+            ("lower train.lr or train.clip", f"lower {lr} or {clip}"),
+            ("Lower train.lr or train.clip", f"Lower {lr} or {clip}"),
+            ("(model.*_bias_scale, two_stage, kf)", "(bias_scale=, ridge=, horizon=, two_stage_options)")):
+        message = message.replace(old, new)
+    names = {"lr": "lr=", "clip": "clip=", "max_loss": "train_options['max_loss']"}
+    return re.sub(r"\btrain\.(lr|clip|max_loss)\b", lambda m: names[m.group(1)], message)

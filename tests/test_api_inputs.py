@@ -105,7 +105,13 @@ def test_one_feature_may_be_given_as_t_or_t_by_1(features):
     ([np.zeros((30, 2)), np.zeros((0, 2))], "train[1]: an empty trajectory; expected at least one observation"),
     ([np.zeros((30, 0))], "train[0]: shape (30, 0); expected an array of shape (T,) or (T, m), one row per step"),
     ([3], "train[0]: the scalar 3; expected an array of shape (T,) or (T, m), one row per step"),
-    ([np.array(["a", "b"])], "train[0]: an array of dtype <U1; expected integer symbols or float features"),
+    ([np.array([1 + 2j, 3j])], "train[0]: an array of dtype complex128; expected integer symbols, float features "
+                               "or strings (symbols)"),
+    ([np.array(["a", None, "b"], dtype=object)], "train[0]: an array of dtype object (NoneType None at step 1); "
+                                                 "expected integer symbols, float features or strings (one kind per "
+                                                 "trajectory)"),
+    ([np.array([["a", "b"], ["c", "d"]])], "train[0]: strings of shape (2, 2); expected a 1-D sequence of symbols, "
+                                           "one per step"),
     ([np.ones((30, 2)), np.array([[1.0, 2.0], [np.nan, 0.0]])],
      "train[1]: nan at step 1, feature 0; expected finite values within float32 range (the models compute in "
      "float32)"),
@@ -114,9 +120,10 @@ def test_one_feature_may_be_given_as_t_or_t_by_1(features):
     ([np.array([0.0, 1e39])], "train[0]: 1e+39 at step 1, feature 0; expected finite values within float32 range "
                               "(the models compute in float32)"),
     ([np.array([0, 1, -1, 2])], "train[0]: symbol -1 at step 2; expected integers from 0 to 2147483646 (indices "
-                                "into a vocabulary: map other ids to 0 … V-1)"),
+                                "into a vocabulary: map other ids to 0 … V-1) (measurements? pass kind='continuous')"),
     ([np.array([0, 2 ** 40])], "train[0]: symbol 1099511627776 at step 1; expected integers from 0 to 2147483646 "
-                               "(indices into a vocabulary: map other ids to 0 … V-1)"),
+                               "(indices into a vocabulary: map other ids to 0 … V-1) (measurements? pass "
+                               "kind='continuous')"),
     (np.zeros((30, 2)), f"train: one array of shape (30, 2); {A_LIST}, e.g. [array] for a single trajectory"),
     (np.array([0, 1, 2, 1, 0] * 6), f"train: one array of shape (30,); {A_LIST}, e.g. [array] for a single "
                                     "trajectory"),
@@ -235,7 +242,8 @@ def test_the_kf_takes_its_ridge_from_fit_model(features, monkeypatch):
 def test_vocabulary_covers_every_split(symbols):
     """Symbols are indices 0 … V-1: one seen only in test is part of the vocabulary, not an IndexError."""
     test = [np.append(symbols.test[0], 5)]
-    fitted = fit_model(symbols.train, test, **{**SMALL, "epochs": 0})
+    with pytest.warns(UserWarning, match=r"^test: symbol 5 never seen in train; it is in the vocabulary \(V = 6, "):
+        fitted = fit_model(symbols.train, test, **{**SMALL, "epochs": 0})
     assert fitted.model.config.input_dim == 6
     assert fitted.predict(test)[0].shape == (41, 6)
 

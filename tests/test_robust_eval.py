@@ -201,11 +201,12 @@ def test_sparse_integer_symbols_are_refused():
     _refused("train[0]: symbol 1000000000 at step 1 makes a vocabulary of 1000000001 (symbols are indices 0 … V-1) "
              "for 2 distinct symbols; expected indices near 0 … 1: map the ids, e.g. ids = "
              "np.unique(np.concatenate(every split's trajectories)), then np.searchsorted(ids, t) for each "
-             "trajectory t",
+             "trajectory t (measurements? pass kind='continuous')",
              fit_model, [np.array([0, 10 ** 9] * 15)] * 2, model="lstm", **SMALL)
     _refused("test[1]: symbol 10000 at step 3 makes a vocabulary of 10001 (symbols are indices 0 … V-1) for 4 "
              "distinct symbols; expected indices near 0 … 3: map the ids, e.g. ids = np.unique(np.concatenate(every "
-             "split's trajectories)), then np.searchsorted(ids, t) for each trajectory t",
+             "split's trajectories)), then np.searchsorted(ids, t) for each trajectory t (measurements? pass "
+             "kind='continuous')",
              fit_model, [np.array([0, 1, 2] * 10)], [np.array([0, 1] * 5), np.array([2, 1, 0, 10_000, 1])],
              model="lstm", **SMALL)
     # the bounds: V <= 10_000 always, above only when V <= 2 x the distinct symbols

@@ -1,0 +1,450 @@
+"""pipeline.api beyond plain arrays, and what a fitted model keeps: arguments a model would ignore are refused,
+saved files carry a digest and their dtype, frames and dicts are read by column name, strings are symbols,
+``kind=`` says how to read numbers, a too-short train split is named before 2SR, a diverged fit keeps its
+history, and a fit that ends worse than its 2SR initialisation says so. Every fit here is tiny (a few states,
+0-2 epochs)."""
+
+import math
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import pipeline.api
+import pipeline.train
+from pipeline.api import FittedModel, fit_model, load_fitted
+from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
+from pipeline.train import TrainingDiverged
+
+SMALL = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+ZERO = {**SMALL, "epochs": 0}
+
+
+def _refused(message, call, *args, **kwargs):
+    """``call`` raises a ValueError whose whole message is ``message``."""
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        call(*args, **kwargs)
+
+
+def _same(a, b):
+    """Two lists of predictions, bit for bit."""
+    return len(a) == len(b) and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def symbols():
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=6, n_test=2, length=40, seed=0)
+    return ds
+
+
+@pytest.fixture(scope="module")
+def features():
+    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=2, length=40, seed=0)
+    return ds
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if fit_model gets as far as 2SR or training: the checks must come first."""
+    def ran(*args, **kwargs):
+        raise AssertionError("2SR or training ran before the input was refused")
+
+    for name in ("multilayer_two_stage", "linear_two_stage", "cp_decompose"):
+        monkeypatch.setattr(pipeline.api, name, ran)
+    monkeypatch.setattr(pipeline.train, "fit", ran)
+
+
+@pytest.fixture
+def quiet():
+    """No warnings shown from the tiny fits (lr=0.1 on 6 short trajectories may end worse than 2SR)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# --------------------------------------------------------------------------------- 1. arguments a model ignores
+
+@pytest.mark.parametrize("argument, message", [
+    ({"model": "kf", "n_layers": 3}, "n_layers=3: the Kalman filter has one state, no layers to stack; leave it out "
+                                     "(psrnn, lstm, gru and rnn stack layers)"),
+    ({"model": "lstm", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean 2SR state; "
+                                           "lstm has no such bias, leave it out"),
+    ({"model": "gru", "bias_scale": 0.0}, "bias_scale=0.0: the PSRNN bias is bias_scale × the mean 2SR state; gru "
+                                          "has no such bias, leave it out"),
+    ({"model": "kf", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean 2SR state; kf has "
+                                         "no such bias, leave it out"),
+    ({"init": "random", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean 2SR state; "
+                                            "psrnn init='random' sets its bias to zero, leave it out"),
+    ({"model": "rnn", "decoder_input": "all"}, "decoder_input='all': the skip connections of a multilayer PSRNN; "
+                                               "rnn's decoder reads its top layer, leave it out"),
+    ({"model": "kf", "decoder_input": "all"}, "decoder_input='all': the skip connections of a multilayer PSRNN; kf's "
+                                              "decoder reads its top layer, leave it out"),
+    ({"decoder_input": "all"}, "decoder_input='all': reads every layer's state, and n_layers=1 has one layer (the "
+                               "same as 'top'); expected n_layers >= 2, or leave it out"),
+    ({"decoder_input": "bottom"}, "decoder_input='bottom': expected 'top' (the decoder reads the top layer's state) "
+                                  "or 'all' (every layer's)"),
+    ({"kind": "symbols"}, "kind='symbols': expected 'auto' (integer 1-D arrays and strings are symbols, the rest "
+                          "features), 'discrete' or 'continuous'"),
+])
+def test_arguments_a_model_would_ignore_are_refused(argument, message, features, no_work):
+    """fit_model(model='kf', n_layers=3) built a one-layer filter and recorded n_layers=3; bias_scale was recorded
+    for models without that bias; decoder_input='all' meant 'top' for one layer."""
+    _refused(message, fit_model, features.train, **{**SMALL, "state_dim": 2, **argument})
+
+
+def test_what_the_models_do_use_still_fits(symbols, features, quiet):
+    """The RNN baselines stack layers (torch's num_layers); a two-layer PSRNN takes decoder_input='all'."""
+    lstm = fit_model(symbols.train, model="lstm", n_layers=2, **ZERO)
+    assert lstm.model.config.n_layers == 2 and lstm.model.rnn.num_layers == 2
+    skip = fit_model(symbols.train, n_layers=2, decoder_input="all", **ZERO)
+    assert skip.model.decoder.in_features == 2 * 3
+    fit_model(symbols.train, model="factorized_psrnn", rank=4, bias_scale=0.2, **ZERO)
+    assert fit_model(features.train, model="kf", **{**ZERO, "state_dim": 2}).model.config.n_layers == 1
+
+
+# ----------------------------------------------------------------------------- 2. and 3. the saved file
+
+def test_a_damaged_file_never_loads_silently(symbols, tmp_path, quiet):
+    """A byte flipped anywhere in a saved model either makes load_fitted raise a ValueError or changes nothing the
+    model computes: without the digest, dozens of the offsets below loaded with other predictions."""
+    fitted = fit_model(symbols.train, symbols.test, **{**SMALL, "n_features": 16})
+    path = tmp_path / "m.pt"
+    fitted.save(path)
+    expected = fitted.predict(symbols.test)
+    raw = path.read_bytes()
+    damaged, refused, same = tmp_path / "damaged.pt", 0, 0
+    for offset in range(0, len(raw), 7):
+        flipped = bytearray(raw)
+        flipped[offset] ^= 0xFF
+        damaged.write_bytes(bytes(flipped))
+        try:
+            again = load_fitted(damaged)
+        except ValueError as exc:
+            assert str(exc).startswith(f"{damaged}: ") and "\n" not in str(exc)
+            refused += 1
+            continue
+        assert _same(again.predict(symbols.test), expected), f"byte {offset} changed the predictions silently"
+        same += 1
+    assert refused > 50 and same > 0, (refused, same)
+
+    # a number of the payload changed and the file written again whole: only the digest tells
+    ck = torch.load(path, weights_only=True)
+    key = next(iter(ck["model"]))
+    ck["model"][key] = ck["model"][key].clone()
+    ck["model"][key].view(-1)[0] += 1e-3
+    torch.save(ck, damaged)
+    _refused(f"{damaged}: damaged: its contents do not match the digest written with it", load_fitted, damaged)
+    ck = torch.load(path, weights_only=True)
+    ck["history"][0]["test"]["bpc"] = 0.0
+    torch.save(ck, damaged)
+    _refused(f"{damaged}: damaged: its contents do not match the digest written with it", load_fitted, damaged)
+
+
+def test_files_of_format_v1_still_load(symbols, tmp_path, quiet):
+    """v1 files (no digest, no dtype) load unverified, in their weights' dtype; a v1 label on a file with a
+    digest is a v2 file whose label was damaged."""
+    fitted = fit_model(symbols.train, symbols.test, **SMALL)
+    fitted.save(tmp_path / "m.pt")
+    ck = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert ck["format"] == "psrnn-pipeline fitted model v2" and ck["dtype"] == "float32"
+    assert re.fullmatch(r"[0-9a-f]{64}", ck["digest"])
+    ck["format"] = "psrnn-pipeline fitted model v1"
+    torch.save(ck, tmp_path / "labelled.pt")
+    _refused(f"{tmp_path / 'labelled.pt'}: not a fitted model written by FittedModel.save (format "
+             "'psrnn-pipeline fitted model v1', expected 'psrnn-pipeline fitted model v2')", load_fitted,
+             tmp_path / "labelled.pt")
+    del ck["digest"], ck["dtype"]
+    torch.save(ck, tmp_path / "v1.pt")
+    again = load_fitted(tmp_path / "v1.pt")
+    assert _same(again.predict(symbols.test), fitted.predict(symbols.test)) and again.history == fitted.history
+
+
+def test_saved_models_load_in_their_own_dtype(symbols, features, tmp_path, quiet):
+    """A float32 model loaded under a float64 default was rebuilt in float64 (predictions ~1e-7 off), a float64
+    one under float32 in float32: each now loads in its own dtype, bit for bit, and the default is left alone."""
+    previous = torch.get_default_dtype()
+    float32 = fit_model(symbols.train, symbols.test, **SMALL)
+    float32.save(tmp_path / "f32.pt")
+    try:
+        torch.set_default_dtype(torch.float64)
+        float64 = fit_model(features.train, features.test, **SMALL)
+        assert next(float64.model.parameters()).dtype == torch.float64
+        float64.save(tmp_path / "f64.pt")
+        again = load_fitted(tmp_path / "f32.pt")
+        assert torch.get_default_dtype() == torch.float64
+        assert {p.dtype for p in again.model.parameters()} == {torch.float32}
+        assert _same(again.predict(symbols.test), float32.predict(symbols.test))
+        expected64 = float64.predict(features.test)
+    finally:
+        torch.set_default_dtype(previous)
+    again = load_fitted(tmp_path / "f64.pt")
+    assert torch.get_default_dtype() == previous
+    assert {p.dtype for p in again.model.parameters()} == {torch.float64}
+    assert _same(again.predict(features.test), expected64)
+
+
+# ----------------------------------------------------------------------------------------- 4. named columns
+
+def test_frames_are_read_by_column_name(features, tmp_path, quiet):
+    """Fitted on frames [a, b], a frame [b, a] was read by position: other predictions, silently. Dicts of columns
+    failed with a dtype-object error. Both are read by name now, extra columns ignored; plain arrays stay
+    positional."""
+    pd = pytest.importorskip("pandas")
+    frames = [pd.DataFrame({"a": t[:, 0], "b": t[:, 1]}) for t in features.train]
+    fitted = fit_model(frames, [pd.DataFrame({"b": t[:, 1], "a": t[:, 0], "c": 0.0}) for t in features.test],
+                       **SMALL)
+    assert fitted.extras["columns"] == ["a", "b"]
+    reference = fit_model(features.train, features.test, **SMALL)
+    assert [{**h, "seconds": 0} for h in fitted.history] == [{**h, "seconds": 0} for h in reference.history]
+    plain = fitted.predict(features.test)
+    swapped = [pd.DataFrame({"b": t[:, 1], "a": t[:, 0]}) for t in features.test]
+    columns = [{"b": list(t[:, 1]), "extra": np.zeros(len(t)), "a": t[:, 0]} for t in features.test]
+    for given in (swapped, columns):
+        assert _same(fitted.predict(given), plain)
+        assert fitted.evaluate(given) == fitted.evaluate(features.test)
+        assert _same(fitted.forecast(given, 3), fitted.forecast(features.test, 3))
+    fitted.save(tmp_path / "m.pt")
+    assert _same(load_fitted(tmp_path / "m.pt").predict(swapped), plain)
+
+    _refused("trajectories[1]: no column 'a' (columns present: 'b', 'c'); expected the columns of the model: 'a', "
+             "'b'", fitted.predict, [swapped[0], pd.DataFrame({"b": [1.0, 2.0], "c": [0.0, 0.0]})])
+    _refused("test[0]: no column 'b' (columns present: 'a'); expected the columns of train[0]: 'a', 'b'",
+             fit_model, frames, [{"a": np.zeros(5)}], **SMALL)
+    _refused("train[1]: named columns 'a', 'b', but train[0] has no column names (plain arrays, read by position); "
+             "expected an array with the columns in train[0]'s order, e.g. frame.to_numpy()", fit_model,
+             [features.train[0], frames[1]], **SMALL)
+    _refused("trajectories[0]: named columns 'b', 'a', but the model has no column names (plain arrays, read by "
+             "position); expected an array with the columns in the model's order, e.g. frame.to_numpy()",
+             reference.predict, swapped)
+    _refused("trajectories[0]: columns of different lengths ('a' 2, 'b' 3); expected one value per step in each",
+             fitted.predict, [{"a": [1.0, 2.0], "b": [1.0, 2.0, 3.0]}])
+
+
+def test_a_column_of_symbols_is_a_trajectory_of_symbols(symbols, quiet):
+    """One named column is a 1-D trajectory: integers (or strings) in it are symbols, read by name."""
+    fitted = fit_model([{"symbol": t} for t in symbols.train], **ZERO)
+    assert fitted.model.config.discrete and fitted.extras["columns"] == ["symbol"]
+    assert _same(fitted.predict([{"other": t[::-1], "symbol": t} for t in symbols.test]),
+                 fitted.predict(symbols.test))
+
+
+# --------------------------------------------------------------------------------------------- 5. strings
+
+def test_strings_are_symbols(tmp_path, quiet):
+    """fit_model(["a text string"]) and lists or arrays of str failed (dtype <U1 / object): strings are symbols
+    now, a str trajectory its characters, mapped by the sorted vocabulary of every split."""
+    text = "the cat sat on the mat and the rat sat on the hat " * 3
+    train = [text, list(text[::-1]), np.array(list(text[5:]))]
+    test = [np.array(list("a bat sat"), dtype=object)]
+    with pytest.warns(UserWarning, match=r"^test: symbol 'b' never seen in train; "):
+        fitted = fit_model(train, test, **SMALL)
+    vocab = sorted(set(text) | {"b"})
+    assert fitted.extras["vocab"] == vocab and fitted.model.config.input_dim == len(vocab)
+    assert fitted.model.config.discrete
+    indices = [np.searchsorted(vocab, list("the rat"))]
+    assert _same(fitted.predict(["the rat"]), fitted.predict([list("the rat")]))
+    assert _same(fitted.predict(["the rat"]), pipeline.train.predict(fitted.model, indices))
+    assert fitted.evaluate(["the rat"]) == pipeline.train.evaluate(fitted.model, indices)
+    (forecast,) = fitted.forecast(["the c"], 4)
+    assert forecast.dtype.kind == "U" and len(forecast) == 4 and set(forecast) <= set(vocab)
+    fitted.save(tmp_path / "m.pt")
+    again = load_fitted(tmp_path / "m.pt")
+    assert again.extras["vocab"] == vocab and list(again.forecast(["the c"], 4)[0]) == list(forecast)
+
+    _refused("trajectories[1]: symbol 'z' at step 2 is not in the model's vocabulary (' ', 'a', 'b', 'c', 'd', "
+             "'e', 'h', 'm', 'n', 'o', ... (13 in all)); expected symbols seen when fitting (in train, valid or "
+             "test)", fitted.predict, ["the", "a z"])
+    _refused("trajectories[0]: discrete symbols (an integer 1-D array), but the model was fitted on strings; "
+             "expected strings of its vocabulary (' ', 'a', 'b', 'c', 'd', 'e', 'h', 'm', 'n', 'o', ... (13 in "
+             "all))", fitted.evaluate, [np.array([0, 1, 2])])
+    ints = fit_model([np.array([0, 1, 2, 1] * 5)], **ZERO)
+    _refused("trajectories[0]: strings (an array of dtype <U1); expected integer symbols (the model was fitted on "
+             "integers, not strings)", ints.predict, ["ab"])
+
+
+def test_strings_and_numbers_are_not_mixed(no_work):
+    _refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds strings (symbols); expected one "
+             "kind of symbol in train, valid and test: strings (train[0]) or numbers (train[1]), not both (map one "
+             "to the other first, e.g. [str(s) for s in t])", fit_model, ["abcabc", np.array([0, 1, 2, 0])],
+             **SMALL)
+    _refused("test[0]: strings (symbols), but train[0] holds discrete symbols (an integer 1-D array); expected one "
+             "kind of symbol in train, valid and test: strings (test[0]) or numbers (train[0]), not both (map one "
+             "to the other first, e.g. [str(s) for s in t])", fit_model, [np.array([0, 1, 2, 0])], ["abc"],
+             **SMALL)
+    _refused("train[1]: an array of dtype object (int 1 at step 1); expected integer symbols, float features or "
+             "strings (one kind per trajectory)", fit_model, ["abcabc", np.array(["a", 1], dtype=object)],
+             **SMALL)
+    _refused("train[0]: strings (an array of dtype <U1); kind='continuous' reads numbers; expected numeric arrays, "
+             "or kind='auto' for symbols", fit_model, ["abcabc"], kind="continuous", **SMALL)
+
+
+# ------------------------------------------------------------------------- 6. symbols seen only in valid/test
+
+def test_symbols_never_seen_in_train_are_named_in_a_warning(symbols):
+    """They still enlarge the vocabulary (symbols are indices 0 … V-1 of every split), but no longer silently."""
+    train = [np.array([0, 1, 2, 1, 0] * 6)]
+    with pytest.warns(UserWarning) as caught:
+        fitted = fit_model(train, [np.array([0, 5, 1, 9])], valid=[np.array([3, 1, 0, 1])], **ZERO)
+    (w,) = [w for w in caught if "never seen in train" in str(w.message)]
+    assert str(w.message).startswith("valid and test: symbols 3, 5, 9 never seen in train; they are in the "
+                                     "vocabulary (V = 10, from every split)") and w.filename == __file__
+    assert fitted.model.config.input_dim == 10
+    with pytest.warns(UserWarning, match=r"^test: symbols 'c', 'd', 'e', 'f', 'g' and 2 more never seen in train"):
+        fit_model(["abab"], ["cdefghi"], **ZERO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_model(symbols.train, symbols.test, **ZERO)   # every test symbol is in train: no warning
+
+
+# ---------------------------------------------------------------------------------------- 7. kind=
+
+def test_kind_says_how_to_read_numbers(features, no_work):
+    """Integer measurements (counts, negative readings) were read as symbols: refused as symbols, or fitted as a
+    discrete model. The symbol errors of kind='auto' now hint at kind='continuous'."""
+    readings = [np.array([3, -2, 5, 0, -7, 1] * 5)]
+    _refused("train[0]: symbol -2 at step 1; expected integers from 0 to 2147483646 (indices into a vocabulary: map "
+             "other ids to 0 … V-1) (measurements? pass kind='continuous')", fit_model, readings, **SMALL)
+    _refused("train[0]: symbol -2 at step 1; expected integers from 0 to 2147483646 (indices into a vocabulary: map "
+             "other ids to 0 … V-1)", fit_model, readings, kind="discrete", **SMALL)
+    _refused("train[0]: 0.5 at step 1 is not an integer symbol; expected integer symbols (the model is discrete)",
+             fit_model, [np.array([1.0, 0.5, 2.0])], kind="discrete", **SMALL)
+    _refused("train[0]: shape (40, 2); expected a 1-D array of symbols (the model is discrete)", fit_model,
+             features.train, kind="discrete", **SMALL)
+
+
+def test_kind_continuous_and_discrete_fit(symbols, quiet):
+    readings = [np.array([3, -2, 5, 0, -7, 1] * 5), np.array([1, 2, 3, 2] * 6)]
+    fitted = fit_model(readings, kind="continuous", **ZERO)
+    assert not fitted.model.config.discrete and fitted.model.config.input_dim == 1
+    assert fitted.predict(readings)[0].shape == (30, 1)
+    as_floats = [t.astype(np.float64) for t in symbols.train]
+    fitted = fit_model(as_floats, kind="discrete", **ZERO)
+    assert fitted.model.config.discrete and fitted.model.config.input_dim == 4
+    assert _same(fitted.predict(symbols.test), fit_model(symbols.train, **ZERO).predict(symbols.test))
+
+
+# ----------------------------------------------------------------------------- 8. too short for the windows
+
+def test_a_train_split_too_short_for_2sr_is_named_before_2sr(features, no_work):
+    short = [t[:6] for t in features.train]
+    _refused("train: no trajectory is long enough for 2SR (one window): past_window 3 + horizon 3 + 1 = 7 steps, "
+             "and the longest has 6; expected a trajectory of at least 7 steps, or a smaller past_window or horizon",
+             fit_model, short, **{**SMALL, "horizon": 3, "past_window": 3})
+    _refused("train: no trajectory is long enough for 2SR (one window): past_window (= horizon) 3 + horizon 3 + 1 = "
+             "7 steps, and the longest has 6; expected a trajectory of at least 7 steps, or a smaller past_window or "
+             "horizon", fit_model, short, **{**SMALL, "horizon": 3})
+    _refused("train: no trajectory is long enough for the Kalman filter's linear 2SR (two consecutive windows): "
+             "two_stage_options['past_window'] 2 + horizon 3 + 2 = 7 steps, and the longest has 6; expected a "
+             "trajectory of at least 7 steps, or a smaller two_stage_options['past_window'] or horizon", fit_model,
+             short, model="kf", two_stage_options={"past_window": 2}, **{**SMALL, "state_dim": 2, "horizon": 3})
+    _refused("train: no trajectory is long enough for 2SR (one window): past_window (= horizon) 2 + horizon 2 + 1 = "
+             "5 steps, and the longest has 3; expected a trajectory of at least 5 steps, or a smaller past_window or "
+             "horizon (train[0] has shape (3, 50): trajectories are (T, m), one row per step; transposed?)",
+             fit_model, [np.random.default_rng(0).normal(size=(3, 50))], **{**SMALL, "horizon": 2})
+
+
+def test_the_length_checks_are_2srs_own_conditions(features, quiet):
+    """Each refusal is a case that fails inside 2SR too (past 2, future 3): no window in any trajectory
+    (make_windows), a single window in all for the PSRNNs' 2SR (median kernel widths need two), no two
+    consecutive windows for the KF's linear 2SR; the shortest data each allows fits."""
+    from pipeline.features import make_windows
+    from pipeline.two_stage import TwoStageConfig, linear_stage_one, multilayer_two_stage
+
+    p, k, x = 2, 3, features.train[0]
+    psrnn = {**ZERO, "state_dim": 2, "horizon": k, "past_window": p}
+    kf = {**psrnn, "model": "kf"}
+    fit_model([x[:p + k + 1], x[10:10 + p + k + 1]], **psrnn)   # one window each: two in all
+    fit_model([x[:p + k + 2]], **psrnn)                          # two windows in one trajectory
+    fit_model([x[:p + k + 2]], **kf)
+    with pytest.raises(ValueError, match=r"^train: no trajectory is long enough for 2SR"):
+        fit_model([x[:p + k]], **psrnn)
+    with pytest.raises(ValueError, match="no trajectory is long enough"):
+        make_windows([x[:p + k]], p, k, discrete=False)
+    _refused("train: one window for 2SR (past_window 2 + horizon 3 + 1 = 6 steps, in train[0] of 6); 2SR needs "
+             "two (its kernel widths are median distances between windows): expected one more step or trajectory, "
+             "or a smaller past_window or horizon", fit_model, [x[:p + k + 1], x[:4]], **psrnn)
+    config = TwoStageConfig(state_dim=2, obs_dim=2, past_dim=2, n_features=32, past_window=p, future_window=k)
+    with pytest.raises(ValueError, match="median pairwise distance needs at least 2 points"):
+        multilayer_two_stage([x[:p + k + 1], x[:4]], config, discrete=False)
+    with pytest.raises(ValueError, match=r"^train: no trajectory is long enough for the Kalman filter's"):
+        fit_model([x[:p + k + 1], x[10:10 + p + k + 1]], **kf)
+    with pytest.raises(ValueError, match="no two consecutive windows"):
+        linear_stage_one([x[:p + k + 1], x[10:10 + p + k + 1]], state_dim=2, past_window=p, future_window=k,
+                         ridge=1e-3)
+
+
+# --------------------------------------------------------------------------------------- 9. training diverged
+
+def test_a_diverged_fit_keeps_its_history_and_speaks_in_api_terms(features):
+    """TrainingDiverged named params.yaml keys (train.max_loss, train.lr) and lost the epochs done."""
+    with pytest.raises(TrainingDiverged) as caught:
+        fit_model(features.train, features.test, train_options={"max_loss": 1e-6}, **SMALL)
+    message = str(caught.value)
+    assert message.startswith("training stopped at epoch 1, step 0: loss is ") and "train." not in message
+    assert "above train_options['max_loss']=1e-06" in message and "raise train_options['max_loss']" in message
+    assert "lower lr= (now 0.1) or clip= (now 0.25)" in message
+    assert [h["epoch"] for h in caught.value.history] == [0] and caught.value.history[0]["test"]["mse"] > 0
+    assert caught.value.model.config.model == "psrnn"
+
+
+def test_every_divergence_message_is_translated():
+    """The pipeline's messages (pipeline.train._diverged and the epoch-0 one) keep their params.yaml terms; the
+    API's versions name fit_model's arguments only."""
+    from pipeline.train import TrainConfig, _diverged
+
+    cfg = TrainConfig(lr=0.5, clip=0.25)
+    epoch0 = ("the initial model (epoch 0, before any update) gives a test mse of nan: its weights are not usable; "
+              "check the settings that build them (model.*_bias_scale, two_stage, kf) and the data")
+    for original in (_diverged(2, 5, "loss", math.nan, None, clip=0.25),
+                     _diverged(2, 5, "gradient norm", math.inf, None, clip=0.0),
+                     _diverged(1, 0, "loss", 3e6, None, clip=0.25, advice="above train.max_loss=1e+06; if the data "
+                               "are not normalised the loss may just be large: standardise them or raise "
+                               "train.max_loss"),
+                     epoch0):
+        assert "train." in original or "model.*" in original
+        translated = pipeline.api._in_api_terms(original, cfg)
+        assert not re.search(r"train\.|model\.\*", translated), translated
+        assert "lr=" in translated or "bias_scale=" in translated
+    assert pipeline.api._in_api_terms(_diverged(2, 5, "gradient norm", math.inf, None, clip=0.0), cfg).endswith(
+        "Lower lr= (now 0.5) or turn gradient-norm clipping on (clip=0.25, say).")
+
+
+# ------------------------------------------------------------------------------- 10. worse than 2SR at the end
+
+def test_a_fit_worse_than_its_2sr_start_warns(features, symbols):
+    """SGD at lr=1 on a small set can end far worse than the 2SR initialisation; the returned (last) weights
+    were silently the worse ones."""
+    args = {**SMALL, "epochs": 2, "lr": 5.0, "batch_size": 2}
+    with pytest.warns(UserWarning) as caught:
+        fitted = fit_model(features.train, features.test, **args)
+    (w,) = [w for w in caught if "worse than its 2SR initialisation" in str(w.message)]
+    first, last = fitted.history[0]["train"]["mse"], fitted.history[-1]["train"]["mse"]
+    assert str(w.message) == (f"fit_model: the returned model (epoch 2) scores train mse {last:.4g}, "
+                              f"{100 * (last - first) / first:.0f}% worse than its 2SR initialisation (epoch 0: "
+                              f"{first:.4g}); BPTT made it worse: try a lower lr= (now 5), or "
+                              "train_options={'restore_best': True} with valid=... to keep the best epoch's weights")
+    assert w.filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # the best epoch's weights (epoch 0 here) are returned: nothing worse to warn about
+        kept = fit_model(features.train, features.test, valid=features.test,
+                         train_options={"restore_best": True}, **args)
+        assert kept.epoch == 0
+        # an LSTM's epoch 0 is Xavier noise, not a model to compare with
+        fit_model(features.train, features.test, model="lstm", **args)
+        fit_model(features.train, features.test, init="random", **args)
+
+
+# ---------------------------------------------------------------------------------------------- 11. docs
+
+def test_the_docstrings_say_what_they_should():
+    doc = fit_model.__doc__
+    for name in ("state_dim", "obs_dim", "n_features", "n_layers", "init", "batch_size", "clip", "kind"):
+        assert f"``{name}``" in doc, name
+    assert "number of parallel streams" in doc and "0 = off" in doc
+    assert FittedModel.__doc__ and "``extras``" in FittedModel.__doc__
+    assert "float32" in FittedModel.predict.__doc__ and "(T, V) logits" in FittedModel.predict.__doc__
+    assert "units of the given arrays" in " ".join(FittedModel.evaluate.__doc__.split())
+    assert "strings for a model fitted on strings" in " ".join(FittedModel.forecast.__doc__.split())
