@@ -91,7 +91,7 @@ def test_the_report_shows_them(tmp_path: Path) -> None:
     write_report(root, tmp_path / "out")
     text = (tmp_path / "out" / "results.md").read_text()
     assert "Naive predictors (no dynamics learned), test MSE: last value 4.451e-03, training mean 1.908" in text
-    assert "Naive predictors (no dynamics learned), test unigram: BPC 4.400, accuracy 0.170" in text
+    assert "Naive predictors (no dynamics learned), test: unigram BPC 4.400 and accuracy 0.170" in text
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["mocap"]["naive_last_value"] == {"test_mse": 0.004451}
     assert summary["mocap"]["naive_train_mean"] == {"test_mse": 1.908}
