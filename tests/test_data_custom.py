@@ -560,3 +560,24 @@ def test_named_feature_written_as_text_says_how_to_convert(tmp_path: Path) -> No
     msg = _error(_write(tmp_path, cols), kind="continuous", features=["a", "b"])
     assert "feature column 'a' has type string; expected a numeric (integer or float) column" in msg, msg
     assert "df['a'] = df['a'].astype(float)" in msg, msg
+
+
+def test_a_mistaken_kind_gets_a_hint(tmp_path, caplog):
+    """A text column of events under kind: continuous is dropped with a warning that names kind: discrete; a float
+    column of measurements read as symbols fails on unseen values with a hint to kind: continuous."""
+    import logging
+
+    rng = np.random.default_rng(0)
+    events = tmp_path / "events.parquet"
+    pq.write_table(pa.table({"trajectory": np.repeat(np.arange(6), 20), "session": np.repeat(np.arange(6.0), 20),
+                             "event": rng.choice(["buy", "view"], size=120)}), events)
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.custom"):
+        load_custom(events, kind="continuous", test_fraction=0.34)
+    assert any("(a column of symbols? kind: discrete with symbol_column: event reads it)" in r.getMessage()
+               for r in caplog.records)
+    readings = tmp_path / "readings.parquet"
+    pq.write_table(pa.table({"trajectory": np.repeat(np.arange(6), 20), "symbol": rng.standard_normal(120)}),
+                   readings)
+    with pytest.raises(ValueError, match=r"expected only train symbols \(a float column of measurements\? "
+                                         r"kind: continuous reads it as a feature\)$"):
+        load_custom(readings, kind="discrete", test_fraction=0.34)

@@ -300,9 +300,13 @@ def read_rows(
                                f"df[{n!r}] = df[{n!r}].astype(float)), or name the feature columns in features to "
                                "leave it out")
             if skipped:
+                text = [n for n in skipped if pa.types.is_string(types[n]) or pa.types.is_large_string(types[n])
+                        or pa.types.is_dictionary(types[n])]
+                symbols = (f" (a column of symbols? kind: discrete with symbol_column: {text[0]} reads it)"
+                           if text else "")
                 log.warning("%s: non-numeric columns dropped from the features (features=None takes integer and "
-                            "float columns only): %s; name the feature columns in features to silence this",
-                            path, ", ".join(f"{n!r} ({types[n]})" for n in skipped))
+                            "float columns only): %s; name the feature columns in features to silence this%s",
+                            path, ", ".join(f"{n!r} ({types[n]})" for n in skipped), symbols)
             if not features:
                 raise fail(f"no numeric feature columns found (columns present: {names}); expected integer or float "
                            "columns besides trajectory/step/split")
@@ -512,8 +516,10 @@ def load_custom(
             idx = np.concatenate([groups[k] for k in members[s]])
             unseen = np.setdiff1d(np.unique(values[idx]), vocab_values)
             if unseen.size:
+                measured = (" (a float column of measurements? kind: continuous reads it as a feature)"
+                            if np.asarray(values).dtype.kind == "f" else "")
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
-                           f"{brief_list([_py(v) for v in unseen])}; expected only train symbols")
+                           f"{brief_list([_py(v) for v in unseen])}; expected only train symbols{measured}")
         index = np.searchsorted(vocab_values, values)
         trajs = {s: [index[groups[k]].astype(np.int64) for k in members[s]] for s in SPLITS}
         vocab = [str(_py(v)) for v in vocab_values]
