@@ -88,7 +88,7 @@ def _trajectory_list(name: str, trajectories: Any) -> list[Any]:
     return list(trajectories)
 
 
-def _column_keys(t: Any) -> dict[str, Any] | None:
+def _column_keys(t: Any, where: str) -> dict[str, Any] | None:
     """``{name: key}`` of a trajectory with named columns (a Mapping of column name -> 1-D array, or a frame:
     anything with ``.columns`` and ``[]``, duck-typed so that pandas is not imported); None for any other."""
     if isinstance(t, collections.abc.Mapping):
@@ -97,7 +97,12 @@ def _column_keys(t: Any) -> dict[str, Any] | None:
         keys = list(t.columns)
     else:
         return None
-    return {str(k): k for k in keys}
+    names = [str(k) for k in keys]
+    if len(set(names)) != len(names):   # ["a", "a"], or 0 and "0": one would silently hide the other
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{where}: columns named alike: {brief_list(repeated)} (names are compared as text); expected "
+                         "distinct column names")
+    return {name: k for name, k in zip(names, keys)}
 
 
 def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> Any:
@@ -105,7 +110,7 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     of symbols is a trajectory of symbols; other columns ignored); any other trajectory as it is. Named columns are
     read by name, never by position: a frame [b, a] for a model of [a, b] would otherwise be silently swapped.
     ``source`` names what has the columns ("train[0]", "the model")."""
-    keys = _column_keys(t)
+    keys = _column_keys(t, where)
     if keys is None:
         return t
     if columns is None:
@@ -163,6 +168,10 @@ def _trajectory_array(where: str, t: Any) -> np.ndarray:
     (symbols; a str is the sequence of its characters)."""
     if isinstance(t, str):
         t = list(t)
+    if isinstance(t, (list, tuple)) and any(isinstance(v, str) for v in t):
+        # np.asarray would turn [ "a", 1, 2.5 ] into the strings "a", "1", "2.5": read it as the object array it
+        # is, which takes strings only when every value is one
+        t = np.asarray(t, dtype=object)
     try:
         a = np.asarray(t)
     except (ValueError, TypeError, RuntimeError) as exc:   # ragged nested lists, tensors that need grad, ...
@@ -284,10 +293,13 @@ def _checked_splits(splits: dict[str, Any], kind: str = "auto") -> _Data:
     ``train[0]``, and continuous ones of its width. Integer symbols are indices 0 … V-1, V = 1 + the largest
     symbol of any split; strings are mapped to their index in the sorted distinct symbols of every split (so
     that, as for integers, a symbol seen only in test is part of the vocabulary)."""
+    if not isinstance(kind, str) or kind not in KINDS:   # infer_kind reaches here without fit_model's checks
+        raise ValueError(f"kind={brief(kind)}: expected 'auto' (integer 1-D arrays and strings are symbols, the rest "
+                         "features), 'discrete' or 'continuous'")
     lists = {name: _trajectory_list(name, value) for name, value in splits.items()}
     if not lists["train"]:
         raise ValueError(f"train: empty; expected {_A_LIST}, at least one")
-    keys = _column_keys(lists["train"][0])
+    keys = _column_keys(lists["train"][0], "train[0]")
     columns = list(keys) if keys is not None else None
     if columns == []:
         raise ValueError("train[0]: named columns, but none; expected at least one column")
@@ -780,12 +792,33 @@ class FittedModel:
         if Path(path).is_dir():   # the rename onto it would fail naming a temporary file
             raise ValueError(f"{path}: a directory; expected a file path to write the model to, e.g. "
                              f"{Path(path) / 'model.pt'}")
-        payload = {"format": FITTED_FORMAT, "model_config": self.model.config.to_dict(),
+        payload = {"format": FITTED_FORMAT, "model_config": _plain(self.model.config.to_dict(), "model config"),
                    "dtype": _dtype_name(next(self.model.parameters()).dtype),
                    "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                   "history": self.history, "extras": self.extras}
+                   "history": _plain(self.history, "history"), "extras": _plain(self.extras, "extras")}
         payload["digest"] = _fitted_digest(payload)
         save_checkpoint(path, payload)
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` with numpy scalars and arrays as Python numbers and lists, so that ``torch.load(weights_only=True)``
+    reads the file back (it refuses numpy objects: lr=np.float64(0.1) in the train config made a file that
+    saved but did not load); anything else that is no number, string, bool, None, tensor, list, tuple or dict is
+    refused here, naming where it is, rather than on loading."""
+    import torch
+
+    if isinstance(value, np.generic):   # before float: np.float64 is one
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {_plain(k, where): _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise ValueError(f"{where}: a {type(value).__name__} ({brief(value, 60)}); expected numbers, strings, lists and "
+                     "dicts (what a saved model file holds besides tensors)")
 
 
 FITTED_FORMAT = "psrnn-pipeline fitted model v2"
@@ -868,7 +901,7 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
         model = model_from_checkpoint(ck, str(path))
     finally:
         torch.set_default_dtype(previous)
-    return FittedModel(model=model.to(resolve_device(device)), history=list(ck.get("history") or []),
+    return FittedModel(model=model.to(resolve_device(device, "device=")), history=list(ck.get("history") or []),
                        extras=dict(ck.get("extras") or {}))
 
 
@@ -956,7 +989,9 @@ def fit_model(
 
     * ``horizon``: the future window k of 2SR (observations predicted from a state, the paper's "horizon");
       ``past_window``: the history window p (default: ``horizon``). Both apply to the PSRNNs' 2SR and to the
-      KF's linear 2SR; train needs a trajectory of at least p + k + 1 steps (KF: p + k + 2).
+      KF's linear 2SR. A trajectory of T steps holds T - p - k windows; the PSRNNs' 2SR needs two in all (its
+      kernel widths are median distances between windows), the KF's two consecutive ones in one trajectory
+      (T >= p + k + 2).
     * ``ridge``: the ridge of 2SR; ``None`` is each model's default: 10⁻² (λ = ridge · n, the paper's) for the
       PSRNNs, 10⁻³ for the KF's linear 2SR (λ = ridge × the mean eigenvalue of each regression's Gram matrix).
     * ``two_stage_options``: any other :class:`pipeline.two_stage.TwoStageConfig` field (``width_scale``,
@@ -1074,10 +1109,15 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
         return
     lr = fitted.extras["train_config"]["lr"]
     warnings.warn(f"fit_model: the returned model (epoch {final_epoch}) scores {split} {metric} {final:.4g}, "
-                  f"{100 * (final - initial) / abs(initial):.0f}% worse than its 2SR initialisation (epoch 0: "
+                  f"{_worse_by(initial, final)} than its 2SR initialisation (epoch 0: "
                   f"{initial:.4g}); BPTT made it worse: try a lower lr= (now {lr:g}), or "
                   "train_options={'restore_best': True} with valid=... to keep the best epoch's weights",
                   UserWarning, stacklevel=3)
+
+
+def _worse_by(initial: float, final: float) -> str:
+    """"40% worse", or "worse" from a perfect epoch 0 (an MSE or BPC of exactly 0: constant data, one symbol)."""
+    return f"{100 * (final - initial) / abs(initial):.0f}% worse" if initial else "worse"
 
 
 def _in_api_terms(message: str, tcfg: Any) -> str:

@@ -448,3 +448,57 @@ def test_the_docstrings_say_what_they_should():
     assert "float32" in FittedModel.predict.__doc__ and "(T, V) logits" in FittedModel.predict.__doc__
     assert "units of the given arrays" in " ".join(FittedModel.evaluate.__doc__.split())
     assert "strings for a model fitted on strings" in " ".join(FittedModel.forecast.__doc__.split())
+
+
+# ------------------------------------------------------------------------------------- a second review's cases
+
+def test_numpy_numbers_in_the_arguments_save_and_load(features, tmp_path, quiet):
+    """lr=np.float64(0.1) reached the train config as a numpy scalar, which torch.load(weights_only=True)
+    refuses: the file saved but did not load. Saved values are plain Python now; what cannot be is refused on
+    saving, naming where it is."""
+    f = fit_model(features.train, features.test, **{**SMALL, "state_dim": np.int64(3), "epochs": np.int64(1),
+                                                    "lr": np.float64(0.1), "bias_scale": np.float64(0.1)},
+                  two_stage_options={"width_scale": np.float64(1.0)})
+    f.extras["mine"] = np.arange(3)
+    f.save(tmp_path / "m.pt")
+    again = load_fitted(tmp_path / "m.pt")
+    assert _same(f.predict(features.test), again.predict(features.test))
+    assert type(again.extras["train_config"]["lr"]) is float and again.extras["mine"] == [0, 1, 2]
+    f.extras["where"] = tmp_path
+    with pytest.raises(ValueError, match=r"^extras\['where'\]: a PosixPath \("):
+        f.save(tmp_path / "other.pt")
+    assert not (tmp_path / "other.pt").exists()
+
+
+def test_a_list_mixing_strings_and_numbers_is_refused(no_work):
+    """np.asarray(["a", 1, 2.5]) is the strings "a", "1", "2.5": such a list is read as the object array it is."""
+    _refused("train[0]: an array of dtype object (int 1 at step 1); expected integer symbols, float features or "
+             "strings (one kind per trajectory)", fit_model, [["a", 1, "b", 2.5] * 3], **SMALL)
+
+
+def test_column_names_alike_as_text_are_refused(features, no_work):
+    x = features.train[0]
+    _refused("train[0]: columns named alike: '1' (names are compared as text); expected distinct column names",
+             fit_model, [{1: x[:, 0], "1": x[:, 1]}], **SMALL)
+
+
+def test_infer_kind_checks_kind_and_load_fitted_names_its_device_argument(tmp_path):
+    _refused("kind='Discrete': expected 'auto' (integer 1-D arrays and strings are symbols, the rest features), "
+             "'discrete' or 'continuous'", pipeline.api.infer_kind, [np.array([0.0, 1.0])], kind="Discrete")
+    with pytest.raises(ValueError, match=r"^device='cpu:0': "):
+        f = FittedModel(model=pipeline.api.initialise_model(
+            pipeline.api.ModelConfig(model="lstm", discrete=False, input_dim=1, output_dim=1, state_dim=2,
+                                     obs_dim=2, init="xavier")), history=[])
+        f.save(tmp_path / "m.pt")
+        load_fitted(tmp_path / "m.pt", device="cpu:0")
+
+
+def test_the_worse_than_2sr_warning_survives_a_perfect_epoch_0():
+    """An epoch-0 BPC of exactly 0 (a single symbol) made the percentage divide by zero."""
+    model = pipeline.api.initialise_model(pipeline.api.ModelConfig(model="lstm", discrete=True, input_dim=1,
+                                                                   output_dim=1, state_dim=2, obs_dim=2,
+                                                                   init="xavier"))
+    f = FittedModel(model=model, history=[{"epoch": 0, "train": {"bpc": 0.0}}, {"epoch": 1, "train": {"bpc": 0.5}}],
+                    extras={"train_config": {"lr": 1.0}})
+    with pytest.warns(UserWarning, match=r"scores train bpc 0\.5, worse than its 2SR initialisation \(epoch 0: 0\)"):
+        pipeline.api._warn_if_worse_than_2sr(f, "train")
