@@ -3,10 +3,31 @@
 import numpy as np
 import torch
 
-from pipeline.models.common import MODEL_NAMES, ModelConfig, SequenceModel, detach_state
-from pipeline.models.psrnn import PSRNN, FactorizedPSRNNLayer, PSRNNLayer
-from pipeline.models.baselines import RecurrentBaseline
-from pipeline.models.kalman import KalmanFilter
+
+def _warm_up_vector_math() -> None:
+    """Call each of torch's MKL vector-math (VML) functions once, on one element, before any of them runs in
+    parallel.
+
+    Found by a rare irreproducible result: in about 1 process in 16 (7 in 40 with the other core busy), the first
+    parallel ``cos`` of a process, the RFF encoder's over a 2400 × 2000 block, came back on the main thread's half
+    of the rows at MKL's "enhanced performance" accuracy (errors up to 1.5e-4, ~1000 ulp) although torch asks for
+    high accuracy; every later call was exact. It looks like a race in MKL's first-use setup between two threads;
+    with one single-threaded call of the function first (1 element: below torch's parallel grain), it did not
+    happen in 40 runs. Training can meet it too (``_Cosine.backward`` uses ``sin``), so every VML function torch
+    may reach is set up here, in both float dtypes: microseconds, once per process."""
+    one = {dtype: torch.zeros(1, dtype=dtype) for dtype in (torch.float32, torch.float64)}
+    for name in ("abs", "acos", "asin", "atan", "cos", "cosh", "erf", "erfc", "exp", "expm1", "log", "log10",
+                 "log1p", "log2", "sin", "sinh", "sqrt", "tan", "tanh", "trunc", "sigmoid"):
+        for x in one.values():
+            getattr(torch, name)(x + 0.5)
+
+
+_warm_up_vector_math()
+
+from pipeline.models.common import MODEL_NAMES, ModelConfig, SequenceModel, detach_state  # noqa: E402 (after the warm-up)
+from pipeline.models.psrnn import PSRNN, FactorizedPSRNNLayer, PSRNNLayer  # noqa: E402 (after the warm-up)
+from pipeline.models.baselines import RecurrentBaseline  # noqa: E402 (after the warm-up)
+from pipeline.models.kalman import KalmanFilter  # noqa: E402 (after the warm-up)
 
 
 def build_model(config: ModelConfig) -> SequenceModel:
