@@ -304,7 +304,9 @@ class TrainedRun:
     def evaluate(self, trajectories: Sequence[Any], *, unknown: str = "error", device: str = "cpu"
                  ) -> dict[str, float]:
         """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
-        report), and for continuous data ``mse_data_units`` (the same errors in the original units)."""
+        report), and for continuous data ``mse_data_units`` (the same errors in the original units) and
+        ``last_value_mse`` (standardised, as ``mse``: what repeating the last observation scores on the same steps,
+        :mod:`pipeline.naive`'s yardstick)."""
         from pipeline.train import evaluate, evaluate_and_predict, resolve_device
 
         encoded = self._encode_all(trajectories, unknown)
@@ -313,6 +315,8 @@ class TrainedRun:
             return evaluate(self.model, encoded)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
+        repeats = [(e[1:] - e[:-1]) ** 2 for e in encoded if len(e) > 1]   # o_t for o_{t+1}, the scored steps
+        metrics["last_value_mse"] = float(np.concatenate(repeats).mean()) if repeats else float("nan")
         return metrics
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
@@ -883,17 +887,19 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     schema = pa.schema(fields)
     sums = MetricSums(discrete=False)       # continuous: the MSE as pipeline.train.evaluate computes it
     sq_data_units, n_data_units = 0.0, 0   # continuous: the one-step errors in the data's units
+    sq_last = 0.0                           # continuous: the errors of repeating the last observation (pipeline.naive)
     bits_sum, correct = 0.0, 0              # discrete: the BPC and accuracy, from the log-probabilities written
 
     def block_table(pieces: list[tuple[int, int, np.ndarray]]) -> Any:
         """The output rows of filtered pieces (k, start, outputs): rows start … of trajectory k, as one table."""
-        nonlocal sq_data_units, n_data_units, bits_sum, correct
+        nonlocal sq_data_units, n_data_units, sq_last, bits_sum, correct
         out = np.concatenate([o for _, _, o in pieces])
         n = len(out)
         traj = np.repeat(np.array([k for k, _, _ in pieces], dtype=np.int64), [len(o) for _, _, o in pieces])
         steps = np.concatenate([data.steps[k][start:start + len(o)] for k, start, o in pieces]).astype(np.int64)
         # the next observation of every row, and whether there is one (not on a trajectory's last row)
         target = np.zeros((n, *encoded[0].shape[1:]), dtype=encoded[0].dtype)
+        current = None if run.discrete else np.concatenate([encoded[k][start:start + len(o)] for k, start, o in pieces])
         scored = np.zeros(n, dtype=bool)
         row = 0
         for k, start, o in pieces:
@@ -917,6 +923,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
                 columns.append(_probability_lists(logp.exp().numpy()))
         else:
             sums.add(torch.as_tensor(out), t.to(dtype), mask)
+            sq_last += float(((current[scored] - target[scored]) ** 2).sum())
             predicted = run.decode(out)
             sq_data_units += float(((predicted[scored] - run.decode(target[scored])) ** 2).sum())
             n_data_units += int(scored.sum()) * predicted.shape[1]
@@ -944,6 +951,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         else:
             metrics = sums.result()
             metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")
+            metrics["last_value_mse"] = sq_last / n_data_units if n_data_units else float("nan")
         summary["metrics"] = {k: float(v) for k, v in metrics.items()}
         _add_output_meta(writer, run, input_path, summary)   # the metrics, known only now
     return summary

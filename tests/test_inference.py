@@ -74,6 +74,13 @@ def test_continuous_predictions_are_in_data_units_and_match_the_model(continuous
     api = run.predict(raw)
     np.testing.assert_allclose(np.concatenate(api), want, rtol=1e-10)
     assert run.evaluate(raw)["mse_data_units"] == pytest.approx(err.mean(), rel=1e-9)
+    # the yardstick beside them: repeating the last observation, standardised like mse, on the same steps (the
+    # test split here, so pipeline.naive's number for it)
+    from pipeline.naive import naive_metrics
+
+    last = naive_metrics(test, test, discrete=False)["last_value"]["mse"]
+    assert summary["metrics"]["last_value_mse"] == pytest.approx(last, rel=1e-9)
+    assert run.evaluate(raw)["last_value_mse"] == pytest.approx(last, rel=1e-9)
 
 
 def test_continuous_input_errors_name_the_file_and_column(continuous_run, tmp_path):

@@ -276,7 +276,8 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
         guess = np.stack([np.asarray(mine[f"predicted_{f}"])[rows] for f in ("temperature", "flow")], 1)
         sq.append((guess[:-1] - truth[1:]) ** 2)
     in_units = float(np.mean(np.concatenate(sq)))
-    assert float(re.search(r"mse_data_units (\S+) ", out).group(1)) == pytest.approx(in_units, rel=1e-3), out
+    assert float(re.search(r"mse_data_units ([^\s,]+)", out).group(1)) == pytest.approx(in_units, rel=1e-3), out
+    assert re.search(r"last_value_mse [0-9.e-]+ over \d+ steps", out), out
 
     ptb = read_dataset(root / "data" / "prepared" / "ptb.parquet")
     text = [ptb.vocab[i] for i in ptb.test[0]]
