@@ -481,23 +481,36 @@ class _FitPlan:
 
 #: a training feature whose mean or standard deviation exceeds this in absolute value gets a warning
 UNSTANDARDISED_SCALE = 10.0
+#: and one whose standard deviation is below this (but not 0: a constant column is left alone)
+SMALL_SCALE = 0.01
 
 
 def _warn_unstandardised(train: Sequence[np.ndarray]) -> None:
-    """Warn (once, naming the features) when continuous training features are in large units: the pipeline
-    standardises each feature, :func:`fit_model` takes the arrays as they are, and SGD at the paper's learning rate
-    1 on a feature near 1013 (a pressure in hPa) diverges or wanders where the standardised one trains."""
+    """Warn (once, naming the features) when continuous training features are in large units or small ones: the
+    pipeline standardises each feature, :func:`fit_model` takes the arrays as they are, and SGD at the paper's
+    learning rate 1 on a feature near 1013 (a pressure in hPa) diverges or wanders where the standardised one
+    trains, while on lgssm data scaled by 0.01 an LSTM's test MSE moves 0.3104 → 0.3103 in 3 epochs (0.310 →
+    0.302 standardised): the gradients shrink with the square of the units."""
     import warnings
 
     x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
     mean, std = x.mean(axis=0), x.std(axis=0)
     large = np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))
     if large.size:
-        shown = ", ".join(f"feature {j} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in large[:3])
-        more = f" and {large.size - 3} more" if large.size > 3 else ""
-        warnings.warn(f"train: {shown}{more} in large units; fit_model takes features as they are (the pipeline "
-                      "standardises them): subtract the training mean and divide by the std first, and scale "
-                      "predictions back, or SGD may diverge", UserWarning, stacklevel=4)
+        warnings.warn(f"train: {_features_shown(large, mean, std)} in large units; fit_model takes features as they "
+                      "are (the pipeline standardises them): subtract the training mean and divide by the std first, "
+                      "and scale predictions back, or SGD may diverge", UserWarning, stacklevel=4)
+    small = np.flatnonzero((std > 0) & (std < SMALL_SCALE))
+    if small.size:
+        warnings.warn(f"train: {_features_shown(small, mean, std)} in small units; fit_model takes features as they "
+                      "are (the pipeline standardises them): the loss and its gradients scale with the square of the "
+                      "units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): divide by the "
+                      "training std first, and scale predictions back", UserWarning, stacklevel=4)
+
+
+def _features_shown(columns: np.ndarray, mean: np.ndarray, std: np.ndarray) -> str:
+    shown = ", ".join(f"feature {j} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in columns[:3])
+    return shown + (f" and {columns.size - 3} more" if columns.size > 3 else "")
 
 
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:

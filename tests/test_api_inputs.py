@@ -367,3 +367,9 @@ def test_features_in_large_units_get_one_warning_naming_them(features, recwarn):
     text = str(w.message)
     assert text.startswith("train: feature 0 (mean 101") and ", feature 1 (mean " in text, text
     assert "subtract the training mean and divide by the std" in text and w.filename == __file__
+    tiny = [np.c_[t[:, :1] * 1e-3, t[:, 1:]] for t in features.train]   # a reading in kilo-units, say
+    with pytest.warns(UserWarning) as caught:
+        fit_model(tiny, **{**SMALL, "epochs": 0})
+    (w,) = [w for w in caught if "small units" in str(w.message)]
+    assert str(w.message).startswith("train: feature 0 (mean ") and "feature 1" not in str(w.message)
+    assert "divide by the training std first" in str(w.message) and w.filename == __file__
