@@ -755,14 +755,19 @@ class FittedModel:
 
     def evaluate(self, trajectories: Sequence[Any]) -> dict[str, float]:
         """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (read as :meth:`predict` reads them):
-        ``{"mse"}`` for a continuous model, the mean squared one-step error per feature and step in the units of
-        the given arrays (fit_model does not standardise them); ``{"bpc", "accuracy"}`` for a discrete one, the
-        bits per symbol of the next symbol and the fraction predicted most likely."""
+        ``{"mse", "last_value_mse"}`` for a continuous model, the mean squared one-step error per feature and step
+        in the units of the given arrays (fit_model does not standardise them), and what repeating the last
+        observation scores on the same steps (:mod:`pipeline.naive`'s yardstick); ``{"bpc", "accuracy"}`` for a
+        discrete one, the bits per symbol of the next symbol and the fraction predicted most likely."""
+        from pipeline.naive import naive_metrics
         from pipeline.train import check_scorable, evaluate
 
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
-        return evaluate(self.model, inputs)
+        metrics = evaluate(self.model, inputs)
+        if not self.model.config.discrete:
+            metrics["last_value_mse"] = naive_metrics(inputs, inputs, discrete=False)["last_value"]["mse"]
+        return metrics
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:

@@ -342,6 +342,8 @@ def test_without_a_test_set_the_history_test_entries_are_the_training_metrics(te
     fitted = fit_model(features.train, test, **SMALL)
     assert [h["test"] for h in fitted.history] == [h["train"] for h in fitted.history]
     assert fitted.history[-1]["test"]["mse"] == pytest.approx(fitted.evaluate(features.train)["mse"], rel=1e-9)
+    steps = np.concatenate([t[1:] - t[:-1] for t in features.train])   # repeating o_t for o_{t+1}
+    assert fitted.evaluate(features.train)["last_value_mse"] == pytest.approx(float((steps ** 2).mean()), rel=1e-12)
 
 
 def test_a_tuple_of_lists_still_fits(symbols):
