@@ -214,8 +214,10 @@ class TrainedRun:
         missing = ~np.isfinite(x)
         if missing.any():   # a gap in the data, not a value too far out
             t, j = (int(i) for i in np.argwhere(missing)[0])
-            raise ValueError(f"feature {self.features[j]!r} is {float(x[t, j])!r} at row {t} of the trajectory; "
-                             "expected finite values (fill or drop missing observations first)")
+            value = float(x[t, j])
+            gap = " (fill or drop missing observations first)" if value != value else ""
+            raise ValueError(f"feature {self.features[j]!r} is {value!r} at row {t} of the trajectory; expected "
+                             f"finite values{gap}")
         bad = ~(np.abs(z) <= _FLOAT32_MAX)   # beyond float32 (the models' arithmetic) once standardised
         if bad.any():
             t, j = (int(i) for i in np.argwhere(bad)[0])

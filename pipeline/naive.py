@@ -30,14 +30,19 @@ def naive_metrics(train: Sequence[np.ndarray], test: Sequence[np.ndarray], *, di
     trajectory (a trajectory of one step has none). Discrete trajectories are int symbols 0 … V-1 (``vocab_size``
     V, default 1 + the largest symbol of train and test); continuous ones are (T, m) or (T,) arrays. Empty when the
     test split has no step to score."""
+    if not any(len(t) > 0 for t in train):
+        raise ValueError("train: no observation; expected at least one training trajectory with a step")
     if not any(len(t) > 1 for t in test):
         return {}
     if discrete:
-        syms = [np.asarray(t, dtype=np.int64).ravel() for t in train]
+        syms = np.concatenate([np.asarray(t, dtype=np.int64).ravel() for t in train])
         targets = np.concatenate([np.asarray(t, dtype=np.int64).ravel()[1:] for t in test])
-        V = vocab_size if vocab_size is not None else 1 + int(max(max((s.max() for s in syms if s.size), default=0),
-                                                                   targets.max()))
-        counts = np.bincount(np.concatenate(syms), minlength=V).astype(np.float64)
+        V = vocab_size if vocab_size is not None else 1 + int(max(syms.max(), targets.max()))
+        for name, s in (("train", syms), ("test", targets)):
+            bad = (s < 0) | (s >= V)
+            if bad.any():   # bincount would grow past V, or an index wrap round: a wrong number, silently
+                raise ValueError(f"{name}: symbol {int(s[bad][0])}; expected symbols 0 … {V - 1}")
+        counts = np.bincount(syms, minlength=V).astype(np.float64)
         p = (counts + 0.5) / (counts.sum() + 0.5 * V)
         bits = -np.log2(p[targets])
         return {"unigram": {"bpc": float(bits.mean()),
@@ -45,7 +50,7 @@ def naive_metrics(train: Sequence[np.ndarray], test: Sequence[np.ndarray], *, di
 
     def rows(t: np.ndarray) -> np.ndarray:
         a = np.asarray(t, dtype=np.float64)
-        return a.reshape(len(a), -1)
+        return a[:, None] if a.ndim == 1 else a
 
     mean = np.concatenate([rows(t) for t in train]).mean(axis=0)
     persistence = squares = 0.0

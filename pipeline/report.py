@@ -420,7 +420,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         from pipeline.naive import NAIVE_LABELS
 
         for (name, value), ls in zip(_naive([r for rs in by_variant.values() for r in rs], metric).items(),
-                                     (":", "-.")):
+                                     (":", "-.", (0, (1, 3)), (0, (5, 2, 1, 2)))):
             ax.axhline(value, color="black", ls=ls, lw=1.0, label=f"{NAIVE_LABELS.get(name, name)} ({value:.4g})")
             extent.append(value)
     if drawn and _use_log(extent, logy):

@@ -23,6 +23,9 @@ def test_continuous_values_by_hand() -> None:
     assert out["last_value"]["mse"] == pytest.approx((1 + 4 + 0 + 4) / 4, rel=1e-15)
     assert out["train_mean"]["mse"] == pytest.approx((0 + 0 + 0 + 4) / 4, rel=1e-15)
     assert naive_metrics(train, [np.array([[1.0, 2.0]])], discrete=False) == {}   # nothing to score
+    assert naive_metrics([np.array([1.0, 3.0])], [np.array([1.0, 2.0])], discrete=False)["last_value"]["mse"] == 1.0
+    with pytest.raises(ValueError, match=r"^train: no observation; expected at least one training trajectory"):
+        naive_metrics([np.zeros((0, 2))], test, discrete=False)
 
 
 def test_unigram_by_hand_with_add_half_smoothing() -> None:
@@ -33,6 +36,10 @@ def test_unigram_by_hand_with_add_half_smoothing() -> None:
     assert out["bpc"] == pytest.approx(-np.mean(np.log2(p[[0, 2, 0]])), rel=1e-14)
     assert out["accuracy"] == pytest.approx(2 / 3)            # always "0", the most frequent training symbol
     assert math.isfinite(out["bpc"])                          # symbol 2 never seen in training
+    for train_, test_, bad in (([np.array([0, 3])], test, "train: symbol 3"), (train, [np.array([0, -1])],
+                                                                            "test: symbol -1")):
+        with pytest.raises(ValueError, match=f"^{bad}; expected symbols 0 … 2$"):
+            naive_metrics(train_, test_, discrete=True, vocab_size=3)
 
 
 @pytest.mark.parametrize("discrete", [False, True])

@@ -13,9 +13,10 @@ def _warm_up_vector_math() -> None:
     of the rows at MKL's "enhanced performance" accuracy (errors up to 1.5e-4, ~1000 ulp) although torch asks for
     high accuracy; every later call was exact. It looks like a race in MKL's first-use setup between two threads;
     with one single-threaded call of the function first (1 element: below torch's parallel grain), it did not
-    happen in 40 runs. Training can meet it too (``_Cosine.backward`` uses ``sin``), so every VML function torch
-    may reach is set up here, in both float dtypes: microseconds, once per process."""
-    one = {dtype: torch.zeros(1, dtype=dtype) for dtype in (torch.float32, torch.float64)}
+    happen in 120 runs (10 in 80 without, with the other core busy). Training can meet it too (``_Cosine.backward``
+    uses ``sin``), so the functions of torch's MKL VML list (``ATen/cpu/vml.h``) are set up here, and sigmoid, in
+    both float dtypes, on the CPU whatever torch's default device: well under a millisecond, once per process."""
+    one = {dtype: torch.zeros(1, dtype=dtype, device="cpu") for dtype in (torch.float32, torch.float64)}
     for name in ("abs", "acos", "asin", "atan", "cos", "cosh", "erf", "erfc", "exp", "expm1", "log", "log10",
                  "log1p", "log2", "sin", "sinh", "sqrt", "tan", "tanh", "trunc", "sigmoid"):
         for x in one.values():
