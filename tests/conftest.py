@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules, and where the raw-data mirror is (``from conftest import MIRROR``)."""
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -46,3 +47,45 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+# ----------------------------------------------------------------------- the Python API's tests (pipeline.api)
+
+#: the arguments of a fit_model call that takes well under a second
+SMALL = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+
+
+def refused(message, call, *args, **kwargs):
+    """``call`` raises a ValueError whose whole message is ``message``."""
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        call(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def symbols():
+    """A small discrete dataset: a 3-state HMM over 4 symbols, 6 train and 2 test sequences of 40."""
+    from pipeline.data.synthetic import make_hmm_dataset
+
+    return make_hmm_dataset(n_states=3, n_symbols=4, n_train=6, n_test=2, length=40, seed=0)[0]
+
+
+@pytest.fixture(scope="module")
+def features():
+    """A small continuous dataset: a 2-d linear-Gaussian system, 6 train and 2 test trajectories of 40."""
+    from pipeline.data.synthetic import make_lgssm_dataset
+
+    return make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=2, length=40, seed=0)[0]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if fit_model gets as far as 2SR or training: the checks must come first."""
+    import pipeline.api
+    import pipeline.train
+
+    def ran(*args, **kwargs):
+        raise AssertionError("2SR or training ran before the input was refused")
+
+    for name in ("multilayer_two_stage", "linear_two_stage", "cp_decompose"):
+        monkeypatch.setattr(pipeline.api, name, ran)
+    monkeypatch.setattr(pipeline.train, "fit", ran)

@@ -15,45 +15,16 @@ import torch
 import pipeline.api
 import pipeline.train
 from pipeline.api import FittedModel, fit_model, load_fitted
-from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
 from pipeline.train import TrainingDiverged
 
-SMALL = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+from conftest import SMALL, refused
+
 ZERO = {**SMALL, "epochs": 0}
-
-
-def _refused(message, call, *args, **kwargs):
-    """``call`` raises a ValueError whose whole message is ``message``."""
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-        call(*args, **kwargs)
 
 
 def _same(a, b):
     """Two lists of predictions, bit for bit."""
     return len(a) == len(b) and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b))
-
-
-@pytest.fixture(scope="module")
-def symbols():
-    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=6, n_test=2, length=40, seed=0)
-    return ds
-
-
-@pytest.fixture(scope="module")
-def features():
-    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=2, length=40, seed=0)
-    return ds
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fail the test if fit_model gets as far as 2SR or training: the checks must come first."""
-    def ran(*args, **kwargs):
-        raise AssertionError("2SR or training ran before the input was refused")
-
-    for name in ("multilayer_two_stage", "linear_two_stage", "cp_decompose"):
-        monkeypatch.setattr(pipeline.api, name, ran)
-    monkeypatch.setattr(pipeline.train, "fit", ran)
 
 
 @pytest.fixture
@@ -88,10 +59,10 @@ def quiet():
     ({"kind": "symbols"}, "kind='symbols': expected 'auto' (integer 1-D arrays and strings are symbols, the rest "
                           "features), 'discrete' or 'continuous'"),
 ])
-def test_arguments_a_model_would_ignore_are_refused(argument, message, features, no_work):
+def test_arguments_a_model_would_ignore_arerefused(argument, message, features, no_work):
     """fit_model(model='kf', n_layers=3) built a one-layer filter and recorded n_layers=3; bias_scale was recorded
     for models without that bias; decoder_input='all' meant 'top' for one layer."""
-    _refused(message, fit_model, features.train, **{**SMALL, "state_dim": 2, **argument})
+    refused(message, fit_model, features.train, **{**SMALL, "state_dim": 2, **argument})
 
 
 def test_what_the_models_do_use_still_fits(symbols, features, quiet):
@@ -114,7 +85,7 @@ def test_a_damaged_file_never_loads_silently(symbols, tmp_path, quiet):
     fitted.save(path)
     expected = fitted.predict(symbols.test)
     raw = path.read_bytes()
-    damaged, refused, same = tmp_path / "damaged.pt", 0, 0
+    damaged, n_refused, same = tmp_path / "damaged.pt", 0, 0
     for offset in range(0, len(raw), 7):
         flipped = bytearray(raw)
         flipped[offset] ^= 0xFF
@@ -123,11 +94,11 @@ def test_a_damaged_file_never_loads_silently(symbols, tmp_path, quiet):
             again = load_fitted(damaged)
         except ValueError as exc:
             assert str(exc).startswith(f"{damaged}: ") and "\n" not in str(exc)
-            refused += 1
+            n_refused += 1
             continue
         assert _same(again.predict(symbols.test), expected), f"byte {offset} changed the predictions silently"
         same += 1
-    assert refused > 50 and same > 0, (refused, same)
+    assert n_refused > 50 and same > 0, (n_refused, same)
 
     # a number of the payload changed and the file written again whole: only the digest tells
     ck = torch.load(path, weights_only=True)
@@ -135,11 +106,11 @@ def test_a_damaged_file_never_loads_silently(symbols, tmp_path, quiet):
     ck["model"][key] = ck["model"][key].clone()
     ck["model"][key].view(-1)[0] += 1e-3
     torch.save(ck, damaged)
-    _refused(f"{damaged}: damaged: its contents do not match the digest written with it", load_fitted, damaged)
+    refused(f"{damaged}: damaged: its contents do not match the digest written with it", load_fitted, damaged)
     ck = torch.load(path, weights_only=True)
     ck["history"][0]["test"]["bpc"] = 0.0
     torch.save(ck, damaged)
-    _refused(f"{damaged}: damaged: its contents do not match the digest written with it", load_fitted, damaged)
+    refused(f"{damaged}: damaged: its contents do not match the digest written with it", load_fitted, damaged)
 
 
 def test_files_of_format_v1_still_load(symbols, tmp_path, quiet):
@@ -152,7 +123,7 @@ def test_files_of_format_v1_still_load(symbols, tmp_path, quiet):
     assert re.fullmatch(r"[0-9a-f]{64}", ck["digest"])
     ck["format"] = "psrnn-pipeline fitted model v1"
     torch.save(ck, tmp_path / "labelled.pt")
-    _refused(f"{tmp_path / 'labelled.pt'}: not a fitted model written by FittedModel.save (format "
+    refused(f"{tmp_path / 'labelled.pt'}: not a fitted model written by FittedModel.save (format "
              "'psrnn-pipeline fitted model v1', expected 'psrnn-pipeline fitted model v2')", load_fitted,
              tmp_path / "labelled.pt")
     del ck["digest"], ck["dtype"]
@@ -208,17 +179,17 @@ def test_frames_are_read_by_column_name(features, tmp_path, quiet):
     fitted.save(tmp_path / "m.pt")
     assert _same(load_fitted(tmp_path / "m.pt").predict(swapped), plain)
 
-    _refused("trajectories[1]: no column 'a' (columns present: 'b', 'c'); expected the columns of the model: 'a', "
+    refused("trajectories[1]: no column 'a' (columns present: 'b', 'c'); expected the columns of the model: 'a', "
              "'b'", fitted.predict, [swapped[0], pd.DataFrame({"b": [1.0, 2.0], "c": [0.0, 0.0]})])
-    _refused("test[0]: no column 'b' (columns present: 'a'); expected the columns of train[0]: 'a', 'b'",
+    refused("test[0]: no column 'b' (columns present: 'a'); expected the columns of train[0]: 'a', 'b'",
              fit_model, frames, [{"a": np.zeros(5)}], **SMALL)
-    _refused("train[1]: named columns 'a', 'b', but train[0] has no column names (plain arrays, read by position); "
+    refused("train[1]: named columns 'a', 'b', but train[0] has no column names (plain arrays, read by position); "
              "expected an array with the columns in train[0]'s order, e.g. frame.to_numpy()", fit_model,
              [features.train[0], frames[1]], **SMALL)
-    _refused("trajectories[0]: named columns 'b', 'a', but the model has no column names (plain arrays, read by "
+    refused("trajectories[0]: named columns 'b', 'a', but the model has no column names (plain arrays, read by "
              "position); expected an array with the columns in the model's order, e.g. frame.to_numpy()",
              reference.predict, swapped)
-    _refused("trajectories[0]: columns of different lengths ('a' 2, 'b' 3); expected one value per step in each",
+    refused("trajectories[0]: columns of different lengths ('a' 2, 'b' 3); expected one value per step in each",
              fitted.predict, [{"a": [1.0, 2.0], "b": [1.0, 2.0, 3.0]}])
 
 
@@ -253,30 +224,30 @@ def test_strings_are_symbols(tmp_path, quiet):
     again = load_fitted(tmp_path / "m.pt")
     assert again.extras["vocab"] == vocab and list(again.forecast(["the c"], 4)[0]) == list(forecast)
 
-    _refused("trajectories[1]: symbol 'z' at step 2 is not in the model's vocabulary (' ', 'a', 'b', 'c', 'd', "
+    refused("trajectories[1]: symbol 'z' at step 2 is not in the model's vocabulary (' ', 'a', 'b', 'c', 'd', "
              "'e', 'h', 'm', 'n', 'o', ... (13 in all)); expected symbols seen when fitting (in train, valid or "
              "test)", fitted.predict, ["the", "a z"])
-    _refused("trajectories[0]: discrete symbols (an integer 1-D array), but the model was fitted on strings; "
+    refused("trajectories[0]: discrete symbols (an integer 1-D array), but the model was fitted on strings; "
              "expected strings of its vocabulary (' ', 'a', 'b', 'c', 'd', 'e', 'h', 'm', 'n', 'o', ... (13 in "
              "all))", fitted.evaluate, [np.array([0, 1, 2])])
     ints = fit_model([np.array([0, 1, 2, 1] * 5)], **ZERO)
-    _refused("trajectories[0]: strings (an array of dtype <U1); expected integer symbols (the model was fitted on "
+    refused("trajectories[0]: strings (an array of dtype <U1); expected integer symbols (the model was fitted on "
              "integers, not strings)", ints.predict, ["ab"])
 
 
 def test_strings_and_numbers_are_not_mixed(no_work):
-    _refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds strings (symbols); expected one "
+    refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds strings (symbols); expected one "
              "kind of symbol in train, valid and test: strings (train[0]) or numbers (train[1]), not both (map one "
              "to the other first, e.g. [str(s) for s in t])", fit_model, ["abcabc", np.array([0, 1, 2, 0])],
              **SMALL)
-    _refused("test[0]: strings (symbols), but train[0] holds discrete symbols (an integer 1-D array); expected one "
+    refused("test[0]: strings (symbols), but train[0] holds discrete symbols (an integer 1-D array); expected one "
              "kind of symbol in train, valid and test: strings (test[0]) or numbers (train[0]), not both (map one "
              "to the other first, e.g. [str(s) for s in t])", fit_model, [np.array([0, 1, 2, 0])], ["abc"],
              **SMALL)
-    _refused("train[1]: an array of dtype object (int 1 at step 1); expected integer symbols, float features or "
+    refused("train[1]: an array of dtype object (int 1 at step 1); expected integer symbols, float features or "
              "strings (one kind per trajectory)", fit_model, ["abcabc", np.array(["a", 1], dtype=object)],
              **SMALL)
-    _refused("train[0]: strings (an array of dtype <U1); kind='continuous' reads numbers; expected numeric arrays, "
+    refused("train[0]: strings (an array of dtype <U1); kind='continuous' reads numbers; expected numeric arrays, "
              "or kind='auto' for symbols", fit_model, ["abcabc"], kind="continuous", **SMALL)
 
 
@@ -304,13 +275,13 @@ def test_kind_says_how_to_read_numbers(features, no_work):
     """Integer measurements (counts, negative readings) were read as symbols: refused as symbols, or fitted as a
     discrete model. The symbol errors of kind='auto' now hint at kind='continuous'."""
     readings = [np.array([3, -2, 5, 0, -7, 1] * 5)]
-    _refused("train[0]: symbol -2 at step 1; expected integers from 0 to 2147483646 (indices into a vocabulary: map "
+    refused("train[0]: symbol -2 at step 1; expected integers from 0 to 2147483646 (indices into a vocabulary: map "
              "other ids to 0 … V-1) (measurements? pass kind='continuous')", fit_model, readings, **SMALL)
-    _refused("train[0]: symbol -2 at step 1; expected integers from 0 to 2147483646 (indices into a vocabulary: map "
+    refused("train[0]: symbol -2 at step 1; expected integers from 0 to 2147483646 (indices into a vocabulary: map "
              "other ids to 0 … V-1)", fit_model, readings, kind="discrete", **SMALL)
-    _refused("train[0]: 0.5 at step 1 is not an integer symbol; expected integer symbols (the model is discrete)",
+    refused("train[0]: 0.5 at step 1 is not an integer symbol; expected integer symbols (the model is discrete)",
              fit_model, [np.array([1.0, 0.5, 2.0])], kind="discrete", **SMALL)
-    _refused("train[0]: shape (40, 2); expected a 1-D array of symbols (the model is discrete)", fit_model,
+    refused("train[0]: shape (40, 2); expected a 1-D array of symbols (the model is discrete)", fit_model,
              features.train, kind="discrete", **SMALL)
 
 
@@ -329,17 +300,17 @@ def test_kind_continuous_and_discrete_fit(symbols, quiet):
 
 def test_a_train_split_too_short_for_2sr_is_named_before_2sr(features, no_work):
     short = [t[:6] for t in features.train]
-    _refused("train: no trajectory is long enough for 2SR (one window): past_window 3 + horizon 3 + 1 = 7 steps, "
+    refused("train: no trajectory is long enough for 2SR (one window): past_window 3 + horizon 3 + 1 = 7 steps, "
              "and the longest has 6; expected a trajectory of at least 7 steps, or a smaller past_window or horizon",
              fit_model, short, **{**SMALL, "horizon": 3, "past_window": 3})
-    _refused("train: no trajectory is long enough for 2SR (one window): past_window (= horizon) 3 + horizon 3 + 1 = "
+    refused("train: no trajectory is long enough for 2SR (one window): past_window (= horizon) 3 + horizon 3 + 1 = "
              "7 steps, and the longest has 6; expected a trajectory of at least 7 steps, or a smaller past_window or "
              "horizon", fit_model, short, **{**SMALL, "horizon": 3})
-    _refused("train: no trajectory is long enough for the Kalman filter's linear 2SR (two consecutive windows): "
+    refused("train: no trajectory is long enough for the Kalman filter's linear 2SR (two consecutive windows): "
              "two_stage_options['past_window'] 2 + horizon 3 + 2 = 7 steps, and the longest has 6; expected a "
              "trajectory of at least 7 steps, or a smaller two_stage_options['past_window'] or horizon", fit_model,
              short, model="kf", two_stage_options={"past_window": 2}, **{**SMALL, "state_dim": 2, "horizon": 3})
-    _refused("train: no trajectory is long enough for 2SR (one window): past_window (= horizon) 2 + horizon 2 + 1 = "
+    refused("train: no trajectory is long enough for 2SR (one window): past_window (= horizon) 2 + horizon 2 + 1 = "
              "5 steps, and the longest has 3; expected a trajectory of at least 5 steps, or a smaller past_window or "
              "horizon (train[0] has shape (3, 50): trajectories are (T, m), one row per step; transposed?)",
              fit_model, [np.random.default_rng(0).normal(size=(3, 50))], **{**SMALL, "horizon": 2})
@@ -362,7 +333,7 @@ def test_the_length_checks_are_2srs_own_conditions(features, quiet):
         fit_model([x[:p + k]], **psrnn)
     with pytest.raises(ValueError, match="no trajectory is long enough"):
         make_windows([x[:p + k]], p, k, discrete=False)
-    _refused("train: one window for 2SR (past_window 2 + horizon 3 + 1 = 6 steps, in train[0] of 6); 2SR needs "
+    refused("train: one window for 2SR (past_window 2 + horizon 3 + 1 = 6 steps, in train[0] of 6); 2SR needs "
              "two (its kernel widths are median distances between windows): expected one more step or trajectory, "
              "or a smaller past_window or horizon", fit_model, [x[:p + k + 1], x[:4]], **psrnn)
     config = TwoStageConfig(state_dim=2, obs_dim=2, past_dim=2, n_features=32, past_window=p, future_window=k)
@@ -470,20 +441,20 @@ def test_numpy_numbers_in_the_arguments_save_and_load(features, tmp_path, quiet)
     assert not (tmp_path / "other.pt").exists()
 
 
-def test_a_list_mixing_strings_and_numbers_is_refused(no_work):
+def test_a_list_mixing_strings_and_numbers_isrefused(no_work):
     """np.asarray(["a", 1, 2.5]) is the strings "a", "1", "2.5": such a list is read as the object array it is."""
-    _refused("train[0]: an array of dtype object (int 1 at step 1); expected integer symbols, float features or "
+    refused("train[0]: an array of dtype object (int 1 at step 1); expected integer symbols, float features or "
              "strings (one kind per trajectory)", fit_model, [["a", 1, "b", 2.5] * 3], **SMALL)
 
 
-def test_column_names_alike_as_text_are_refused(features, no_work):
+def test_column_names_alike_as_text_arerefused(features, no_work):
     x = features.train[0]
-    _refused("train[0]: columns named alike: '1' (names are compared as text); expected distinct column names",
+    refused("train[0]: columns named alike: '1' (names are compared as text); expected distinct column names",
              fit_model, [{1: x[:, 0], "1": x[:, 1]}], **SMALL)
 
 
 def test_infer_kind_checks_kind_and_load_fitted_names_its_device_argument(tmp_path):
-    _refused("kind='Discrete': expected 'auto' (integer 1-D arrays and strings are symbols, the rest features), "
+    refused("kind='Discrete': expected 'auto' (integer 1-D arrays and strings are symbols, the rest features), "
              "'discrete' or 'continuous'", pipeline.api.infer_kind, [np.array([0.0, 1.0])], kind="Discrete")
     with pytest.raises(ValueError, match=r"^device='cpu:0': "):
         f = FittedModel(model=pipeline.api.initialise_model(

@@ -11,28 +11,11 @@ import pytest
 import pipeline.api
 import pipeline.train
 from pipeline.api import fit_model, load_fitted
-from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
+from pipeline.data.synthetic import make_hmm_dataset
 
-SMALL = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+from conftest import SMALL, refused
+
 A_LIST = "expected a list of trajectories (arrays of shape (T,) or (T, m))"
-
-
-def _refused(message, call, *args, **kwargs):
-    """``call`` raises a ValueError whose whole message is ``message``."""
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-        call(*args, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def symbols():
-    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=6, n_test=2, length=40, seed=0)
-    return ds
-
-
-@pytest.fixture(scope="module")
-def features():
-    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=2, length=40, seed=0)
-    return ds
 
 
 @pytest.fixture(scope="module")
@@ -45,43 +28,32 @@ def continuous_fit(features):
     return fit_model(features.train, features.test, **SMALL)
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fail the test if fit_model gets as far as 2SR or training: the checks must come first."""
-    def ran(*args, **kwargs):
-        raise AssertionError("2SR or training ran before the input was refused")
-
-    for name in ("multilayer_two_stage", "linear_two_stage", "cp_decompose"):
-        monkeypatch.setattr(pipeline.api, name, ran)
-    monkeypatch.setattr(pipeline.train, "fit", ran)
-
-
 # ------------------------------------------------------------------------------------ 1. one kind of trajectory
 
 def test_integer_and_float_trajectories_are_not_mixed(no_work):
     """The floats were truncated to the integers and scored with accuracy 1.0."""
     ints, floats = np.array([0, 1, 2, 3] * 8), np.array([0.7, 1.9, 2.5, 3.99] * 8)
-    _refused("train[1]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
+    refused("train[1]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
              "(an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
              "float arrays (features)", fit_model, [ints, floats], **SMALL)
-    _refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds continuous features (a float64 "
+    refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds continuous features (a float64 "
              "array of shape (32,)); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
              "float arrays (features)", fit_model, [floats, ints], **SMALL)
-    _refused("test[0]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
+    refused("test[0]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
              "(an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
              "float arrays (features)", fit_model, [ints], [floats], **SMALL)
-    _refused("valid[0]: continuous features (a float64 array of shape (32, 1)), but train[0] holds discrete "
+    refused("valid[0]: continuous features (a float64 array of shape (32, 1)), but train[0] holds discrete "
              "symbols (an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays "
              "(symbols) or float arrays (features)", fit_model, [ints], valid=[floats[:, None]], **SMALL)
 
 
 def test_continuous_trajectories_have_one_width(features, no_work):
     wide = np.zeros((30, 3))
-    _refused("train[2]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
+    refused("train[2]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
              [features.train[0], features.train[1], wide], **SMALL)
-    _refused("test[1]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
+    refused("test[1]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
              features.train, [features.test[0], wide], **SMALL)
-    _refused("valid[0]: 1 features per step (shape (30,)); expected 2, as train[0] has", fit_model,
+    refused("valid[0]: 1 features per step (shape (30,)); expected 2, as train[0] has", fit_model,
              features.train, valid=[np.zeros(30)], **SMALL)
 
 
@@ -133,7 +105,7 @@ def test_one_feature_may_be_given_as_t_or_t_by_1(features):
     (None, f"train: a NoneType; {A_LIST}"),
 ])
 def test_bad_training_data_is_refused_before_2sr(train, message, no_work):
-    _refused(message, fit_model, train, **SMALL)
+    refused(message, fit_model, train, **SMALL)
 
 
 def test_ragged_rows_are_refused_in_one_line(no_work):
@@ -144,15 +116,15 @@ def test_ragged_rows_are_refused_in_one_line(no_work):
 
 def test_a_dataframe_is_refused_in_one_line(no_work):
     pd = pytest.importorskip("pandas")
-    _refused(f"train: a DataFrame; {A_LIST}", fit_model, pd.DataFrame({"x": np.zeros(30)}), **SMALL)
+    refused(f"train: a DataFrame; {A_LIST}", fit_model, pd.DataFrame({"x": np.zeros(30)}), **SMALL)
 
 
 def test_test_and_valid_sets_are_checked_too(features, no_work):
-    _refused("test[0]: shape (40, 2, 1); expected an array of shape (T,) or (T, m), one row per step", fit_model,
+    refused("test[0]: shape (40, 2, 1); expected an array of shape (T,) or (T, m), one row per step", fit_model,
              features.train, [features.test[0][:, :, None]], **SMALL)
-    _refused(f"test: one array of shape (40, 2); {A_LIST}, e.g. [array] for a single trajectory", fit_model,
+    refused(f"test: one array of shape (40, 2); {A_LIST}, e.g. [array] for a single trajectory", fit_model,
              features.train, features.test[0], **SMALL)
-    _refused("valid[1]: nan at step 0, feature 1; expected finite values within float32 range (the models "
+    refused("valid[1]: nan at step 0, feature 1; expected finite values within float32 range (the models "
              "compute in float32)", fit_model, features.train, valid=[features.test[0], np.array([[0.0, np.nan]])],
              **SMALL)
 
@@ -194,11 +166,11 @@ def test_test_and_valid_sets_are_checked_too(features, no_work):
     ({"two_stage_options": {"oversample": -5}}, "two_stage.oversample: expected an integer >= 0, got -5"),
 ])
 def test_bad_arguments_are_refused_before_2sr(argument, message, symbols, no_work):
-    _refused(message, fit_model, symbols.train, symbols.test, **{**SMALL, **argument})
+    refused(message, fit_model, symbols.train, symbols.test, **{**SMALL, **argument})
 
 
 def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_work):
-    _refused("state_dim=5: the Kalman filter's state has at most future window × features = 2 × 2 dimensions; "
+    refused("state_dim=5: the Kalman filter's state has at most future window × features = 2 × 2 dimensions; "
              "expected a smaller state_dim or a longer horizon", fit_model, features.train, model="kf",
              **{**SMALL, "state_dim": 5, "horizon": 2})
 
@@ -216,8 +188,8 @@ def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_wor
     ({"model": "kf", "two_stage_options": {"ridge": float("nan")}},
      "two_stage_options['ridge']=nan: expected a finite number >= 0"),
 ])
-def test_2sr_settings_a_model_would_not_use_are_refused(argument, message, features, no_work):
-    _refused(message, fit_model, features.train, **{**SMALL, "state_dim": 2, **argument})
+def test_2sr_settings_a_model_would_not_use_arerefused(argument, message, features, no_work):
+    refused(message, fit_model, features.train, **{**SMALL, "state_dim": 2, **argument})
 
 
 def test_the_kf_takes_its_ridge_from_fit_model(features, monkeypatch):
@@ -253,17 +225,17 @@ def test_vocabulary_covers_every_split(symbols):
 def test_discrete_model_refuses_non_integer_symbols(discrete_fit, symbols):
     """[0.9, 1.9, 2.9] was read as [0, 1, 2]; floats with integer values are those integers (documented)."""
     for call in (discrete_fit.predict, discrete_fit.evaluate, lambda t: discrete_fit.forecast(t, 2)):
-        _refused("trajectories[1]: 0.9 at step 0 is not an integer symbol; expected integer symbols (the model "
+        refused("trajectories[1]: 0.9 at step 0 is not an integer symbol; expected integer symbols (the model "
                  "is discrete)", call, [symbols.test[0], np.array([0.9, 1.9, 2.9])])
-        _refused("trajectories[0]: nan at step 1 is not an integer symbol; expected integer symbols (the model is "
+        refused("trajectories[0]: nan at step 1 is not an integer symbol; expected integer symbols (the model is "
                  "discrete)", call, [np.array([1.0, np.nan])])
-        _refused("trajectories[0]: symbol 4 at step 2; expected symbols 0 … 3, the model's vocabulary", call,
+        refused("trajectories[0]: symbol 4 at step 2; expected symbols 0 … 3, the model's vocabulary", call,
                  [np.array([0, 1, 4])])
-        _refused("trajectories[0]: symbol -1 at step 0; expected symbols 0 … 3, the model's vocabulary", call,
+        refused("trajectories[0]: symbol -1 at step 0; expected symbols 0 … 3, the model's vocabulary", call,
                  [np.array([-1, 1])])
-        _refused("trajectories[0]: shape (2, 2); expected a 1-D array of symbols (the model is discrete)", call,
+        refused("trajectories[0]: shape (2, 2); expected a 1-D array of symbols (the model is discrete)", call,
                  [np.array([[0, 1], [1, 2]])])
-        _refused(f"trajectories: one array of shape (3,); {A_LIST}, e.g. [array] for a single trajectory", call,
+        refused(f"trajectories: one array of shape (3,); {A_LIST}, e.g. [array] for a single trajectory", call,
                  np.array([0, 1, 2]))
     whole = np.array([0.0, 1.0, 2.0, 3.0])
     np.testing.assert_array_equal(discrete_fit.predict([whole])[0], discrete_fit.predict([whole.astype(int)])[0])
@@ -276,18 +248,18 @@ def test_continuous_model_refuses_nan_inf_and_wrong_widths(continuous_fit, featu
     nan = good.copy()
     nan[5, 1] = np.nan
     for call in (continuous_fit.predict, continuous_fit.evaluate, lambda t: continuous_fit.forecast(t, 2)):
-        _refused("trajectories[1]: nan at step 5, feature 1; expected finite values within float32 range (the "
+        refused("trajectories[1]: nan at step 5, feature 1; expected finite values within float32 range (the "
                  "models compute in float32)", call, [good, nan])
-        _refused("trajectories[0]: -inf at step 0, feature 0; expected finite values within float32 range (the "
+        refused("trajectories[0]: -inf at step 0, feature 0; expected finite values within float32 range (the "
                  "models compute in float32)", call, [np.array([[-np.inf, 0.0]])])
-        _refused("trajectories[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width", call,
+        refused("trajectories[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width", call,
                  [np.zeros((3, 3))])
-        _refused("trajectories[0]: 1 features per step (shape (3,)); expected 2, the model's input width", call,
+        refused("trajectories[0]: 1 features per step (shape (3,)); expected 2, the model's input width", call,
                  [np.zeros(3)])
-        _refused("trajectories[0]: an empty trajectory; expected at least one observation", call,
+        refused("trajectories[0]: an empty trajectory; expected at least one observation", call,
                  [np.zeros((0, 2))])
-    _refused("steps=0: expected a positive integer up to 1000000", continuous_fit.forecast, [good], 0)
-    _refused("seed=-1: expected an integer with 0 <= seed < 2**32", continuous_fit.forecast, [good], 2, seed=-1)
+    refused("steps=0: expected a positive integer up to 1000000", continuous_fit.forecast, [good], 0)
+    refused("seed=-1: expected an integer with 0 <= seed < 2**32", continuous_fit.forecast, [good], 2, seed=-1)
 
 
 def test_trained_run_forecast_encoded_checks_its_inputs(discrete_fit, continuous_fit):
@@ -295,15 +267,15 @@ def test_trained_run_forecast_encoded_checks_its_inputs(discrete_fit, continuous
     from pipeline.inference import TrainedRun
 
     run = TrainedRun(model=discrete_fit.model, dataset="", variant="psrnn", seed=0, epoch=1, kind="discrete")
-    _refused("encoded[0]: 0.9 at step 0 is not an integer symbol; expected integer symbols (the model is "
+    refused("encoded[0]: 0.9 at step 0 is not an integer symbol; expected integer symbols (the model is "
              "discrete)", run.forecast_encoded, [np.array([0.9, 1.9])], 2, sample=False, seed=0, device="cpu")
     c = continuous_fit.model.config
     run = TrainedRun(model=continuous_fit.model, dataset="", variant="psrnn", seed=0, epoch=1, kind="continuous",
                      mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
-    _refused("encoded[0]: nan at step 1, feature 0; expected finite values within float32 range (the models "
+    refused("encoded[0]: nan at step 1, feature 0; expected finite values within float32 range (the models "
              "compute in float32)", run.forecast_encoded, [np.array([[0.0, 1.0], [np.nan, 1.0]])], 2,
              sample=False, seed=0, device="cpu")
-    _refused("encoded[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width",
+    refused("encoded[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width",
              run.forecast_encoded, [np.zeros((3, 3))], 2, sample=False, seed=0, device="cpu")
 
 
@@ -315,7 +287,7 @@ def test_psrnn_init_other_than_2sr_or_random_is_named(symbols):
 
     config = ModelConfig(model="psrnn", discrete=True, input_dim=4, output_dim=4, state_dim=3, obs_dim=3,
                          n_rff=32, init="zeros")
-    _refused("init='zeros': expected '2sr' or 'random' for psrnn", initialise_model, config)
+    refused("init='zeros': expected '2sr' or 'random' for psrnn", initialise_model, config)
 
 
 def test_load_fitted_names_what_the_file_is_not(tmp_path, continuous_fit):
@@ -325,9 +297,9 @@ def test_load_fitted_names_what_the_file_is_not(tmp_path, continuous_fit):
 
     expected = "expected a model file saved by FittedModel.save"
     pq.write_table(pa.table({"a": [1.0]}), tmp_path / "data.parquet")
-    _refused(f"{tmp_path / 'data.parquet'}: not a readable checkpoint; {expected}", load_fitted,
+    refused(f"{tmp_path / 'data.parquet'}: not a readable checkpoint; {expected}", load_fitted,
              tmp_path / "data.parquet")
-    _refused(f"{tmp_path}: a directory; {expected}", load_fitted, tmp_path)
+    refused(f"{tmp_path}: a directory; {expected}", load_fitted, tmp_path)
     with pytest.raises(FileNotFoundError, match="^" + re.escape(f"{tmp_path / 'none.pt'}: file not found; "
                                                                 f"{expected}") + "$"):
         load_fitted(tmp_path / "none.pt")

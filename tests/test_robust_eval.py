@@ -8,27 +8,19 @@
   with Adam; a fitted model's ``save`` / ``evaluate`` / ``predict`` / ``forecast`` name what is wrong.
 """
 
-import re
-
 import numpy as np
 import pytest
 import torch
 
 import pipeline.api
 from pipeline.api import fit_model, infer_kind, initialise_model
-from pipeline.data.synthetic import make_hmm_dataset
 from pipeline.models.common import ModelConfig
 from pipeline.train import (EVAL_BLOCK_BYTES, TrainConfig, eval_block, evaluate, evaluate_and_predict, fit,
                             predict)
 
-SMALL = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+from conftest import SMALL, refused
+
 V = 3000   # a vocabulary large enough that a block budget of a few rows splits the test set
-
-
-def _refused(message, call, *args, **kwargs):
-    """``call`` raises a ValueError whose whole message is ``message``."""
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-        call(*args, **kwargs)
 
 
 def _discrete_model(model: str) -> torch.nn.Module:
@@ -143,21 +135,15 @@ def test_predict_can_keep_a_reduction_of_each_block(float64):
 
 def test_evaluating_nothing_is_named():
     net = _discrete_model("lstm")
-    _refused("trajectories: empty; expected a list of trajectories, at least one", evaluate, net, [])
-    _refused("trajectories: empty; expected a list of trajectories, at least one", predict, net, [])
-    _refused("block_bytes=0: expected a positive integer (bytes)", evaluate, net, _symbols(), block_bytes=0)
+    refused("trajectories: empty; expected a list of trajectories, at least one", evaluate, net, [])
+    refused("trajectories: empty; expected a list of trajectories, at least one", predict, net, [])
+    refused("block_bytes=0: expected a positive integer (bytes)", evaluate, net, _symbols(), block_bytes=0)
 
 
 # --------------------------------------------------------------------------------- splits without a step to score
 
 SINGLE = "{}: all 2 trajectories are a single step, so there is no one-step prediction to score; expected " \
          "trajectories of at least 2 steps (each prediction is scored against the next observation)"
-
-
-@pytest.fixture(scope="module")
-def symbols():
-    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=6, n_test=2, length=40, seed=0)
-    return ds
 
 
 def test_fit_refuses_splits_without_a_step_to_score(symbols):
@@ -167,12 +153,12 @@ def test_fit_refuses_splits_without_a_step_to_score(symbols):
                                        obs_dim=3, init="xavier"), seed=0)
     cfg = TrainConfig(epochs=1, lr=0.1, device="cpu")
     ones = [t[:1] for t in symbols.test]
-    _refused(SINGLE.format("test"), fit, net, symbols.train, ones, cfg)
-    _refused(SINGLE.format("valid"), fit, net, symbols.train, symbols.test, cfg, valid=ones)
-    _refused("train: its one trajectory is a single step, so there is no one-step prediction to score; expected "
+    refused(SINGLE.format("test"), fit, net, symbols.train, ones, cfg)
+    refused(SINGLE.format("valid"), fit, net, symbols.train, symbols.test, cfg, valid=ones)
+    refused("train: its one trajectory is a single step, so there is no one-step prediction to score; expected "
              "trajectories of at least 2 steps (each prediction is scored against the next observation)",
              fit, net, [symbols.train[0][:1]], symbols.test, cfg)
-    _refused("test: empty; expected a list of trajectories, at least one", fit, net, symbols.train, [], cfg)
+    refused("test: empty; expected a list of trajectories, at least one", fit, net, symbols.train, [], cfg)
     # one scorable trajectory is enough: the single steps add nothing to the metrics
     result = fit(net, symbols.train, [*ones, symbols.test[0]], cfg, valid=[ones[0], symbols.test[1]])
     assert [h["epoch"] for h in result.history] == [0, 1]
@@ -189,21 +175,21 @@ def test_fit_model_refuses_splits_without_a_step_to_score(symbols, monkeypatch):
 
     monkeypatch.setattr(pipeline.api, "multilayer_two_stage", ran)
     ones = [t[:1] for t in symbols.test]
-    _refused(SINGLE.format("test"), fit_model, symbols.train, ones, **SMALL)
-    _refused(SINGLE.format("valid"), fit_model, symbols.train, symbols.test, valid=ones, **SMALL)
+    refused(SINGLE.format("test"), fit_model, symbols.train, ones, **SMALL)
+    refused(SINGLE.format("valid"), fit_model, symbols.train, symbols.test, valid=ones, **SMALL)
 
 
 # ------------------------------------------------------------------------------------ fit_model's arguments
 
 
-def test_sparse_integer_symbols_are_refused():
+def test_sparse_integer_symbols_arerefused():
     """[0, 10**9] made a vocabulary of 10⁹ + 1 for two symbols and was OOM-killed."""
-    _refused("train[0]: symbol 1000000000 at step 1 makes a vocabulary of 1000000001 (symbols are indices 0 … V-1) "
+    refused("train[0]: symbol 1000000000 at step 1 makes a vocabulary of 1000000001 (symbols are indices 0 … V-1) "
              "for 2 distinct symbols; expected indices near 0 … 1: map the ids, e.g. ids = "
              "np.unique(np.concatenate(every split's trajectories)), then np.searchsorted(ids, t) for each "
              "trajectory t (measurements? pass kind='continuous')",
              fit_model, [np.array([0, 10 ** 9] * 15)] * 2, model="lstm", **SMALL)
-    _refused("test[1]: symbol 10000 at step 3 makes a vocabulary of 10001 (symbols are indices 0 … V-1) for 4 "
+    refused("test[1]: symbol 10000 at step 3 makes a vocabulary of 10001 (symbols are indices 0 … V-1) for 4 "
              "distinct symbols; expected indices near 0 … 3: map the ids, e.g. ids = np.unique(np.concatenate(every "
              "split's trajectories)), then np.searchsorted(ids, t) for each trajectory t (measurements? pass "
              "kind='continuous')",
@@ -218,13 +204,13 @@ def test_sparse_integer_symbols_are_refused():
 
 
 def test_rank_is_refused_where_it_is_ignored_or_absurd(symbols, monkeypatch):
-    _refused("rank=3: the CP rank of factorized_psrnn; lstm has none, leave it out",
+    refused("rank=3: the CP rank of factorized_psrnn; lstm has none, leave it out",
              fit_model, symbols.train, model="lstm", rank=3, **SMALL)
-    _refused("rank=3: the CP rank of factorized_psrnn; psrnn has none, leave it out",
+    refused("rank=3: the CP rank of factorized_psrnn; psrnn has none, leave it out",
              fit_model, symbols.train, rank=3, **SMALL)
-    _refused("rank=1000000: absurdly large for state_dim 3 and obs_dim 3; expected at most 10 x state_dim x "
+    refused("rank=1000000: absurdly large for state_dim 3 and obs_dim 3; expected at most 10 x state_dim x "
              "obs_dim = 90", fit_model, symbols.train, model="factorized_psrnn", rank=10 ** 6, **SMALL)
-    _refused("rank=91: absurdly large for state_dim 3 and obs_dim 3; expected at most 10 x state_dim x obs_dim = "
+    refused("rank=91: absurdly large for state_dim 3 and obs_dim 3; expected at most 10 x state_dim x obs_dim = "
              "90", fit_model, symbols.train, model="factorized_psrnn", rank=91, **SMALL)
 
     class Reached(Exception):
@@ -239,16 +225,16 @@ def test_rank_is_refused_where_it_is_ignored_or_absurd(symbols, monkeypatch):
 
 
 def test_train_options_follow_the_params_rules(symbols):
-    _refused("train_options['momentum']=0.9: only used by optimizer 'sgd' (adam has no momentum parameter); "
+    refused("train_options['momentum']=0.9: only used by optimizer 'sgd' (adam has no momentum parameter); "
              "expected 0 or optimizer 'sgd'", fit_model, symbols.train, model="lstm",
              train_options={"optimizer": "adam", "momentum": 0.9}, **SMALL)
-    _refused("train_options['momentum']=1.5: expected a number in [0, 1)", fit_model, symbols.train, model="lstm",
+    refused("train_options['momentum']=1.5: expected a number in [0, 1)", fit_model, symbols.train, model="lstm",
              train_options={"momentum": 1.5}, **SMALL)
-    _refused("train_options['weight_decay']=-1: expected a finite number >= 0", fit_model, symbols.train,
+    refused("train_options['weight_decay']=-1: expected a finite number >= 0", fit_model, symbols.train,
              model="lstm", train_options={"weight_decay": -1}, **SMALL)
-    _refused("train_options['max_loss']=0: expected a number > 0 (inf: never stop on the loss)", fit_model,
+    refused("train_options['max_loss']=0: expected a number > 0 (inf: never stop on the loss)", fit_model,
              symbols.train, model="lstm", train_options={"max_loss": 0}, **SMALL)
-    _refused("train_options['shuffle']='no': expected True or False", fit_model, symbols.train, model="lstm",
+    refused("train_options['shuffle']='no': expected True or False", fit_model, symbols.train, model="lstm",
              train_options={"shuffle": "no"}, **SMALL)
     fitted = fit_model(symbols.train, model="lstm", train_options={"optimizer": "adam", "momentum": 0,
                                                                     "max_loss": float("inf")}, **SMALL)
@@ -264,13 +250,13 @@ def fitted(symbols):
 
 
 def test_fitted_model_names_bad_arguments(fitted, symbols, tmp_path):
-    _refused(f"{tmp_path}: a directory; expected a file path to write the model to, e.g. {tmp_path / 'model.pt'}",
+    refused(f"{tmp_path}: a directory; expected a file path to write the model to, e.g. {tmp_path / 'model.pt'}",
              fitted.save, tmp_path)
     assert list(tmp_path.iterdir()) == []   # no temporary file left behind
     for call in (fitted.evaluate, fitted.predict, lambda t: fitted.forecast(t, 2)):
-        _refused("trajectories: empty; expected a list of trajectories, at least one", call, [])
-    _refused(SINGLE.format("trajectories"), fitted.evaluate, [t[:1] for t in symbols.test])
+        refused("trajectories: empty; expected a list of trajectories, at least one", call, [])
+    refused(SINGLE.format("trajectories"), fitted.evaluate, [t[:1] for t in symbols.test])
     assert [p.shape for p in fitted.predict([t[:1] for t in symbols.test])] == [(1, 4), (1, 4)]
-    _refused("sample='yes': expected True or False", fitted.forecast, symbols.test, 2, sample="yes")
-    _refused("sample=1: expected True or False", fitted.forecast, symbols.test, 2, sample=1)
+    refused("sample='yes': expected True or False", fitted.forecast, symbols.test, 2, sample="yes")
+    refused("sample=1: expected True or False", fitted.forecast, symbols.test, 2, sample=1)
     assert [s.shape for s in fitted.forecast(symbols.test, 2, sample=True)] == [(2,), (2,)]
