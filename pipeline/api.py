@@ -759,14 +759,14 @@ class FittedModel:
         in the units of the given arrays (fit_model does not standardise them), and what repeating the last
         observation scores on the same steps (:mod:`pipeline.naive`'s yardstick); ``{"bpc", "accuracy"}`` for a
         discrete one, the bits per symbol of the next symbol and the fraction predicted most likely."""
-        from pipeline.naive import naive_metrics
+        from pipeline.naive import last_value_mse
         from pipeline.train import check_scorable, evaluate
 
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
         metrics = evaluate(self.model, inputs)
         if not self.model.config.discrete:
-            metrics["last_value_mse"] = naive_metrics(inputs, inputs, discrete=False)["last_value"]["mse"]
+            metrics["last_value_mse"] = last_value_mse(inputs)
         return metrics
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0

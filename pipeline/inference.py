@@ -309,6 +309,7 @@ class TrainedRun:
         report), and for continuous data ``mse_data_units`` (the same errors in the original units) and
         ``last_value_mse`` (standardised, as ``mse``: what repeating the last observation scores on the same steps,
         :mod:`pipeline.naive`'s yardstick)."""
+        from pipeline.naive import last_value_mse
         from pipeline.train import evaluate, evaluate_and_predict, resolve_device
 
         encoded = self._encode_all(trajectories, unknown)
@@ -317,8 +318,7 @@ class TrainedRun:
             return evaluate(self.model, encoded)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
-        repeats = [(e[1:] - e[:-1]) ** 2 for e in encoded if len(e) > 1]   # o_t for o_{t+1}, the scored steps
-        metrics["last_value_mse"] = float(np.concatenate(repeats).mean()) if repeats else float("nan")
+        metrics["last_value_mse"] = last_value_mse(encoded)
         return metrics
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:

@@ -48,19 +48,31 @@ def naive_metrics(train: Sequence[np.ndarray], test: Sequence[np.ndarray], *, di
         return {"unigram": {"bpc": float(bits.mean()),
                             "accuracy": float(np.mean(targets == int(np.argmax(counts))))}}
 
-    def rows(t: np.ndarray) -> np.ndarray:
-        a = np.asarray(t, dtype=np.float64)
-        return a[:, None] if a.ndim == 1 else a
+    mean = np.concatenate([_rows(t) for t in train]).mean(axis=0)
+    return {"last_value": {"mse": last_value_mse(test)},
+            "train_mean": {"mse": _scored_mse(test, lambda x: np.broadcast_to(mean, x[:-1].shape))}}
 
-    mean = np.concatenate([rows(t) for t in train]).mean(axis=0)
-    persistence = squares = 0.0
-    count = 0
-    for t in test:
-        x = rows(t)
+
+def last_value_mse(trajectories: Sequence[np.ndarray]) -> float:
+    """The MSE of predicting o_{t+1} by o_t, over the steps and features of every trajectory of two steps or more
+    (NaN when there is none): the ``last_value`` predictor alone, which ``evaluate`` of a trained model and
+    ``psrnn predict`` report beside the model's MSE."""
+    return _scored_mse(trajectories, lambda x: x[:-1])
+
+
+def _rows(t: np.ndarray) -> np.ndarray:
+    a = np.asarray(t, dtype=np.float64)
+    return a[:, None] if a.ndim == 1 else a
+
+
+def _scored_mse(trajectories: Sequence[np.ndarray], predict) -> float:
+    """The mean squared error of ``predict(x)`` (rows 0 … T-2 of a (T, m) trajectory) against rows 1 … T-1."""
+    total, count = 0.0, 0
+    for t in trajectories:
+        x = _rows(t)
         if len(x) < 2:
             continue
-        persistence += float(((x[1:] - x[:-1]) ** 2).sum())
-        squares += float(((x[1:] - mean) ** 2).sum())
+        total += float(((x[1:] - predict(x)) ** 2).sum())
         count += x[1:].size
-    return {"last_value": {"mse": persistence / count}, "train_mean": {"mse": squares / count}}
+    return total / count if count else float("nan")
 
