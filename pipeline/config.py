@@ -22,7 +22,7 @@ Layout of ``params.yaml``::
       two_stage: {...}           # TwoStageConfig fields, without seed, and ``layers`` (2SR depths learned)
       kf: {...} | null           # linear 2SR of the Kalman filter (continuous data); null: none
       variants: [...]            # psrnn, psrnn_2layer, psrnn_2layer_skip, psrnn_random, factorized_psrnn_r60,
-                                 # lstm, gru, rnn, kf
+                                 # lstm, gru, rnn, kf; <name>_delta (not kf, continuous data) predicts the change
       model: {...}               # bias scales
       train: {...}               # TrainConfig fields, without seed, and ``overrides: {<variant>: {...}}``
 """
@@ -44,7 +44,7 @@ from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from pipeline.decompose import MAX_RANK_FACTOR
-from pipeline.messages import INT_SHOWN_BITS, brief
+from pipeline.messages import INT_SHOWN_BITS, brief, brief_list
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
 from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig
 
@@ -69,9 +69,9 @@ def _dataset_names(keys: typing.Iterable[str]) -> list[str]:
 
 _ALLOWED_DATASETS = f"{', '.join(DATASETS)} or custom_<name> (lower-case letters, digits, underscores)"
 DOWNLOADED = ("ptb", "swimmer", "mocap", "handwriting")
-_VARIANT = re.compile(r"psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<random>_random)?"
+_VARIANT = re.compile(r"(?:psrnn(_(?P<layers>[0-9]+)layer(?P<skip>_skip)?)?(?P<random>_random)?"
                       r"|factorized_psrnn_r(?P<rank>[0-9]+)"
-                      r"(?P<frandom>_random)?|lstm|gru|rnn|kf")
+                      r"(?P<frandom>_random)?|(?P<baseline>lstm|gru|rnn|kf))(?P<delta>_delta)?")
 MAX_LAYERS = 64   # a bound on PSRNN depth (variants and two_stage.layers), far beyond any useful stack
 MAX_PREFIX = 200        # tracking.experiment_prefix; the experiment is named <prefix>-<dataset>
 MAX_MAGNITUDE = 1e30    # a bound on every finite number: beyond it, products like ridge·n or lr·gradient overflow
@@ -92,6 +92,7 @@ class Variant:
     rank: int | None = None
     init: str = "2sr"
     skip: bool = False   # the decoder reads every layer's state (psrnn_<L>layer_skip), not the top layer's alone
+    delta: bool = False  # <name>_delta: the decoder predicts the change o_{t+1} - o_t, added to o_t (continuous)
 
     @classmethod
     def parse(cls, name: str, key: str = "variants") -> "Variant":
@@ -101,7 +102,11 @@ class Variant:
             raise ParamsError(f"{key}: unknown model variant {shown}; expected psrnn, psrnn_<L>layer, "
                               "psrnn_<L>layer_skip, psrnn_random, psrnn_<L>layer_random, "
                               "psrnn_<L>layer_skip_random, factorized_psrnn_r<rank>, factorized_psrnn_r<rank>_random, "
-                              "lstm, gru, rnn or kf")
+                              "lstm, gru, rnn or kf; any but kf may end in _delta (continuous data)")
+        delta = bool(m.group("delta"))
+        if delta and m.group("baseline") == "kf":
+            raise ParamsError(f"{key}: {shown}: the Kalman filter predicts the next observation through its own "
+                              "observation model (C x + mean), which has no _delta form; expected kf")
         # a count is never this long (int() refuses 4300 digits and more, with a ValueError naming no key)
         digits = (m.group("rank") or m.group("layers") or "").lstrip("0")
         if name.startswith("factorized_psrnn"):
@@ -111,7 +116,8 @@ class Variant:
             rank = int(digits or "0")
             if rank <= 0:
                 raise ParamsError(f"{key}: rank in {shown} must be > 0")
-            variant = cls(name, "factorized_psrnn", rank=rank, init="random" if m.group("frandom") else "2sr")
+            variant = cls(name, "factorized_psrnn", rank=rank, init="random" if m.group("frandom") else "2sr",
+                          delta=delta)
             return variant._canonical(key)
         if name.startswith("psrnn"):
             layers = int(digits or "0") if len(digits) <= _MAX_NAME_DIGITS else MAX_LAYERS + 1
@@ -122,9 +128,11 @@ class Variant:
             if skip and layers < 2:
                 raise ParamsError(f"{key}: {shown}: _skip needs 2 or more layers (a 1-layer decoder reads its "
                                   "only layer)")
-            variant = cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr", skip=skip)
+            variant = cls(name, "psrnn", n_layers=layers, init="random" if m.group("random") else "2sr", skip=skip,
+                          delta=delta)
             return variant._canonical(key)
-        return cls(name, name, init="2sr" if name == "kf" else "xavier")
+        family = m.group("baseline")
+        return cls(name, family, init="2sr" if family == "kf" else "xavier", delta=delta)
 
     def _canonical(self, key: str) -> "Variant":
         """The variant, if its name is the one way of writing it: ``psrnn_1layer`` is ``psrnn`` and ``r07`` is
@@ -134,6 +142,7 @@ class Variant:
         else:
             name = "psrnn" + (f"_{self.n_layers}layer" if self.n_layers > 1 else "") + ("_skip" if self.skip else "")
         name += "_random" if self.init == "random" else ""
+        name += "_delta" if self.delta else ""
         if name != self.name:
             raise ParamsError(f"{key}: write {brief(self.name)} as {name!r} (one name per model)")
         return self
@@ -1006,6 +1015,10 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                     hint = f" (or {key}.source.n_valid > 0)" if name in ("hmm", "lgssm") else ""
                     raise ParamsError(f"{tkey}.monitor: 'valid', but {name} has no validation split; expected "
                                       f"'auto' (train), 'train' or 'test'{hint}")
+        deltas = [v.name for v in variants if v.delta]
+        if dp.discrete and deltas:
+            raise ParamsError(f"{key}.variants: {brief_list(deltas)}: _delta predicts the change of a continuous "
+                              f"observation, and {name} is discrete; remove the _delta")
         if dp.discrete and any(v.family == "kf" for v in variants):
             raise ParamsError(f"{key}.variants: kf models continuous data only; remove it for {name}")
         if dp.discrete and kf is not None:

@@ -574,8 +574,10 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
 
 
 def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray], *, discrete: bool,
-                vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300) -> Decoder:
+                vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300, change: bool = False) -> Decoder:
     """Regress o_{t+1} on the state after o_t: softmax regression (discrete) or ridge regression (continuous).
+    With ``change`` (continuous only), regress the change o_{t+1} - o_t instead: the decoder of a model that
+    predicts ô_{t+1} = o_t + decoder(q) (``ModelConfig.delta``).
 
     Softmax: L-BFGS-B on :func:`softmax_objective` from the unigram model (W = 0, b = log-frequencies), with BLAS
     at one thread. numpy and scipy each load their own OpenBLAS (pip wheels), and L-BFGS-B's products on the
@@ -587,6 +589,8 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
 
     X = np.concatenate([s[:-1] for s in states], axis=0)
     n, d = X.shape
+    if discrete and change:
+        raise ValueError("fit_decoder: change=True regresses o_{t+1} - o_t, which continuous data have only")
     if discrete:
         y = np.concatenate([np.asarray(t)[1:] for t in trajectories]).astype(np.int64)
         V = vocab_size
@@ -597,7 +601,8 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
             res = scipy.optimize.minimize(softmax_objective(X, y, V, ridge), theta0, jac=True, method="L-BFGS-B",
                                           options={"maxiter": max_iter})
         return Decoder(weight=res.x[: V * d].reshape(V, d), bias=res.x[V * d:], kind="discrete")
-    Y = np.concatenate([np.asarray(t).reshape(len(t), -1)[1:] for t in trajectories], axis=0)
+    flat = [np.asarray(t).reshape(len(t), -1) for t in trajectories]
+    Y = np.concatenate([t[1:] - t[:-1] if change else t[1:] for t in flat], axis=0)
     x_mean, y_mean = X.mean(0), Y.mean(0)
     Xc, Yc = X - x_mean, Y - y_mean
     Wt = _ridge_solve(Xc.T @ Xc, Xc.T @ Yc, ridge * n).T
@@ -671,7 +676,8 @@ def softmax_objective(X: np.ndarray, y: np.ndarray, V: int, lam: float):
 class TwoStageModel:
     """A multilayer 2SR initialisation: one :class:`TwoStageLayer` per layer, the decoder of the top layer and,
     for 2 or more layers, the ``skip_decoder`` that reads every layer's state [q⁽¹⁾; …; q⁽ᴸ⁾] (the PSRNN's
-    ``decoder_input="all"``)."""
+    ``decoder_input="all"``). For continuous data also ``delta_decoder`` and ``skip_delta_decoder``, the same
+    regressions of the change o_{t+1} - o_t (the ``_delta`` variants, ``ModelConfig.delta``)."""
 
     layers: list[TwoStageLayer]
     decoder: Decoder
@@ -679,6 +685,19 @@ class TwoStageModel:
     vocab_size: int
     config: dict[str, Any]
     skip_decoder: Decoder | None = None
+    delta_decoder: Decoder | None = None
+    skip_delta_decoder: Decoder | None = None
+
+    def decoder_for(self, *, every_layer: bool, delta: bool) -> Decoder:
+        """The decoder of a PSRNN that reads the top layer (or, ``every_layer``, all of them) and predicts the
+        next observation (or, ``delta``, its change); a ValueError names what this model lacks."""
+        name = ("skip_" if every_layer and len(self.layers) > 1 else "") + ("delta_" if delta else "") + "decoder"
+        decoder = getattr(self, name)
+        if decoder is None:
+            why = ("the change o_{t+1} - o_t is regressed for continuous data only" if delta and self.discrete else
+                   "fit by two_stage_depths / multilayer_two_stage (rerun the two_stage stage on older artifacts)")
+            raise ValueError(f"the 2SR model has no {name}: {why}")
+        return decoder
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -686,9 +705,11 @@ class TwoStageModel:
             out.update(layer.to_arrays(prefix=f"L{i + 1}_"))
         out["decoder_weight"] = self.decoder.weight
         out["decoder_bias"] = self.decoder.bias
-        if self.skip_decoder is not None:
-            out["skip_decoder_weight"] = self.skip_decoder.weight
-            out["skip_decoder_bias"] = self.skip_decoder.bias
+        for name in ("skip_decoder", "delta_decoder", "skip_delta_decoder"):
+            decoder = getattr(self, name)
+            if decoder is not None:
+                out[f"{name}_weight"] = decoder.weight
+                out[f"{name}_bias"] = decoder.bias
         return out
 
     def meta(self) -> dict[str, Any]:
@@ -700,13 +721,12 @@ class TwoStageModel:
     def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> "TwoStageModel":
         layers = [TwoStageLayer.from_arrays(arrays, prefix=f"L{i + 1}_", diagnostics=meta["diagnostics"][i])
                   for i in range(meta["n_layers"])]
-        dec = Decoder(weight=arrays["decoder_weight"], bias=arrays["decoder_bias"], kind=meta["decoder_kind"])
-        skip = None
-        if "skip_decoder_weight" in arrays:
-            skip = Decoder(weight=arrays["skip_decoder_weight"], bias=arrays["skip_decoder_bias"],
-                           kind=meta["decoder_kind"])
-        return cls(layers=layers, decoder=dec, discrete=meta["discrete"], vocab_size=meta["vocab_size"],
-                   config=meta["config"], skip_decoder=skip)
+        decoders = {name: Decoder(weight=arrays[f"{name}_weight"], bias=arrays[f"{name}_bias"],
+                                  kind=meta["decoder_kind"])
+                    for name in ("decoder", "skip_decoder", "delta_decoder", "skip_delta_decoder")
+                    if f"{name}_weight" in arrays}
+        return cls(layers=layers, discrete=meta["discrete"], vocab_size=meta["vocab_size"], config=meta["config"],
+                   **decoders)
 
 
 def multilayer_two_stage(
@@ -763,14 +783,18 @@ def two_stage_depths(
                  layer.diagnostics["lambda"])
         inputs = states
         every.append(states)
-        decoder = fit_decoder(inputs, trajectories, discrete=discrete, vocab_size=vocab_size,
-                              ridge=cfg.decoder_ridge)
-        skip = None
-        if len(every) > 1:
-            skip = fit_decoder([np.concatenate(parts, axis=1) for parts in zip(*every)], trajectories,
-                               discrete=discrete, vocab_size=vocab_size, ridge=cfg.decoder_ridge)
-        yield TwoStageModel(layers=list(layers), decoder=decoder, discrete=discrete, vocab_size=vocab_size,
-                            config=asdict(cfg), skip_decoder=skip)
+        joined = [np.concatenate(parts, axis=1) for parts in zip(*every)] if len(every) > 1 else None
+        decoders = {}
+        for change in (False, True) if not discrete else (False,):
+            prefix = "delta_" if change else ""
+            decoders[f"{prefix}decoder"] = fit_decoder(inputs, trajectories, discrete=discrete,
+                                                       vocab_size=vocab_size, ridge=cfg.decoder_ridge, change=change)
+            if joined is not None:
+                decoders[f"skip_{prefix}decoder"] = fit_decoder(joined, trajectories, discrete=discrete,
+                                                                vocab_size=vocab_size, ridge=cfg.decoder_ridge,
+                                                                change=change)
+        yield TwoStageModel(layers=list(layers), discrete=discrete, vocab_size=vocab_size, config=asdict(cfg),
+                            **decoders)
 
 
 # ------------------------------------------------------------------------------------- linear 2SR (Kalman)

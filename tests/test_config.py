@@ -386,7 +386,7 @@ _NINES = "9" * 5000
     (lambda p: p["ptb"].update(variants=["psrnn", _LONG]),
      "ptb.variants: unknown model variant '" + "x" * 76 + "...; expected psrnn, psrnn_<L>layer, psrnn_<L>layer_skip, "
      "psrnn_random, psrnn_<L>layer_random, psrnn_<L>layer_skip_random, factorized_psrnn_r<rank>, "
-     "factorized_psrnn_r<rank>_random, lstm, gru, rnn or kf"),
+     "factorized_psrnn_r<rank>_random, lstm, gru, rnn or kf; any but kf may end in _delta (continuous data)"),
     (lambda p: p["ptb"]["train"].update(device=_LONG),
      "ptb.train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:<index>', got a string '" + "x" * 76 + "..."),
     (lambda p: p.update(datasets=["ptb", _LONG]),
@@ -684,7 +684,7 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 45 model variants, "
+    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 49 model variants, "
                            "seeds [0, 1])")
     assert out[1:] == [
         "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "

@@ -133,6 +133,11 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
     tsr, _ = load_npz(root / "artifacts" / "ptb" / "s0" / "2sr" / "L2.npz")
     assert meta["model_config"]["decoder_input"] == "all"
     assert np.array_equal(init["decoder.weight"], tsr["skip_decoder_weight"].astype(init["decoder.weight"].dtype))
+    # a _delta variant predicts the change: its decoder starts from the 2SR regression of o_{t+1} - o_t
+    init, meta = load_npz(root / "artifacts" / "mocap" / "s0" / "init" / "psrnn_delta.npz")
+    tsr, _ = load_npz(root / "artifacts" / "mocap" / "s0" / "2sr" / "L1.npz")
+    assert meta["model_config"]["delta"] is True
+    assert np.array_equal(init["decoder.weight"], tsr["delta_decoder_weight"].astype(init["decoder.weight"].dtype))
     for fig in ("fig3a.png", "fig3b.png", "fig3c.png", "fig4a.png", "fig4b.png"):
         assert (root / "reports" / "figures" / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = (root / "reports" / "results.md").read_text()

@@ -61,7 +61,8 @@ class RecurrentBaseline(SequenceModel):
         e = self.encoder(x)
         if (not self.is_lstm and not torch.is_grad_enabled()
                 and native.usable(e, *state, *self.rnn.parameters())):
-            return self._native_forward(e, state, reset)
+            out, state = self._native_forward(e, state, reset)
+            return self.emit(out, x), state
         L = e.shape[0]
         cuts = [] if reset is None else torch.nonzero(reset.any(1)).flatten().tolist()
         bounds = sorted(set([0, *cuts, L]))
@@ -73,7 +74,7 @@ class RecurrentBaseline(SequenceModel):
                 state = tuple(apply_reset(s, zero, reset[start]) for s in state)
             out, state = self._run(e[start:stop], state)
             outs.append(out)
-        return self.decoder(torch.cat(outs, 0)), state
+        return self.emit(self.decoder(torch.cat(outs, 0)), x), state
 
     def _native_forward(self, e: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None
                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:

@@ -34,6 +34,7 @@ class ModelConfig:
     init: str = "2sr"          # "2sr" or "random" (PSRNNs); baselines: "xavier"; kf: "2sr"
     bias_scale: float = 0.0
     decoder_input: str = "top"  # PSRNN: the decoder reads the top layer's state ("top") or every layer's ("all")
+    delta: bool = False        # continuous, not kf: the decoder predicts the change, ô_{t+1} = o_t + decoder(q)
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_NAMES:
@@ -43,6 +44,10 @@ class ModelConfig:
         if self.decoder_input == "all" and self.model not in ("psrnn", "factorized_psrnn"):
             raise ValueError(f"decoder_input 'all' is a PSRNN option (layer skip connections); {self.model} has "
                              "one recurrent layer")
+        if self.delta and (self.discrete or self.model == "kf"):
+            raise ValueError("delta (predict the change o_{t+1} - o_t) is an option of continuous data and of the "
+                             "PSRNN, RNN, GRU and LSTM models; " + ("the data are discrete" if self.discrete else
+                                                                     "kf predicts through its observation model"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +73,12 @@ class SequenceModel(nn.Module):
 
     def init_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
+
+    def emit(self, decoded: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The outputs from the decoder's ``decoded`` (L, B, m) and the inputs ``x`` (L, B, m): the prediction
+        itself, or, with ``config.delta``, the predicted change added to the observation just consumed,
+        ô_{t+1} = o_t + Δ̂_t (a residual output: the zero decoder is the last-value predictor)."""
+        return decoded + x if self.config.delta else decoded
 
     def n_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

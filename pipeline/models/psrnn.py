@@ -12,7 +12,9 @@ an embedding table for discrete symbols (exactly U_oᵀ ω(e_v) per symbol) and 
 inputs. A linear decoder maps the top state to logits (discrete) or to the predicted next observation; with
 ``decoder_input="all"`` (variants ``psrnn_<L>layer_skip``) it reads the states of every layer, concatenated — skip
 connections to the output as in Graves (2013), so that a deeper model's 2SR start fits the training data at
-least as well as a shallower one's (its decoder regression sees a superset of the states).
+least as well as a shallower one's (its decoder regression sees a superset of the states). With ``delta``
+(variants ``<name>_delta``, continuous data) it predicts the change instead, ô_{t+1} = o_t + decoder(q_{t+1}),
+its 2SR start regressing o_{t+1} - o_t on the states (a residual output, as in Martinez et al. 2017 for motion).
 
 Both cores reduce, for a known input sequence, to a normalised linear recurrence q_{t+1} = n(G_t q_t + b) with
 per-step matrices G_t = W ×₂ o_t (or Aᵀ diag(B o_t) C), which are computed for the whole window in one batched
@@ -435,7 +437,7 @@ class PSRNN(SequenceModel):
             h = states
         if self.config.decoder_input == "all" and len(outputs) > 1:
             h = torch.cat(outputs, dim=-1)
-        return self.decoder(h), tuple(new_state)
+        return self.emit(self.decoder(h), x), tuple(new_state)
 
     # ------------------------------------------------------------------ initialisation from 2SR / at random
 
@@ -465,12 +467,7 @@ class PSRNN(SequenceModel):
                     core.W.copy_(_t(layer.W))
                 core.b.copy_(_t(bias_scale * layer.mean_state))
                 core.q1.copy_(_t(layer.q1))
-            decoder = model.decoder
-            if self.config.decoder_input == "all" and len(self.cores) > 1:
-                if model.skip_decoder is None:
-                    raise ValueError("decoder_input 'all' needs the 2SR model's skip_decoder (fit on every layer's "
-                                     "states; multilayer_two_stage fits it for 2 or more layers)")
-                decoder = model.skip_decoder
+            decoder = model.decoder_for(every_layer=self.config.decoder_input == "all", delta=self.config.delta)
             self.decoder.weight.copy_(_t(decoder.weight))
             self.decoder.bias.copy_(_t(decoder.bias))
         return self

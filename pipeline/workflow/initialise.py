@@ -22,7 +22,7 @@ def model_config(dp: DatasetParams, ds: SequenceDataset, variant: Variant, kf_st
     return ModelConfig(model=variant.family, discrete=ds.discrete, input_dim=ds.obs_dim, output_dim=ds.obs_dim,
                        state_dim=kf_state_dim if variant.family == "kf" else ts.state_dim, obs_dim=ts.obs_dim,
                        n_layers=variant.n_layers, rank=variant.rank, n_rff=ts.n_features, init=variant.init,
-                       bias_scale=bias, decoder_input="all" if variant.skip else "top")
+                       bias_scale=bias, decoder_input="all" if variant.skip else "top", delta=variant.delta)
 
 
 def initial_model(params: Params, root: Path, dataset: str, variant_name: str, seed: int):
