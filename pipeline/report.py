@@ -339,10 +339,11 @@ def _style():
 def _colors(variants: Sequence[str], universe: Sequence[str] = ()) -> dict[str, Any]:
     """A colour per variant, decided by ``universe`` (the dataset's variants) and not by the figure's, so that a
     variant has the same colour in every figure of its dataset: factorized ranks along viridis in rank order
-    (one rank alone at its top, away from the LSTM's blue), the paper's models fixed, others from a spare list."""
+    (one rank alone at its top, away from the LSTM's blue), the paper's models fixed, others from a spare list.
+    A ``_delta`` variant takes its model's colour (and :func:`_line_style` a dash-dot line), so the pairs show."""
     from matplotlib import colormaps
 
-    pool = list(dict.fromkeys([*sorted(universe, key=_variant_key), *variants]))
+    pool = list(dict.fromkeys(_base(v) for v in [*sorted(universe, key=_variant_key), *variants]))
     out: dict[str, Any] = {}
     ranked = sorted((int(m["rank"]), v) for v in pool if (m := RANK_RE.match(v)))
     if ranked:
@@ -360,7 +361,16 @@ def _colors(variants: Sequence[str], universe: Sequence[str] = ()) -> dict[str, 
         if v not in out:
             out[v] = spare[i % len(spare)]
             i += 1
-    return {v: out[v] for v in variants}
+    return {v: out[_base(v)] for v in variants}
+
+
+def _base(variant: str) -> str:
+    """The model a ``_delta`` variant predicts the change with (itself for the others)."""
+    return variant.removesuffix("_delta")
+
+
+def _line_style(variant: str) -> str:
+    return "-." if variant.endswith("_delta") else "-"
 
 
 def _init_formatter():
@@ -378,10 +388,13 @@ def _use_log(values: list[float], logy: Any) -> bool:
 
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
-                partial: dict[str, tuple[dict[int, int], int]] | None = None) -> int:
+                partial: dict[str, tuple[dict[int, int], int]] | None = None, legend: bool = True,
+                values_in_legend: bool = True) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
-    ``partial`` (variant -> (last epoch per seed, seeds)) for the caller's note."""
+    ``partial`` (variant -> (last epoch per seed, seeds)) for the caller's note. ``legend``: one inside the panel
+    (else the caller draws one); without ``values_in_legend`` (one legend for panels of several metrics) the
+    reference lines (naive predictors, Bayes optimum) have their values written on them instead."""
     from matplotlib.ticker import MaxNLocator
 
     colors = _colors(variants, universe=list(by_variant))
@@ -396,7 +409,8 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         full = count == n
         label = f"{v} ({n} seed{'s' if n != 1 else ''})"
         marker = "o" if len(epochs) <= 30 else None
-        ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, marker=marker, ms=3, label=label)
+        ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), marker=marker,
+                ms=3, label=label)
         if not full.all():
             # the epochs averaging fewer seeds, joined to their neighbours
             near = ~full | np.r_[~full[1:], False] | np.r_[False, ~full[:-1]]
@@ -413,16 +427,22 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                 ax.plot(t[0], t[1], color=colors[v], lw=1.0, ls="--", alpha=0.5, label=f"{v} train")
                 extent += list(t[1])
         drawn += 1
+    def reference_line(value: float, name: str, **style) -> None:
+        # a legend shared by panels of different metrics names the line; each panel writes its value on it
+        ax.axhline(value, color="black", label=f"{name} ({value:.4g})" if values_in_legend else name, **style)
+        if not values_in_legend:
+            ax.annotate(f"{value:.4g}", xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                        textcoords="offset points", ha="right", va="bottom", fontsize="x-small")
+        extent.append(value)
+
     if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
-        ax.axhline(optimal, color="black", ls="--", lw=1.2, label=f"Bayes optimal ({optimal:.4g})")
-        extent.append(optimal)
+        reference_line(optimal, "Bayes optimal", ls="--", lw=1.2)
     if drawn and split == "test":   # what a model must beat (pipeline.naive), the same for every run of the set
         from pipeline.naive import NAIVE_LABELS
 
         for (name, value), ls in zip(_naive([r for rs in by_variant.values() for r in rs], metric).items(),
                                      (":", "-.", (0, (1, 3)), (0, (5, 2, 1, 2)))):
-            ax.axhline(value, color="black", ls=ls, lw=1.0, label=f"{NAIVE_LABELS.get(name, name)} ({value:.4g})")
-            extent.append(value)
+            reference_line(value, NAIVE_LABELS.get(name, name), ls=ls, lw=1.0)
     if drawn and _use_log(extent, logy):
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -432,7 +452,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if drawn:
+    if drawn and legend:
         ax.legend(fontsize="small")
     return drawn
 
@@ -441,13 +461,25 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
                    metrics: Sequence[str], *, title: str, split: str, show_train: bool,
                    optimal: Mapping[str, float | None], logy: Any, notes: list[str]) -> None:
     partial: dict[str, tuple[dict[int, int], int]] = {}
+    # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
+    # predictors covered the curves of a panel 5.5 inches wide
+    longest = max([len(f"{v} (10 seeds)") for v in variants] + [len("training mean (0.0001234)")])
+    legend_width = 0.75 + 0.068 * longest   # inches: the line sample, then "small" text (~0.068 in a character)
     with _style():
-        fig, axes = _figure(1, len(metrics), (5.5 * len(metrics), 4.2))
+        fig, axes = _figure(1, len(metrics), (5.5 * len(metrics) + legend_width, 4.2))
         for ax, m in zip(axes[0], metrics):
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
-                        logy=logy if m == "mse" else False, partial=partial)
+                        logy=logy if m == "mse" else False, partial=partial, legend=False,
+                        values_in_legend=len(metrics) == 1)
+        shown: dict[str, Any] = {}   # every panel's entries once (the Bayes optimum is drawn on BPC alone)
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                shown.setdefault(label, handle)
+        if shown:   # beside the last panel, where it hides no curve
+            axes[0][-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
+                               bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
         fig.suptitle(title)
-        _layout(fig, 1, len(metrics))
+        _layout(fig, 1, len(metrics), right=0.2 + legend_width)
         _save(fig, path)
     notes += [_partial_note(path.name, v, ends, n) for v, (ends, n) in partial.items()]
 

@@ -162,4 +162,8 @@ def test_the_bayes_optimal_line_is_drawn_on_the_test_split_only(tmp_path, figure
     write_report(root, tmp_path / "train", figures={"per_dataset": {"split": "train"}})
     assert not [k for k in _lines(figures["hmm_curves.png"].axes[0]) if k.startswith("Bayes optimal")]
     write_report(root, tmp_path / "test")
-    assert "Bayes optimal (1.6)" in _lines(figures["hmm_curves.png"].axes[0])
+    # the BPC and accuracy panels share one legend, so the line's value is written on it
+    bpc = figures["hmm_curves.png"].axes[0]
+    assert "Bayes optimal" in _lines(bpc) and "1.6" in [t.get_text() for t in bpc.texts]
+    legend = [t.get_text() for t in figures["hmm_curves.png"].axes[1].get_legend().get_texts()]
+    assert legend == ["psrnn (1 seed)", "Bayes optimal"]   # drawn on the BPC panel, listed beside the last
