@@ -764,7 +764,7 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].endswith(": valid (2 datasets: hmm, custom; 13 model variants, seeds [0, 1])")
+    assert out[1].endswith(": valid (2 datasets: hmm, custom; 14 model variants, seeds [0, 1])")
 
 
 @pytest.mark.parametrize("removed, selected, message", [
