@@ -586,12 +586,13 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     discrete, input_dim, arrays = checked.discrete, checked.input_dim, checked.arrays
     if not discrete:
         _warn_unstandardised(arrays["train"])
+    how = ("strings" if checked.vocab is not None else
+           "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
     if a["delta"] and discrete:
-        raise ValueError("delta=True: predicts the change o_{t+1} - o_t of continuous observations, and train holds "
-                         "discrete symbols; leave it out")
+        raise ValueError(f"delta=True: predicts the change o_{{t+1}} - o_t of continuous observations, and train holds "
+                         f"discrete symbols ({how}); leave it out"
+                         + (", or pass kind='continuous' for integer measurements" if how.startswith("integer") else ""))
     if model == "kf" and discrete:
-        how = ("strings" if checked.vocab is not None else
-               "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
         raise ValueError(f"model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
                          f"({how}); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols")
     options = dict(two_stage_options)
@@ -787,7 +788,7 @@ class FittedModel:
         one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
         (numpy ``seed``): int64 indices, or strings for a model fitted on strings. ``trajectories`` are read as
         :meth:`predict` reads them."""
-        from pipeline.inference import TrainedRun, check_seed, check_steps
+        from pipeline.inference import TrainedRun, check_seed, check_steps, variant_of_config
 
         check_steps(steps)
         check_seed(seed)
@@ -796,7 +797,7 @@ class FittedModel:
         c = self.model.config
         inputs = self._inputs(trajectories)
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
-        run = TrainedRun(model=self.model, dataset="", variant=c.model, seed=0,
+        run = TrainedRun(model=self.model, dataset="", variant=variant_of_config(c.to_dict()), seed=0,
                          epoch=self.epoch,
                          kind="discrete" if c.discrete else "continuous",
                          mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))

@@ -695,7 +695,7 @@ class TwoStageModel:
         decoder = getattr(self, name)
         if decoder is None:
             why = ("the change o_{t+1} - o_t is regressed for continuous data only" if delta and self.discrete else
-                   "fit by two_stage_depths / multilayer_two_stage (rerun the two_stage stage on older artifacts)")
+                   "two_stage_depths / multilayer_two_stage fit it, but this model was saved by an older version")
             raise ValueError(f"the 2SR model has no {name}: {why}")
         return decoder
 

@@ -1,6 +1,7 @@
 """The ``_delta`` variants (``ModelConfig.delta``): the decoder predicts the change, ô_{t+1} = o_t + decoder(q)."""
 
 import copy
+import re
 import warnings
 
 import numpy as np
@@ -57,6 +58,11 @@ def test_model_config_refuses_delta_where_it_has_no_meaning():
         ModelConfig(model="psrnn", discrete=True, input_dim=4, output_dim=4, delta=True)
     with pytest.raises(ValueError, match="kf predicts through its observation model"):
         ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2, delta=True)
+    with pytest.raises(ValueError, match=r"^delta: the change is added to the observation, so output_dim \(3\) must "
+                                         r"equal input_dim \(2\)$"):
+        ModelConfig(model="lstm", discrete=False, input_dim=2, output_dim=3, delta=True)
+    with pytest.raises(ValueError, match="^delta 'false': expected True or False$"):
+        ModelConfig(model="lstm", discrete=False, input_dim=2, output_dim=2, delta="false")
 
 
 @pytest.mark.parametrize("name,extra", [("psrnn", {"n_layers": 2}), ("factorized_psrnn", {"rank": 5}),
@@ -144,7 +150,13 @@ def test_delta_psrnn_starts_at_the_bayes_optimum_of_a_random_walk():
 
 def test_delta_in_the_api(features, symbols, tmp_path):
     refused("delta=True: predicts the change o_{t+1} - o_t of continuous observations, and train holds discrete "
-            "symbols; leave it out", fit_model, symbols.train, model="lstm", delta=True, **SMALL)
+            "symbols (integer 1-D arrays); leave it out, or pass kind='continuous' for integer measurements",
+            fit_model, symbols.train, model="lstm", delta=True, **SMALL)
+    refused("delta=True: predicts the change o_{t+1} - o_t of continuous observations, and train holds discrete "
+            "symbols (strings); leave it out", fit_model, ["abcab", "bcabca"], model="lstm", delta=True, **SMALL)
+    counts = fit_model([t.astype(np.int64) for t in symbols.train], model="lstm", delta=True, kind="continuous",
+                       **SMALL)
+    assert counts.model.config.delta and not counts.model.config.discrete
     refused("delta=True: the Kalman filter predicts the next observation through its own observation model "
             "(C x + mean), which has no delta form; leave it out (psrnn, factorized_psrnn, lstm, gru and rnn take "
             "it)", fit_model, features.train, model="kf", delta=True, **{**SMALL, "state_dim": 2})
@@ -164,3 +176,33 @@ def test_delta_in_the_api(features, symbols, tmp_path):
                                        obs_dim=3, n_rff=32, delta=True), two_stage=tsm)
     assert np.array_equal(net.decoder.weight.detach().double().numpy(),
                           tsm.delta_decoder.weight.astype(np.float32).astype(np.float64))
+
+
+def test_a_2sr_artifact_without_change_decoders_is_named(tmp_path):
+    """An L<d>.npz written before the change decoders existed, used by a _delta variant of stages run by hand: an
+    error naming the file and the command, not a ValueError from deep inside the model."""
+    from conftest import ROOT
+    from pipeline import cli
+    from pipeline.config import dump_yaml, load_params, read_yaml
+    from pipeline.io import load_npz, save_npz
+    from pipeline.workflow.initialise import initial_model
+
+    raw = read_yaml((ROOT / "tests" / "fixtures" / "tiny_params.yaml").read_text())
+    raw["datasets"] = ["lgssm"]
+    raw["lgssm"]["variants"] = ["psrnn", "psrnn_delta"]
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    for stage in ("preprocess", "features", "two_stage"):
+        assert cli.main(["--root", str(tmp_path), stage, "lgssm", *([] if stage == "preprocess" else ["0"])]) == 0
+    path = tmp_path / "artifacts" / "lgssm" / "s0" / "2sr" / "L1.npz"
+    arrays, meta = load_npz(path)
+    assert "delta_decoder_weight" in arrays
+    params = load_params(tmp_path / "params.yaml")
+    model, _ = initial_model(params, tmp_path, "lgssm", "psrnn_delta", 0)
+    assert model.config.delta
+    save_npz(path, {k: v for k, v in arrays.items() if "delta" not in k}, meta=meta)
+    assert not initial_model(params, tmp_path, "lgssm", "psrnn", 0)[0].config.delta   # the plain model still builds
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{path}: the 2SR model has no delta_decoder: two_stage_depths / multilayer_two_stage fit it, but this "
+            "model was saved by an older version; psrnn_delta needs it: run the two_stage stage first (psrnn "
+            "two_stage lgssm 0)") + "$"):
+        initial_model(params, tmp_path, "lgssm", "psrnn_delta", 0)

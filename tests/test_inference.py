@@ -505,7 +505,7 @@ def test_load_run_refuses_another_variants_weights(tmp_path, continuous_run):
     _project(tmp_path, run, test)
     init = tmp_path / "artifacts" / "lgssm" / "s0" / "init"
     assert load_run(tmp_path, "lgssm", "psrnn", 0, initial=True).variant == "psrnn"
-    for variant in ("kf", "psrnn_2layer", "psrnn_random", "factorized_psrnn_r3"):
+    for variant in ("kf", "psrnn_2layer", "psrnn_random", "factorized_psrnn_r3", "psrnn_delta"):
         shutil.copy(init / "psrnn.npz", init / f"{variant}.npz")
         with pytest.raises(ValueError) as err:
             load_run(tmp_path, "lgssm", variant, 0, initial=True)
@@ -528,6 +528,19 @@ def test_load_run_refuses_another_variants_weights(tmp_path, continuous_run):
         load_run(tmp_path, "lgssm", "psrnn", 0)
     torch.save({"model_config": config, "model": run.model.state_dict(), "epoch": 1}, ckpt)
     assert load_run(tmp_path, "lgssm", "psrnn", 0).epoch == 1
+    # the plain model's checkpoint under a _delta variant (whose init file is right) would shift every prediction by
+    # the input
+    save_npz(init / "psrnn_delta.npz", {k: v.numpy() for k, v in run.model.state_dict().items()},
+             meta={"model_config": {**config, "delta": True}})
+    delta_ckpt = tmp_path / "models" / "lgssm" / "psrnn_delta" / "s0" / "checkpoint.pt"
+    delta_ckpt.parent.mkdir(parents=True)
+    (delta_ckpt.parent / "done").touch()
+    shutil.copy(ckpt, delta_ckpt)
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: holds a psrnn model, not the psrnn_delta model of variant "
+                                         r"'psrnn_delta'"):
+        load_run(tmp_path, "lgssm", "psrnn_delta", 0)
+    torch.save({"model_config": {**config, "delta": True}, "model": run.model.state_dict(), "epoch": 1}, delta_ckpt)
+    assert load_run(tmp_path, "lgssm", "psrnn_delta", 0).model.config.delta
 
 
 def test_inputs_that_overflow_when_standardised_are_refused(continuous_run, tmp_path):

@@ -44,6 +44,11 @@ class ModelConfig:
         if self.decoder_input == "all" and self.model not in ("psrnn", "factorized_psrnn"):
             raise ValueError(f"decoder_input 'all' is a PSRNN option (layer skip connections); {self.model} has "
                              "one recurrent layer")
+        if not isinstance(self.delta, bool):   # "false" would be truthy
+            raise ValueError(f"delta {brief(self.delta)}: expected True or False")
+        if self.delta and self.output_dim != self.input_dim:
+            raise ValueError(f"delta: the change is added to the observation, so output_dim ({self.output_dim}) must "
+                             f"equal input_dim ({self.input_dim})")
         if self.delta and (self.discrete or self.model == "kf"):
             raise ValueError("delta (predict the change o_{t+1} - o_t) is an option of continuous data and of the "
                              "PSRNN, RNN, GRU and LSTM models; " + ("the data are discrete" if self.discrete else

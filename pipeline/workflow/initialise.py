@@ -39,6 +39,11 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
     adir = artifact_dir(root, dataset, seed)
     if variant.family in ("psrnn", "factorized_psrnn") and variant.init == "2sr":
         tsm = load_two_stage(root, dataset, seed, variant.n_layers, dp)
+        try:   # a 2SR artifact of an older version has no change decoders
+            tsm.decoder_for(every_layer=variant.skip, delta=variant.delta)
+        except ValueError as exc:
+            raise ValueError(f"{adir / '2sr' / f'L{variant.n_layers}.npz'}: {exc}; {variant.name} needs it: run the "
+                             f"two_stage stage first (psrnn two_stage {dataset} {seed})") from None
         if variant.rank is not None:
             a, m = load_npz(adir / "cp" / f"r{variant.rank}.npz")
             cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
