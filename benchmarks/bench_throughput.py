@@ -50,13 +50,15 @@ from benchmarks.common import (MIN_REPEATS, RunConditions, add_busy_arguments, a
 
 PSRNNS = ("psrnn", "factorized_psrnn")
 BASELINES = ("lstm", "gru", "rnn")
-TORCH_OPS = "/torch-ops"   # a PSRNN variant run with the compiled kernels off (PSRNN_NATIVE=0, PSRNN_TRITON=0)
+TORCH_OPS = "/torch-ops"   # a model run with the compiled kernels off (PSRNN_NATIVE=0, PSRNN_TRITON=0)
+NATIVE_BASELINES = ("gru", "rnn")   # the baselines with a C loop on the CPU (torch.nn.LSTM is oneDNN's already)
 #: the settings the throughput claims (the PSRNNs against torch.nn.LSTM) were measured at; --threads only on the CPU
 CLAIM = {"--hidden": 20, "--obs-dim": 20, "--batch": 20, "--bptt": 35, "--rank": 60, "--windows": None,
          "--warmup": 2, "--test-chars": None, "--lr": 1.0, "--clip": 0.25}
 CLAIM_CPU_THREADS = 2
-EVAL_FOOTNOTE = ("eval / {ref}: the PSRNNs (C on the CPU, Triton on CUDA) and, on the CPU, the GRU and RNN evaluate "
-                 "in hand-written kernels; the LSTM is torch.nn.LSTM (oneDNN / cuDNN)")
+EVAL_FOOTNOTE = ("the PSRNNs (C on the CPU, Triton on CUDA) and, on the CPU, the GRU and RNN train and evaluate in "
+                 "hand-written kernels (/torch-ops rows: torch ops and torch.nn.GRU / RNN instead); the LSTM is "
+                 "torch.nn.LSTM (oneDNN / cuDNN)")
 
 
 @contextlib.contextmanager
@@ -172,8 +174,9 @@ def recurrence_paths(name: str, model, hidden: int) -> dict[str, str]:
         path = ("C" if native.usable(*params) else "Triton" if native.gpu_usable(hidden, *params) else "torch ops")
         return {"train": path, "eval": path}
     torch_cell = f"torch.nn.{base.upper()}"
-    # the GRU and RNN filter without gradients in C on the CPU (pipeline.models.baselines); the LSTM never does
-    return {"train": torch_cell, "eval": "C" if base != "lstm" and native.usable(*params) else torch_cell}
+    # the GRU and RNN train and filter in C on the CPU (pipeline.models.baselines); the LSTM never does
+    path = "C" if base in NATIVE_BASELINES and native.usable(*params) else torch_cell
+    return {"train": path, "eval": path}
 
 
 def _claim_reasons(args, device, models: list[str], paths: dict[str, dict[str, str]], kernels: dict) -> list[str]:
@@ -197,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke test: 4 timed windows, 5000 test chars, 1 repeat")
     p.add_argument("--models", default="psrnn,factorized_psrnn,lstm,gru,rnn",
-                   help="comma-separated; psrnn/torch-ops or factorized_psrnn/torch-ops run the recurrence as torch "
-                        "ops, without the compiled kernels (C on the CPU, Triton on CUDA)")
+                   help="comma-separated; <model>/torch-ops (psrnn, factorized_psrnn, gru, rnn) runs the "
+                        "recurrence as torch ops (torch.nn.GRU / RNN for the baselines), without the compiled kernels "
+                        "(C on the CPU, Triton on CUDA)")
     p.add_argument("--torch-ops", action="store_true",
-                   help="add psrnn/torch-ops and factorized_psrnn/torch-ops to --models: the kernels' speed-up "
+                   help="add the /torch-ops row of every model in --models that has kernels: their speed-up "
                         "measured side by side")
     p.add_argument("--rank", type=int, default=60, help="rank of factorized_psrnn")
     p.add_argument("--hidden", type=int, default=20, help="state / hidden size")
@@ -242,12 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.torch_ops:
-        models += [m + TORCH_OPS for m in PSRNNS if m in models and m + TORCH_OPS not in models]
+        models += [m + TORCH_OPS for m in (*PSRNNS, *NATIVE_BASELINES) if m in models and m + TORCH_OPS not in models]
     unknown = [m for m in models if m.removesuffix(TORCH_OPS) not in (*PSRNNS, *BASELINES)
-               or (m.endswith(TORCH_OPS) and m.removesuffix(TORCH_OPS) in BASELINES)]
+               or (m.endswith(TORCH_OPS) and m.removesuffix(TORCH_OPS) == "lstm")]
     if unknown:
-        p.error(f"--models: unknown {unknown}; expected psrnn, factorized_psrnn (either with {TORCH_OPS}), "
-                f"{', '.join(BASELINES)}")
+        p.error(f"--models: unknown {unknown}; expected psrnn, factorized_psrnn, gru, rnn (each also with "
+                f"{TORCH_OPS}) or lstm")
     ds = load_ptb(args.raw_dir or default_ptb_dir())
     V = len(ds.vocab)
     train = ds.train
@@ -312,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmedians of {args.repeats} repeat(s); ratios > 1 mean faster than {ref}")
     print(table(headers, rows))
     if not args.no_eval:
-        print(EVAL_FOOTNOTE.format(ref=ref))
+        print(EVAL_FOOTNOTE)
     if conditions.warning:
         print(busy_footer(conditions.warning))
 

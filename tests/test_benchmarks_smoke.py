@@ -146,7 +146,7 @@ def test_bench_two_stage_claims_name_the_settings(tmp_path):
 @needs_ptb
 def test_bench_throughput_smoke(tmp_path):
     # not --quick, at quick's sizes: the full run's path (waits at most 1 s for a busy machine)
-    out = _run("bench_throughput.py", "--raw-dir", str(PTB), "--models", "psrnn,factorized_psrnn,lstm",
+    out = _run("bench_throughput.py", "--raw-dir", str(PTB), "--models", "psrnn,factorized_psrnn,lstm,gru",
                "--torch-ops", "--hidden", "6", "--rank", "4", "--batch", "4", "--bptt", "5", "--windows", "2",
                "--warmup", "1", "--test-chars", "300", "--repeats", "1", "--threads", "1", "--wait-idle", "1",
                out_dir=tmp_path)
@@ -159,7 +159,8 @@ def test_bench_throughput_smoke(tmp_path):
                   "--rank 4 (claim: 60)", "--windows 2 (claim: default)", "--threads 1 (claim: 2)",
                   "--repeats 1 (claim: at least 3)")
     assert not any("--quick" in r for r in d["claims_invalid_reasons"])
-    assert set(d["summary"]) == {"psrnn", "factorized_psrnn", "lstm", "psrnn/torch-ops", "factorized_psrnn/torch-ops"}
+    assert set(d["summary"]) == {"psrnn", "factorized_psrnn", "lstm", "gru", "psrnn/torch-ops",
+                                 "factorized_psrnn/torch-ops", "gru/torch-ops"}
     for s in d["summary"].values():
         assert s["train_chars_per_s"] > 0 and s["eval_chars_per_s"] > 0 and s["train_windows"] == 2
     native = d["machine"]["kernels"]["native"]
@@ -169,6 +170,9 @@ def test_bench_throughput_smoke(tmp_path):
         assert d["summary"][m + "/torch-ops"]["recurrence"]["train"] == "torch ops"
         assert any(f"{m} ran as torch ops" in r for r in d["claims_invalid_reasons"]) is (not native)
     assert d["summary"]["lstm"]["recurrence"]["eval"] == "torch.nn.LSTM"
+    assert d["summary"]["gru"]["recurrence"] == {"train": "C" if native else "torch.nn.GRU",
+                                                 "eval": "C" if native else "torch.nn.GRU"}
+    assert d["summary"]["gru/torch-ops"]["recurrence"] == {"train": "torch.nn.GRU", "eval": "torch.nn.GRU"}
     assert "the LSTM is torch.nn.LSTM" in out   # the eval ratio's footnote
 
 

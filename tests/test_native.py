@@ -204,3 +204,57 @@ def test_baseline_inference_loop_matches_torch(kind, n_layers, dtype, tol, monke
     for a, b in zip(fast_state, slow_state):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     assert not torch.equal(fast[12, 1], fast[12, 0])  # the inputs differ, so would a wrong reset
+
+
+@pytest.mark.parametrize("kind", ["rnn", "gru"])
+@pytest.mark.parametrize("n_layers", [1, 2])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_baseline_training_loop_matches_torch(kind, n_layers, dtype, tol, monkeypatch):
+    """The compiled RNN/GRU loop with its backward gives torch.nn.RNN/GRU's outputs, final state and the gradient
+    of every parameter and of the initial state, resets included (one at step 0, one mid-window for one chain,
+    one for every chain), a gradient on the final state too."""
+    from pipeline.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(model=kind, discrete=False, input_dim=3, output_dim=3, obs_dim=5, state_dim=6,
+                                    n_layers=n_layers)).to(dtype)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(13, 4, 3, dtype=dtype)
+    reset = torch.zeros(13, 4, dtype=torch.bool)
+    reset[0, 2] = reset[5, 1] = reset[9] = True
+    results = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PSRNN_NATIVE", flag)
+        model.zero_grad()
+        h0 = torch.randn(4, n_layers, 6, dtype=dtype, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        out, (h,) = model(x, (h0,), reset)
+        ((out ** 2).sum() + (h ** 3).sum()).backward()
+        results.append((out.detach(), h.detach(), h0.grad, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (out_f, h_f, g0_f, grads_f), (out_s, h_s, g0_s, grads_s) = results
+    torch.testing.assert_close(out_f, out_s, rtol=tol, atol=tol)
+    torch.testing.assert_close(h_f, h_s, rtol=tol, atol=tol)
+    torch.testing.assert_close(g0_f, g0_s, rtol=tol, atol=tol)
+    assert float(g0_f[2].abs().max()) == 0.0   # chain 2 resets before its first step: h0 reaches nothing
+    for name in grads_s:
+        torch.testing.assert_close(grads_f[name], grads_s[name], rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "gru"])
+def test_baseline_training_loop_gradcheck(kind, monkeypatch):
+    """torch.autograd.gradcheck of the compiled layer in float64 (gate inputs, W_hh, b_hh, h0), with resets."""
+    from pipeline.models.baselines import _NativeRecurrentLayer
+
+    monkeypatch.setenv("PSRNN_NATIVE", "1")
+    g = torch.Generator().manual_seed(0)
+    H, G = 3, (3 if kind == "gru" else 1)
+    gi = torch.randn(6, 2, G * H, dtype=torch.float64, generator=g, requires_grad=True)
+    W = (0.7 * torch.randn(G * H, H, dtype=torch.float64, generator=g)).requires_grad_()
+    b = torch.randn(G * H, dtype=torch.float64, generator=g, requires_grad=True)
+    h0 = torch.randn(2, H, dtype=torch.float64, generator=g, requires_grad=True)
+    reset = torch.zeros(6, 2, dtype=torch.bool)
+    reset[3, 0] = True
+    assert torch.autograd.gradcheck(lambda *a: _NativeRecurrentLayer.apply(kind, *a, reset), (gi, W, b, h0))
+    out = _NativeRecurrentLayer.apply(kind, gi, W, b, h0, reset)
+    out[3:, 0].sum().backward()   # after the reset, chain 0 does not depend on h0
+    assert float(h0.grad[0].abs().max()) == 0.0 and float(h0.grad[1].abs().max()) == 0.0

@@ -3,10 +3,11 @@
 Weights are Xavier-initialised and biases zero, as in the paper. The recurrent part is ``torch.nn.RNN/GRU/LSTM``
 (cuDNN / MKL kernels). A window containing trajectory resets is run in segments between reset steps.
 
-Without gradients on the CPU (evaluation, prediction), the GRU and RNN loops run in :mod:`pipeline.native`
-instead: torch's CPU GRU and Elman RNN step through ATen ops at 30–140k steps/s for hidden size 20 (its LSTM
-is a fused oneDNN loop, as fast as ours), and every epoch filters the 124k-character PTB test sequence as one
-chain. The input projections stay one torch product.
+On the CPU the GRU and RNN loops run in :mod:`pipeline.native` instead, forward and backward: torch's CPU GRU
+and Elman RNN step through ATen ops at 30–140k steps/s for hidden size 20 and train through the autograd of
+~10 ops per step (its LSTM is a fused oneDNN loop, as fast as ours), and every epoch filters the 124k-character
+PTB test sequence as one chain. The input projections and the weight gradients stay torch products; tests hold
+outputs and gradients to ``torch.nn.GRU`` / ``torch.nn.RNN``'s.
 """
 
 from __future__ import annotations
@@ -59,8 +60,7 @@ class RecurrentBaseline(SequenceModel):
     def forward(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         e = self.encoder(x)
-        if (not self.is_lstm and not torch.is_grad_enabled()
-                and native.usable(e, *state, *self.rnn.parameters())):
+        if not self.is_lstm and native.usable(e, *state, *self.rnn.parameters()):
             out, state = self._native_forward(e, state, reset)
             return self.emit(out, x), state
         L = e.shape[0]
@@ -78,7 +78,8 @@ class RecurrentBaseline(SequenceModel):
 
     def _native_forward(self, e: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None
                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Layer by layer through :func:`pipeline.native.rnn_layer_forward` (no gradients)."""
+        """Layer by layer through :func:`pipeline.native.rnn_layer_forward`, with :class:`_NativeRecurrentLayer`'s
+        backward when a gradient is wanted."""
         L, B = e.shape[:2]
         inp = e
         hs = []
@@ -86,6 +87,35 @@ class RecurrentBaseline(SequenceModel):
             w_ih, w_hh = getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"weight_hh_l{layer}")
             b_ih, b_hh = getattr(self.rnn, f"bias_ih_l{layer}"), getattr(self.rnn, f"bias_hh_l{layer}")
             gi = torch.addmm(b_ih, inp.reshape(L * B, -1), w_ih.T).reshape(L, B, -1)
-            inp, h = native.rnn_layer_forward(self.config.model, gi, w_hh, b_hh, state[0][:, layer], reset)
+            h0 = state[0][:, layer]
+            if torch.is_grad_enabled() and any(t.requires_grad for t in (gi, w_hh, b_hh, h0)):
+                inp = _NativeRecurrentLayer.apply(self.config.model, gi, w_hh, b_hh, h0, reset)
+                h = inp[-1]
+            else:
+                inp, h, _ = native.rnn_layer_forward(self.config.model, gi, w_hh, b_hh, h0, reset)
             hs.append(h)
         return self.decoder(inp), (torch.stack(hs, 1),)
+
+
+class _NativeRecurrentLayer(torch.autograd.Function):
+    """One GRU / RNN layer over a window in C, forward and backward: ``out = layer(gi, W_hh, b_hh, h0)`` with
+    gi = x W_ihᵀ + b_ih formed (and differentiated) by torch. The backward's loop gives the gradients on gi, on
+    gh_t = W_hh h_{t-1} + b_hh and on h0; dW_hh = Σ_t dgh_tᵀ h_{t-1} and db_hh = Σ_t dgh_t are one product each."""
+
+    @staticmethod
+    def forward(ctx, kind, gi, W_hh, b_hh, h0, reset):
+        out, _, gates = native.rnn_layer_forward(kind, gi, W_hh, b_hh, h0, reset, keep_gates=True)
+        ctx.kind = kind
+        ctx.save_for_backward(W_hh, out, h0, gates, reset)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        W_hh, out, h0, gates, reset = ctx.saved_tensors
+        grad_gi, grad_gh, grad_h0 = native.rnn_layer_backward(ctx.kind, W_hh, out, h0, gates, reset, grad_out)
+        L, B, H = out.shape
+        h_prev = torch.cat([h0.detach().unsqueeze(0), out[:-1]], 0)   # the state each step read
+        if reset is not None:
+            h_prev = h_prev.masked_fill(reset.unsqueeze(-1), 0.0)
+        flat = grad_gh.reshape(L * B, -1)
+        return None, grad_gi, flat.T @ h_prev.reshape(L * B, H), flat.sum(0), grad_h0, None

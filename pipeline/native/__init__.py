@@ -31,7 +31,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("recurrence.c")
 SOURCES = (SOURCE, SOURCE.with_name("recurrence_impl.h"))   # the library is keyed by both
-ABI = 8
+ABI = 9
 # Reassociation lets the compiler vectorise the short dot products and sums, and fused multiply-adds are allowed
 # (ISO C mode turns contraction off); results stay deterministic for a given binary, and NaN and Inf still
 # propagate (unlike -ffast-math). -march=native: the cache key holds the CPU's identity.
@@ -128,7 +128,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "psrnn_full_backward": [i, i, i, p, p, p, p, p, p, f, p, p, p, p, p],
         "psrnn_factorized_forward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p],
         "psrnn_factorized_backward": [i, i, i, i, p, p, p, p, p, p, p, p, f, p, p, p, p, p, p, p],
-        "psrnn_rnn_layer_forward": [i, i, i, i, p, p, p, p, p, p, p],
+        "psrnn_rnn_layer_forward": [i, i, i, i, p, p, p, p, p, p, p, p],
+        "psrnn_rnn_layer_backward": [i, i, i, i, p, p, p, p, p, p, p, p, p, p],
     }
     for stem, args in sigs.items():
         for suffix in ("f32", "f64"):
@@ -327,11 +328,12 @@ def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out, idx=None)
 RNN_KINDS = {"rnn": 0, "gru": 1}   # torch's CPU LSTM is already a fused oneDNN loop
 
 
-def rnn_layer_forward(kind: str, gi, W_hh, b_hh, h0, reset):
-    """One layer of torch.nn.RNN (tanh) / GRU without gradients (see ``psrnn_rnn_layer_forward``).
+def rnn_layer_forward(kind: str, gi, W_hh, b_hh, h0, reset, keep_gates: bool = False):
+    """One layer of torch.nn.RNN (tanh) / GRU (see ``psrnn_rnn_layer_forward``).
 
     gi (L,B,G·H) = x W_ihᵀ + b_ih, W_hh (G·H,H), b_hh (G·H), h0 (B,H), reset (L,B) bool or None (zero state
-    before step t). Returns (out (L,B,H), h_L (B,H))."""
+    before step t). Returns (out (L,B,H), h_L (B,H), gates): gates (L,B,4H) holds what the GRU's backward needs
+    (``keep_gates``; None otherwise and for the RNN)."""
     k = RNN_KINDS[kind]
     fn = getattr(library(), "psrnn_rnn_layer_forward_" + _ctypes_of[gi.dtype])
     gi = gi.detach().contiguous()
@@ -343,7 +345,28 @@ def rnn_layer_forward(kind: str, gi, W_hh, b_hh, h0, reset):
     bhh = b_hh.detach().contiguous()
     h = h0.detach().clone(memory_format=torch.contiguous_format)
     out = torch.empty((L, B, H), dtype=gi.dtype)
+    gates = torch.empty((L, B, 4 * H), dtype=gi.dtype) if keep_gates and k == 1 else None
     work = torch.empty(B * GH, dtype=gi.dtype)
     rb = _reset_bytes(reset)
-    fn(k, L, B, H, _ptr(gi), _ptr(WhhT), _ptr(bhh), _ptr(rb), _ptr(h), _ptr(out), _ptr(work))
-    return out, h
+    fn(k, L, B, H, _ptr(gi), _ptr(WhhT), _ptr(bhh), _ptr(rb), _ptr(h), _ptr(out), _ptr(gates), _ptr(work))
+    return out, h, gates
+
+
+def rnn_layer_backward(kind: str, W_hh, out, h0, gates, reset, grad_out):
+    """The backward of :func:`rnn_layer_forward` (see ``psrnn_rnn_layer_backward``): returns (grad_gi, grad_gh,
+    grad_h0), grad_gh (L,B,G·H) the gradient on gh_t = W_hh h_{t-1} + b_hh."""
+    k = RNN_KINDS[kind]
+    fn = getattr(library(), "psrnn_rnn_layer_backward_" + _ctypes_of[out.dtype])
+    L, B, H = out.shape
+    GH = W_hh.shape[0]
+    Whh = W_hh.detach().contiguous()
+    grad_out = grad_out.contiguous()
+    h0 = h0.detach().contiguous()   # held by a name: a temporary's memory would be freed before the call
+    grad_gi = torch.empty((L, B, GH), dtype=out.dtype)
+    grad_gh = torch.empty((L, B, GH), dtype=out.dtype)
+    grad_h0 = torch.empty((B, H), dtype=out.dtype)
+    work = torch.empty(3 * B * H, dtype=out.dtype)
+    rb = _reset_bytes(reset)
+    fn(k, L, B, H, _ptr(Whh), _ptr(out), _ptr(h0), _ptr(gates), _ptr(rb), _ptr(grad_out),
+       _ptr(grad_gi), _ptr(grad_gh), _ptr(grad_h0), _ptr(work))
+    return grad_gi, grad_gh, grad_h0

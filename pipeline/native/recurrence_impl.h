@@ -237,15 +237,16 @@ void FN(psrnn_factorized_backward)(int L, int B, int d, int r, const T *AT, cons
     memcpy(g_q0, GQ, sizeof(T) * (size_t)B * d);
 }
 
-/* Inference (no gradient) of one layer of torch.nn.RNN (tanh) or GRU, with torch's equations and gate order:
+/* One layer of torch.nn.RNN (tanh) or GRU, with torch's equations and gate order:
    kind 0 = RNN, h' = tanh(gi + gh); kind 1 = GRU, rows [r, z, n]: r = s(gi_r + gh_r), z = s(gi_z + gh_z),
    n = tanh(gi_n + r * gh_n), h' = (1 - z) n + z h; s the logistic function, gh = Whh h + bhh.
    gi (L,B,G·H) = x W_ih^T + b_ih for every step (one product in torch before the loop), WhhT (H, G·H) = Whh^T,
    h (B,H) the state, updated in place; out (L,B,H) the h of every step; reset (L,B) bytes or NULL: chain b
    restarts from the zero state before step t; work: B·G·H elements. The chains step together: gh for all of
-   them is one small product. (torch's CPU LSTM already runs a fused oneDNN loop, as fast as this one.) */
+   them is one small product. gates (L,B,4H) or NULL: for the GRU's backward, r, z, n and gh_n of every step
+   (the RNN's needs out alone). (torch's CPU LSTM already runs a fused oneDNN loop, as fast as this one.) */
 void FN(psrnn_rnn_layer_forward)(int kind, int L, int B, int H, const T *gi, const T *WhhT, const T *bhh,
-                                 const uint8_t *reset, T *h, T *out, T *work) {
+                                 const uint8_t *reset, T *h, T *out, T *gates, T *work) {
     const int GH = (kind == 0 ? 1 : 3) * H;
     for (int t = 0; t < L; ++t) {
         if (reset) {
@@ -260,14 +261,68 @@ void FN(psrnn_rnn_layer_forward)(int kind, int L, int B, int H, const T *gi, con
             if (kind == 0) {
                 for (int j = 0; j < H; ++j) hb[j] = TANH(x[j] + g[j] + bhh[j]);
             } else {
+                T *keep = gates ? gates + ((size_t)t * B + b) * 4 * H : NULL;
                 for (int j = 0; j < H; ++j) {
                     T r = (T)1 / ((T)1 + EXP(-(x[j] + g[j] + bhh[j])));
                     T z = (T)1 / ((T)1 + EXP(-(x[H + j] + g[H + j] + bhh[H + j])));
-                    T n = TANH(x[2 * H + j] + r * (g[2 * H + j] + bhh[2 * H + j]));
+                    T hn = g[2 * H + j] + bhh[2 * H + j];
+                    T n = TANH(x[2 * H + j] + r * hn);
+                    if (keep) { keep[j] = r; keep[H + j] = z; keep[2 * H + j] = n; keep[3 * H + j] = hn; }
                     hb[j] = ((T)1 - z) * n + z * hb[j];
                 }
             }
             memcpy(out + ((size_t)t * B + b) * H, hb, sizeof(T) * (size_t)H);
         }
     }
+}
+
+/* The backward of psrnn_rnn_layer_forward (kind, shapes and reset as there). Whh (G·H, H) row-major; out, h0
+   (B,H) and gates as the forward wrote and read them; grad_out (L,B,H) = dLoss/dh_t for every step (the
+   gradient on the final state added to its last row). Writes grad_gi (L,B,G·H) = dLoss/dgi_t, grad_gh (L,B,G·H)
+   = dLoss/dgh_t (the caller forms dWhh = sum_t grad_gh_t^T h_{t-1} and dbhh in two torch products) and grad_h0
+   (B,H); no gradient crosses a reset. work: 3·B·H elements. */
+void FN(psrnn_rnn_layer_backward)(int kind, int L, int B, int H, const T *Whh, const T *out, const T *h0,
+                                  const T *gates, const uint8_t *reset, const T *grad_out, T *grad_gi, T *grad_gh,
+                                  T *grad_h0, T *work) {
+    const int GH = (kind == 0 ? 1 : 3) * H;
+    T *dh = work, *direct = work + (size_t)B * H, *dprev = work + 2 * (size_t)B * H;
+    memset(dh, 0, sizeof(T) * (size_t)B * H);
+    for (int t = L - 1; t >= 0; --t) {
+        for (int b = 0; b < B; ++b) {
+            const size_t row = (size_t)t * B + b;
+            const int cut = reset && reset[row];
+            const T *hp = cut ? NULL : (t > 0 ? out + (row - B) * H : h0 + (size_t)b * H);
+            const T *go = grad_out + row * H;
+            T *d = dh + (size_t)b * H, *dd = direct + (size_t)b * H;
+            T *dgi = grad_gi + row * GH, *dgh = grad_gh + row * GH;
+            if (kind == 0) {
+                const T *hb = out + row * H;
+                for (int j = 0; j < H; ++j) {
+                    T g = (d[j] + go[j]) * ((T)1 - hb[j] * hb[j]);
+                    dgi[j] = g; dgh[j] = g; dd[j] = 0;
+                }
+            } else {
+                const T *k = gates + row * 4 * H;
+                for (int j = 0; j < H; ++j) {
+                    T g = d[j] + go[j];
+                    T r = k[j], z = k[H + j], n = k[2 * H + j], hn = k[3 * H + j];
+                    T prev = hp ? hp[j] : (T)0;
+                    T dn = g * ((T)1 - z) * ((T)1 - n * n);
+                    T dz = g * (prev - n) * z * ((T)1 - z);
+                    T dr = dn * hn * r * ((T)1 - r);
+                    dgi[j] = dr; dgi[H + j] = dz; dgi[2 * H + j] = dn;
+                    dgh[j] = dr; dgh[H + j] = dz; dgh[2 * H + j] = dn * r;
+                    dd[j] = g * z;
+                }
+            }
+        }
+        FN(gemm)(B, H, GH, grad_gh + (size_t)t * B * GH, GH, Whh, H, dprev, H);       /* through gh = Whh h */
+        for (int b = 0; b < B; ++b) {
+            T *d = dh + (size_t)b * H;
+            const T *dp = dprev + (size_t)b * H, *dd = direct + (size_t)b * H;
+            if (reset && reset[(size_t)t * B + b]) memset(d, 0, sizeof(T) * (size_t)H);
+            else for (int j = 0; j < H; ++j) d[j] = dp[j] + dd[j];
+        }
+    }
+    memcpy(grad_h0, dh, sizeof(T) * (size_t)B * H);
 }
