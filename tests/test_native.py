@@ -258,3 +258,41 @@ def test_baseline_training_loop_gradcheck(kind, monkeypatch):
     out = _NativeRecurrentLayer.apply(kind, gi, W, b, h0, reset)
     out[3:, 0].sum().backward()   # after the reset, chain 0 does not depend on h0
     assert float(h0.grad[0].abs().max()) == 0.0 and float(h0.grad[1].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["rnn", "gru"])
+def test_baseline_training_loop_second_order_gradients(kind, monkeypatch):
+    """A gradient penalty (create_graph=True) through the compiled layer gives torch.nn's second-order gradients:
+    the C backward has no graph, so that backward recomputes the window with torch ops."""
+    from pipeline.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(model=kind, discrete=False, input_dim=3, output_dim=3, obs_dim=4, state_dim=5,
+                                    n_layers=2)).to(torch.float64)
+    x = torch.randn(7, 3, 3, dtype=torch.float64)
+    reset = torch.zeros(7, 3, dtype=torch.bool)
+    reset[4, 1] = True
+    results = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PSRNN_NATIVE", flag)
+        model.zero_grad()
+        params = list(model.parameters())
+        out, _ = model(x, model.init_state(3), reset)
+        grads = torch.autograd.grad((out ** 2).sum(), params, create_graph=True)
+        sum(g.pow(2).sum() for g in grads).backward()
+        results.append([p.grad.clone() for p in params])
+    for fast, slow in zip(*results):
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_baseline_under_cpu_autocast_takes_the_torch_path(monkeypatch):
+    """Autocast makes the gate inputs bfloat16, which the C loop does not take: the torch cell runs instead."""
+    from pipeline.models import ModelConfig, build_model
+
+    monkeypatch.setenv("PSRNN_NATIVE", "1")
+    model = build_model(ModelConfig(model="gru", discrete=True, input_dim=V, output_dim=V, obs_dim=4, state_dim=5))
+    x = torch.randint(0, V, (6, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = model(x, model.init_state(2))
+        out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and model.rnn.weight_hh_l0.grad is not None

@@ -60,7 +60,9 @@ class RecurrentBaseline(SequenceModel):
     def forward(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         e = self.encoder(x)
-        if not self.is_lstm and native.usable(e, *state, *self.rnn.parameters()):
+        # under CPU autocast the gate inputs' product comes out in bfloat16, which the C loop does not take
+        if (not self.is_lstm and not torch.is_autocast_enabled("cpu")
+                and native.usable(e, *state, *self.rnn.parameters())):
             out, state = self._native_forward(e, state, reset)
             return self.emit(out, x), state
         L = e.shape[0]
@@ -100,22 +102,56 @@ class RecurrentBaseline(SequenceModel):
 class _NativeRecurrentLayer(torch.autograd.Function):
     """One GRU / RNN layer over a window in C, forward and backward: ``out = layer(gi, W_hh, b_hh, h0)`` with
     gi = x W_ihᵀ + b_ih formed (and differentiated) by torch. The backward's loop gives the gradients on gi, on
-    gh_t = W_hh h_{t-1} + b_hh and on h0; dW_hh = Σ_t dgh_tᵀ h_{t-1} and db_hh = Σ_t dgh_t are one product each."""
+    gh_t = W_hh h_{t-1} + b_hh and on h0; dW_hh = Σ_t dgh_tᵀ h_{t-1} and db_hh = Σ_t dgh_t are one product each.
+    A backward that must itself be differentiable (``create_graph=True``: a gradient penalty) recomputes the
+    window with torch ops (:func:`_torch_layer`) and differentiates that instead: the C loop's gradients have no
+    graph, and second-order gradients would silently lose their terms."""
 
     @staticmethod
     def forward(ctx, kind, gi, W_hh, b_hh, h0, reset):
         out, _, gates = native.rnn_layer_forward(kind, gi, W_hh, b_hh, h0, reset, keep_gates=True)
         ctx.kind = kind
-        ctx.save_for_backward(W_hh, out, h0, gates, reset)
+        ctx.save_for_backward(gi, W_hh, b_hh, out, h0, gates, reset)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        W_hh, out, h0, gates, reset = ctx.saved_tensors
+        gi, W_hh, b_hh, out, h0, gates, reset = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[1:5]
+        if torch.is_grad_enabled():   # create_graph=True
+            inputs = [t for t, w in zip((gi, W_hh, b_hh, h0), wanted) if w]
+            with torch.enable_grad():
+                found = iter(torch.autograd.grad(_torch_layer(ctx.kind, gi, W_hh, b_hh, h0, reset), inputs, grad_out,
+                                                 create_graph=True, allow_unused=True))
+            return None, *(next(found) if w else None for w in wanted), None
         grad_gi, grad_gh, grad_h0 = native.rnn_layer_backward(ctx.kind, W_hh, out, h0, gates, reset, grad_out)
         L, B, H = out.shape
-        h_prev = torch.cat([h0.detach().unsqueeze(0), out[:-1]], 0)   # the state each step read
-        if reset is not None:
-            h_prev = h_prev.masked_fill(reset.unsqueeze(-1), 0.0)
         flat = grad_gh.reshape(L * B, -1)
-        return None, grad_gi, flat.T @ h_prev.reshape(L * B, H), flat.sum(0), grad_h0, None
+        grad_W = None
+        if wanted[1]:
+            h_prev = torch.cat([h0.detach().unsqueeze(0), out[:-1]], 0)   # the state each step read
+            if reset is not None:
+                h_prev = h_prev.masked_fill(reset.unsqueeze(-1), 0.0)
+            grad_W = flat.T @ h_prev.reshape(L * B, H)
+        return None, grad_gi, grad_W, flat.sum(0) if wanted[2] else None, grad_h0, None
+
+
+def _torch_layer(kind: str, gi: torch.Tensor, W_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor,
+                 reset: torch.Tensor | None) -> torch.Tensor:
+    """The layer of :class:`_NativeRecurrentLayer` in torch ops (torch.nn.GRU / RNN's equations): its outputs."""
+    H = h0.shape[-1]
+    h, outs = h0, []
+    for t in range(gi.shape[0]):
+        if reset is not None:
+            h = h.masked_fill(reset[t].unsqueeze(-1), 0.0)
+        gh = h @ W_hh.T + b_hh
+        x = gi[t]
+        if kind == "rnn":
+            h = torch.tanh(x + gh)
+        else:
+            r = torch.sigmoid(x[:, :H] + gh[:, :H])
+            z = torch.sigmoid(x[:, H:2 * H] + gh[:, H:2 * H])
+            n = torch.tanh(x[:, 2 * H:] + r * gh[:, 2 * H:])
+            h = (1 - z) * n + z * h
+        outs.append(h)
+    return torch.stack(outs)
