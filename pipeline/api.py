@@ -788,7 +788,8 @@ class FittedModel:
         one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
         (numpy ``seed``): int64 indices, or strings for a model fitted on strings. ``trajectories`` are read as
         :meth:`predict` reads them."""
-        from pipeline.inference import TrainedRun, check_seed, check_steps, variant_of_config
+        from pipeline.config import Variant
+        from pipeline.inference import TrainedRun, check_seed, check_steps
 
         check_steps(steps)
         check_seed(seed)
@@ -797,7 +798,7 @@ class FittedModel:
         c = self.model.config
         inputs = self._inputs(trajectories)
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
-        run = TrainedRun(model=self.model, dataset="", variant=variant_of_config(c.to_dict()), seed=0,
+        run = TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
                          epoch=self.epoch,
                          kind="discrete" if c.discrete else "continuous",
                          mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))

@@ -134,17 +134,37 @@ class Variant:
         family = m.group("baseline")
         return cls(name, family, init="2sr" if family == "kf" else "xavier", delta=delta)
 
+    @property
+    def spelled(self) -> str:
+        """The one way of writing this model's name, from its fields (``name`` is how it was written)."""
+        if self.family == "factorized_psrnn":
+            name = f"factorized_psrnn_r{self.rank}"
+        elif self.family == "psrnn":
+            name = "psrnn" + (f"_{self.n_layers}layer" if self.n_layers != 1 else "") + ("_skip" if self.skip else "")
+        else:
+            name = self.family
+        if self.init == "random" and self.family in ("psrnn", "factorized_psrnn"):
+            name += "_random"
+        return name + ("_delta" if self.delta else "")
+
+    @classmethod
+    def of_model_config(cls, config: dict[str, Any]) -> "Variant":
+        """The variant of a stored model config (``ModelConfig.to_dict()``), named by :attr:`spelled`; a config
+        stored before ``delta`` existed predicts the observation itself."""
+        family = str(config.get("model"))
+        psrnn = family in ("psrnn", "factorized_psrnn")
+        variant = cls("", family, n_layers=config.get("n_layers", 1) if family == "psrnn" else 1,
+                      rank=config.get("rank") if family == "factorized_psrnn" else None,
+                      init=("random" if config.get("init") == "random" else "2sr") if psrnn else
+                      ("2sr" if family == "kf" else "xavier"),
+                      skip=family == "psrnn" and config.get("decoder_input") == "all", delta=bool(config.get("delta")))
+        return dataclasses.replace(variant, name=variant.spelled)
+
     def _canonical(self, key: str) -> "Variant":
         """The variant, if its name is the one way of writing it: ``psrnn_1layer`` is ``psrnn`` and ``r07`` is
         ``r7``, and two spellings of one model in ``variants`` would train it twice under two names."""
-        if self.family == "factorized_psrnn":
-            name = f"factorized_psrnn_r{self.rank}"
-        else:
-            name = "psrnn" + (f"_{self.n_layers}layer" if self.n_layers > 1 else "") + ("_skip" if self.skip else "")
-        name += "_random" if self.init == "random" else ""
-        name += "_delta" if self.delta else ""
-        if name != self.name:
-            raise ParamsError(f"{key}: write {brief(self.name)} as {name!r} (one name per model)")
+        if self.spelled != self.name:
+            raise ParamsError(f"{key}: write {brief(self.name)} as {self.spelled!r} (one name per model)")
         return self
 
 

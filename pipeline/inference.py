@@ -567,31 +567,15 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
                                  root=root)
 
 
-def variant_of_config(config: dict[str, Any]) -> str:
-    """The variant name of a stored model config (``ModelConfig.to_dict()``), e.g. ``psrnn_2layer_skip``; a config
-    stored before ``delta`` existed predicts the observation itself."""
-    family, layers = config.get("model"), config.get("n_layers", 1)
-    random = "_random" if config.get("init") == "random" else ""
-    delta = "_delta" if config.get("delta") else ""
-    if family == "psrnn":
-        return ("psrnn" + (f"_{layers}layer" if layers != 1 else "")
-                + ("_skip" if config.get("decoder_input") == "all" else "") + random + delta)
-    if family == "factorized_psrnn":
-        return f"factorized_psrnn_r{config.get('rank')}{random}{delta}"
-    return f"{family}{delta}"
-
-
 def _check_variant(path: Path, config: Any, wanted: Any) -> None:
     """The model config stored in ``path`` must be that of variant ``wanted`` (:class:`pipeline.config.Variant`):
     its family, depth, rank, layer skips, PSRNN initialisation and output (the observation or its change)."""
+    from pipeline.config import Variant
+
     if not isinstance(config, dict):
         raise ValueError(f"{path}: no model_config stored in it; expected a file the pipeline wrote for the "
                          f"{wanted.name} model")
-    random = wanted.init == "random" and wanted.family in ("psrnn", "factorized_psrnn")
-    want = variant_of_config({"model": wanted.family, "n_layers": wanted.n_layers, "rank": wanted.rank,
-                            "init": "random" if random else "2sr", "decoder_input": "all" if wanted.skip else "top",
-                            "delta": wanted.delta})
-    have = variant_of_config(config)
+    want, have = wanted.spelled, Variant.of_model_config(config).name
     if have != want:
         raise ValueError(f"{path}: holds a {have} model, not the {want} model of variant {wanted.name!r}; expected "
                          f"the {wanted.name} file (another variant's file copied over it? rerun the pipeline's "
