@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.messages import brief, brief_list
-from pipeline.models.common import ModelConfig, SequenceModel
+from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, is_finite_number, \
     linear_two_stage, multilayer_two_stage
 
@@ -650,7 +650,7 @@ def _check_shape_options(model: str, a: dict[str, Any]) -> None:
         has = ("init='random' sets its bias to zero" if model in PSRNN_MODELS else "has no such bias")
         raise ValueError(f"bias_scale={brief(a['bias_scale'])}: the PSRNN bias is bias_scale × the mean 2SR state; "
                          f"{model} {has}, leave it out")
-    if not isinstance(a["decoder_input"], str) or a["decoder_input"] not in ("top", "all"):
+    if not isinstance(a["decoder_input"], str) or a["decoder_input"] not in DECODER_INPUTS:
         raise ValueError(f"decoder_input={brief(a['decoder_input'])}: expected 'top' (the decoder reads the top "
                          "layer's state) or 'all' (every layer's)")
     if not isinstance(a["delta"], (bool, np.bool_)):
