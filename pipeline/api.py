@@ -34,9 +34,16 @@ from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoSt
 
 def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = None,
                      cp: Sequence[CPFactors] | None = None, linear: LinearStateSpace | None = None,
-                     seed: int = 0) -> SequenceModel:
+                     seed: int = 0, decoder_data: Sequence[np.ndarray] | None = None) -> SequenceModel:
     """Build the model of ``config`` and set its parameters: 2SR (PSRNNs, KF), random (``init='random'``) or
-    Xavier (RNN/GRU/LSTM)."""
+    Xavier (RNN/GRU/LSTM).
+
+    The 2SR decoders are regressed on the states of the 2SR filter itself (W, b = 0). A PSRNN that filters
+    otherwise, with a bias (``bias_scale`` ≠ 0) or CP factors in place of W (``factorized_psrnn``), has its
+    decoder regressed again, by the same regression (:func:`pipeline.two_stage.fit_decoder`, the 2SR's
+    ``decoder_ridge``), on the states it filters itself from ``decoder_data`` (the training trajectories;
+    None keeps the 2SR decoder): a decoder fitted to other states than those it reads had cost a 2-layer hmm
+    PSRNN with bias 0.1 BPC at epoch 0, a rank-10 factorized PSRNN on Handwriting half its MSE."""
     import torch
 
     from pipeline.models import KalmanFilter, PSRNN, RecurrentBaseline, build_model
@@ -53,13 +60,32 @@ def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = N
         factors = [c.as_dict() for c in cp] if cp is not None else None
         if config.rank is not None and factors is None:
             raise ValueError("factorized_psrnn needs CP factors for every layer")
-        return model.load_two_stage(two_stage, cp=factors, bias_scale=config.bias_scale)
+        model.load_two_stage(two_stage, cp=factors, bias_scale=config.bias_scale)
+        if decoder_data is not None and (config.bias_scale != 0 or config.rank is not None):
+            _refit_decoder(model, two_stage, decoder_data)
+        return model
     if isinstance(model, KalmanFilter):
         if linear is None:
             raise ValueError("kf needs a linear 2SR state-space model")
         return model.load_two_stage(linear)
     assert isinstance(model, RecurrentBaseline)
     return model.xavier_init(seed)
+
+
+def _refit_decoder(model, two_stage: TwoStageModel, trajectories: Sequence[np.ndarray]) -> None:
+    """Regress ``model``'s decoder on the states ``model`` filters from ``trajectories`` (see
+    :func:`initialise_model`)."""
+    import torch
+
+    from pipeline.two_stage import fit_decoder
+
+    c = model.config
+    states = model.filtered_decoder_inputs(trajectories)
+    decoder = fit_decoder(states, trajectories, discrete=c.discrete, vocab_size=c.output_dim if c.discrete else 0,
+                          ridge=two_stage.config.get("decoder_ridge", TwoStageConfig.decoder_ridge), change=c.delta)
+    with torch.no_grad():
+        model.decoder.weight.copy_(torch.as_tensor(decoder.weight, dtype=model.decoder.weight.dtype))
+        model.decoder.bias.copy_(torch.as_tensor(decoder.bias, dtype=model.decoder.bias.dtype))
 
 
 def infer_kind(trajectories: Sequence[Any], kind: str = "auto") -> tuple[bool, int]:
@@ -1103,7 +1129,7 @@ def fit_model(
             cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
     elif model == "kf":
         lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
-    net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed)
+    net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=train)
     completed: list[dict[str, Any]] = []
     try:
         result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)

@@ -425,6 +425,13 @@ class PSRNN(SequenceModel):
 
     def forward(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        h, new_state = self.decoder_inputs(x, state, reset)
+        return self.emit(self.decoder(h), x), new_state
+
+    def decoder_inputs(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """What the decoder reads after each step, (L, B, d) (the top layer's state q⁽ᴸ⁾_{t+1}, or with
+        ``decoder_input="all"`` every layer's side by side, (L, B, L·d)), and the new state."""
         new_state, outputs = [], []
         h = x
         for encoder, core, q in zip(self.encoders, self.cores, state):
@@ -437,7 +444,29 @@ class PSRNN(SequenceModel):
             h = states
         if self.config.decoder_input == "all" and len(outputs) > 1:
             h = torch.cat(outputs, dim=-1)
-        return self.emit(self.decoder(h), x), tuple(new_state)
+        return h, tuple(new_state)
+
+    def filtered_decoder_inputs(self, trajectories: Sequence[np.ndarray], *, chunk: int = 4096
+                                ) -> list[np.ndarray]:
+        """Per trajectory, the decoder's inputs at every step as float64 (T, d): the filter run from q₁ through
+        the whole trajectory (blocks of ``chunk`` steps carry the state, so that no (T × n_rff) encoder output
+        is ever held), on the model's device, without a graph."""
+        p = next(self.parameters())
+        out = []
+        with torch.no_grad():
+            for traj in trajectories:
+                a = np.asarray(traj)
+                state = self.init_state(1)
+                parts = []
+                for s in range(0, len(a), chunk):
+                    block = a[s:s + chunk]
+                    x = (torch.as_tensor(block, dtype=torch.int64, device=p.device).reshape(len(block), 1)
+                         if self.config.discrete else
+                         torch.as_tensor(block.reshape(len(block), 1, -1), dtype=p.dtype, device=p.device))
+                    h, state = self.decoder_inputs(x, state)
+                    parts.append(h[:, 0].double().cpu().numpy())
+                out.append(np.concatenate(parts) if parts else np.zeros((0, self.decoder.in_features)))
+        return out
 
     # ------------------------------------------------------------------ initialisation from 2SR / at random
 

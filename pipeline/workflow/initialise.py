@@ -51,7 +51,7 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
         a, _ = load_npz(adir / "2sr" / "kf.npz")
         lss = LinearStateSpace.from_arrays(a)
     cfg = model_config(dp, ds, variant, kf_state_dim=None if lss is None else int(lss.A.shape[0]))
-    return initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed), ds
+    return initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=ds.train), ds
 
 
 def initialise(params: Params, root: Path, dataset: str, seed: int) -> Path:
