@@ -39,6 +39,11 @@ _MAX_MESSAGE = 600
 class _OneLineParser(argparse.ArgumentParser):
     """argparse, with a usage error in one line like every other failure (the usage is one ``--help`` away)."""
 
+    def __init__(self, *args, **kwargs):
+        # an abbreviation (--debu) would parse, then be missed by main's own scan for --debug / --verbose
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
@@ -146,13 +151,15 @@ def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug and -v count anywhere, also after the stage name (the stage scripts put the stage name first)
-    verbose = ("-v", "--verbose")
+    def verbose(a: str) -> bool:   # -vv is -v twice to argparse
+        return a == "--verbose" or (len(a) > 1 and a == "-" + "v" * (len(a) - 1))
+
     parser = build_parser()
-    args, extra = parser.parse_known_args([a for a in argv if a != "--debug" and a not in verbose])
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug" and not verbose(a)])
     if extra:   # argparse would name `psrnn`, whose --help does not list the command's flags
         _command_parser(parser, args.stage).error(f"unrecognized arguments: {' '.join(extra)}")
     args.debug = "--debug" in argv
-    args.verbose = any(a in verbose for a in argv)
+    args.verbose = any(verbose(a) for a in argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from pipeline.config import project_root
@@ -587,9 +594,11 @@ def _custom_stage_text(root: Path, params, name: str) -> str:
     """``psrnn custom-stage``: the stage as YAML indented to go under ``stages:`` at the end of dvc.yaml."""
     from pipeline.config import dump_yaml, is_custom
 
-    if name == "custom" or not is_custom(name):
-        raise ValueError(f"{name}: expected custom_<name> (lower-case letters, digits, underscores); custom itself "
-                         "has its stage in dvc.yaml already")
+    if name == "custom":
+        raise ValueError("custom: has its stage in dvc.yaml already (preprocess_custom); expected a custom_<name> "
+                         "section of your own")
+    if not is_custom(name):
+        raise ValueError(f"{name}: expected custom_<name> (lower-case letters, digits, underscores)")
     if name not in params.datasets:
         raise ValueError(f"{name}: no section in params.yaml; add it first (the keys of custom: source, two_stage, "
                          "kf, variants, model, train)")

@@ -310,6 +310,8 @@ def _mapping(value: Any, key: str, what: str = "a mapping") -> dict[Any, Any]:
 
 
 def _unknown(key: str, k: Any, allowed: typing.Iterable[str]) -> ParamsError:
+    if not isinstance(k, str):   # YAML reads `null:`, `1:` or `[a, b]:` as a key too; `ptb.train.None` misleads
+        return ParamsError(f"{key}: a key {_describe(k)} that is not a name; expected one of {sorted(allowed)}")
     return ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(allowed)})")
 
 
@@ -483,6 +485,9 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             reserved = [f for f in feats if f in ("trajectory", "step", "split")]
             if reserved:
                 raise ParamsError(f"{key}.features: {reserved} are reserved columns, not features")
+        if "normalize" in source and source["kind"] == "discrete":
+            raise ParamsError(f"{key}.normalize: only used with kind 'continuous' (symbols are not standardised); "
+                              "remove it")
         if "symbol_column" in source:
             if source["kind"] == "continuous":
                 raise ParamsError(f"{key}.symbol_column: only used with kind 'discrete' (continuous data reads "
@@ -498,6 +503,9 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         if extra:   # every such key at once: switching the mode is one edit, not one run per key
             raise ParamsError(f"{key}.{extra[0]}: only used with mode {other!r}, not {mode!r}; remove "
                               + ("it" if len(extra) == 1 else ", ".join(extra)))
+        if "cem_population" in source and source["cem_population"] < 2:   # the elite refit needs a choice
+            raise ParamsError(f"{key}.cem_population: expected an integer >= 2 (the cross-entropy method keeps the "
+                              f"best of the candidates), got {source['cem_population']}")
         for k in ("train_file", "test_file"):
             if k in source and not source[k]:
                 raise ParamsError(f"{key}.{k}: expected a file name, got an empty string")
@@ -519,8 +527,12 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             if k in source:
                 _check_number(f"{key}.{k}", source[k], low=0.0, low_open=True)
     if name == "mocap":
-        trials = _check_names(f"{key}.trials", source["trials"], item="trial names") if "trials" in source \
-            else None
+        if "trials" in source:
+            trials = _check_names(f"{key}.trials", source["trials"], item="trial names")
+        else:   # prepare_mocap's default trials: test_trials must name some of them too
+            from pipeline.data.mocap import DEFAULT_TRIALS
+
+            trials = list(DEFAULT_TRIALS)
         if trials is not None and len(trials) < 2:
             raise ParamsError(f"{key}.trials: expected at least 2 trials (train and test are split by trial), "
                               f"got {trials}")
@@ -529,7 +541,8 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             if trials is not None:
                 missing = [t for t in test if t not in trials]
                 if missing:
-                    raise ParamsError(f"{key}.test_trials: {missing} are not in {key}.trials")
+                    where = f"{key}.trials" if "trials" in source else f"the default trials {trials} (no {key}.trials)"
+                    raise ParamsError(f"{key}.test_trials: {missing} are not in {where}")
                 if len(test) == len(trials):
                     raise ParamsError(f"{key}.test_trials: every trial is a test trial; expected at least one "
                                       "left for training")
@@ -1059,8 +1072,9 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             _check_kf_state_dim(dp, obs_dim, f"observation size from {key}.source")
         for v in variants:
             if v.rank is not None and v.rank > MAX_RANK_FACTOR * ts.state_dim * ts.obs_dim:
-                raise ParamsError(f"{key}.variants: rank {v.rank} of {v.name} is absurdly large for "
-                                  f"state_dim {ts.state_dim}")
+                raise ParamsError(f"{key}.variants: rank {v.rank} of {v.name} exceeds {MAX_RANK_FACTOR} × "
+                                  f"state_dim × obs_dim = {MAX_RANK_FACTOR} × {ts.state_dim} × {ts.obs_dim} = "
+                                  f"{MAX_RANK_FACTOR * ts.state_dim * ts.obs_dim}; expected a rank at most that")
         datasets[name] = dp
     if not datasets:
         raise ParamsError(f"{source}: no dataset section (expected some of {_ALLOWED_DATASETS})")

@@ -163,6 +163,9 @@ def test_cli_reports_one_line(tmp_path, capsys, defaults):
     # a flag of another command (forecast's --sample) is named by the command it was given to
     (["predict", "custom", "psrnn", "0", "in.parquet", "out.parquet", "--sample"],
      "psrnn predict: error: unrecognized arguments: --sample (see psrnn predict --help)"),
+    # no abbreviations: main looks --debug and --verbose up by their full spelling, so --debu would be dropped
+    (["--debu", "check"], "psrnn check: error: unrecognized arguments: --debu (see psrnn check --help)"),
+    (["--verb", "check"], "psrnn check: error: unrecognized arguments: --verb (see psrnn check --help)"),
 ])
 def test_cli_usage_errors_are_one_line(argv, line, capsys):
     from pipeline.cli import main
@@ -248,6 +251,19 @@ def _custom(**source):
     (lambda p: p["ptb"]["two_stage"].update(widths={"obs": 1e-320}), r"^ptb\.two_stage\.widths\.obs: expected a "
                                                                      r"finite number >= 1e-30"),
     (lambda p: p["handwriting"]["source"].update(digits=[1, 1]), r"^handwriting\.source\.digits: duplicated \[1\]"),
+    # the simulator's CEM refits on the best of its candidates: one is no choice
+    (lambda p: p["swimmer"]["source"].update(mode="simulate", cem_population=1),
+     r"^swimmer\.source\.cem_population: expected an integer >= 2 .*, got 1$"),
+    (lambda p: p["custom"]["source"].update(kind="discrete", normalize=False, features=None),
+     r"^custom\.source\.normalize: only used with kind 'continuous'"),
+    # without `trials`, test trials are checked against prepare_mocap's defaults
+    (lambda p: (p["mocap"]["source"].pop("trials"), p["mocap"]["source"].update(test_trials=["99_99"])),
+     r"^mocap\.source\.test_trials: \['99_99'\] are not in the default trials \['07_01', .*\] \(no "
+     r"mocap\.source\.trials\)$"),
+    (lambda p: p["hmm"].update(variants=["factorized_psrnn_r601"]),
+     r"^hmm\.variants: rank 601 of factorized_psrnn_r601 exceeds 10 × state_dim × obs_dim = 10 × 10 × 6 = 600; "
+     r"expected a rank at most that$"),
+    (lambda p: p["ptb"]["train"].update({None: 1}), r"^ptb\.train: a key null that is not a name; expected one of "),
     (lambda p: p["custom"]["source"].update(symbol_column="angle"), r"^custom\.source\.symbol_column: only used with "
                                                                     r"kind 'discrete'"),
     (lambda p: p["report"].update(figures={"fig4b": {"dataset": "nosuchds"}}),
@@ -893,3 +909,16 @@ def test_a_long_mistyped_override_or_monitor_is_shown_once_and_shortened(default
     with pytest.raises(ParamsError) as err:
         parse_params(raw)
     assert len(str(err.value)) < 300 and "expected one of ['auto'" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("custom", "custom: has its stage in dvc.yaml already (preprocess_custom); expected a custom_<name> section of "
+               "your own"),
+    ("foo", "foo: expected custom_<name> (lower-case letters, digits, underscores)"),
+])
+def test_custom_stage_refuses_names_it_cannot_copy_the_stage_for(defaults, name, message):
+    from pipeline.cli import _custom_stage_text
+
+    with pytest.raises(ValueError) as err:
+        _custom_stage_text(ROOT, parse_params(defaults), name)
+    assert str(err.value) == message
