@@ -367,15 +367,21 @@ def _forecast(args: argparse.Namespace, root: Path) -> None:
 def _check(args: argparse.Namespace, params, root: Path) -> None:
     """``psrnn check``: params.yaml is valid (it was parsed before dispatch); a custom dataset's file is read and
     checked against the params too, as its preprocess stage will, and dvc.yaml must have the stage that prepares
-    it; spectral work no variant uses is noted, and so are sections that ``datasets`` leaves out."""
+    it; a built-in dataset in ``datasets`` whose prepared file exists has its windows (the Kalman filter's too)
+    checked against that file; spectral work no variant uses is noted, and so are sections that ``datasets``
+    leaves out."""
     from pipeline.config import is_custom
+    from pipeline.workflow.data import check_custom, check_prepared
 
     selected = [params.datasets[name] for name in params.selected]
     for name in params.datasets:
         if is_custom(name):
-            from pipeline.workflow.data import check_custom
-
             print(check_custom(params, root, name))
+    for name in params.selected:
+        # a built-in dataset's data are known only once prepared (a download and minutes away): checked then
+        summary = None if is_custom(name) else check_prepared(params, root, name)
+        if summary is not None:
+            print(summary)
     _check_dvc_yaml(root, params)
     print(f"{args.params or root / 'params.yaml'}: valid ({_count(len(selected), 'dataset')}: "
           f"{', '.join(params.selected)}; "

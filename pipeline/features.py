@@ -450,6 +450,26 @@ def distinct_windows(windows: Windows, chunk_size: int = 8192, max_distinct: int
     return out
 
 
+#: the bound on the layer-1 RFF maps of discrete data: their frequencies Ω, float64, are one row per one-hot column,
+#: (1 + past_window + future_window) x V x n_features x 8 bytes in all, so a symbol column that really holds ids
+#: (V = 30000 at 2000 features and windows of 10: 9.4 GiB) would otherwise die of memory while they are drawn
+DISCRETE_MAPS_BYTES = 4 * 2 ** 30
+
+
+def check_discrete_maps(vocab_size: int, n_features: int, past_window: int, future_window: int,
+                        key: str = "two_stage") -> None:
+    """Refuse discrete RFF maps above :data:`DISCRETE_MAPS_BYTES` before any is drawn; ``key`` names the params
+    section of the sizes in the error (``<ds>.two_stage`` in ``psrnn check``)."""
+    V, D, p, k = int(vocab_size), int(n_features), int(past_window), int(future_window)
+    need = (1 + p + k) * V * D * 8
+    if need > DISCRETE_MAPS_BYTES:
+        raise ValueError(
+            f"{V} symbols: the discrete RFF maps would hold (1 + {key}.past_window + {key}.future_window) x "
+            f"symbols x {key}.n_features x 8 bytes = (1 + {p} + {k}) x {V} x {D} x 8 = {need / 2 ** 30:.1f} GiB, "
+            f"above the bound of {DISCRETE_MAPS_BYTES // 2 ** 30} GiB; expected fewer distinct symbols (is the symbol "
+            f"column an id?), a smaller {key}.n_features or shorter windows")
+
+
 def fit_feature_maps(
     windows: Windows,
     *,
@@ -464,10 +484,13 @@ def fit_feature_maps(
     """Draw the observation, history and future RFF maps; each width is the median pairwise distance of its
     inputs (times ``width_scale``) unless given in ``widths`` (keys ``obs``, ``past``, ``future``).
 
-    ``obs_dim`` is the raw observation size (vocabulary size for discrete data).
+    ``obs_dim`` is the raw observation size (vocabulary size for discrete data). Discrete maps larger than
+    :data:`DISCRETE_MAPS_BYTES` are refused (:func:`check_discrete_maps`).
     """
     widths = dict(widths or {})
     past_window, future_window = windows.past_window, windows.future_window
+    if windows.discrete:
+        check_discrete_maps(vocab_size, n_features, past_window, future_window)
     maps = {}
     for k, name in enumerate(("obs", "past", "future")):
         n = len(windows)

@@ -120,7 +120,7 @@ def test_custom_stage_prints_the_stage_and_check_wants_it_exact(tmp_path, defaul
 
     dvc_yaml.write_text(shipped + stage_text)
     for name, message in (("custom_sales", f"{dvc_yaml}: has a preprocess_custom_sales stage already"),
-                          ("custom", "custom: expected custom_<name>"),
+                          ("custom", "custom: has its stage in dvc.yaml already"),
                           ("custom_stock", "custom_stock: no section in params.yaml; add it first")):
         code, out, err = cli_run("custom-stage", name)
         assert code == 1 and out == "" and err.startswith(f"psrnn custom-stage: error: {message}"), err

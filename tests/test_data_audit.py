@@ -248,6 +248,44 @@ def test_handwriting_normalisation_from_chosen_train_digits_only() -> None:
     assert len(set(ds.meta["test_writers"])) >= 1 and (len(ds.train), len(ds.test)) == (20, 5)
 
 
+def test_check_refuses_kalman_windows_longer_than_the_prepared_digits(tmp_path: Path, defaults, capsys,
+                                                                      monkeypatch) -> None:
+    """`psrnn check` reads data/prepared/handwriting.parquet where it exists: Kalman-filter windows of 300 + 300
+    steps, which no digit of the mirror holds, fail there, naming the key, instead of in the two_stage stage."""
+    import copy
+    import shutil
+
+    from pipeline import cli
+    from pipeline.config import dump_yaml
+    from pipeline.data.handwriting import prepare_handwriting
+    from pipeline.data.schema import write_dataset
+
+    hw = MIRROR / "handwriting"
+    if not (hw / "pendigits-orig.tra").is_file():
+        pytest.skip(f"handwriting mirror not found at {hw}")
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "examples", tmp_path / "examples")
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["handwriting"]
+    ds = prepare_handwriting(hw, **raw["handwriting"]["source"])
+    prepared = tmp_path / "data" / "prepared" / "handwriting.parquet"
+    prepared.parent.mkdir(parents=True)
+    write_dataset(prepared, ds)
+    shortest, longest = min(len(t) for t in ds.train), max(len(t) for t in ds.train)
+    raw["handwriting"]["kf"] = {"state_dim": 20, "past_window": 300, "future_window": 300}
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "psrnn check: error: handwriting.kf.past_window + handwriting.kf.future_window + 1 = 300 + 300 + 1 = 601 "
+        f"exceeds the shortest training trajectory ({shortest} steps); expected past_window + future_window <= "
+        f"{shortest - 1} (checked against {prepared}, as last prepared)")
+    raw["handwriting"]["kf"] = defaults["handwriting"]["kf"]
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    assert (f"handwriting: data/prepared/handwriting.parquet: continuous, 3 features, 20 train / 5 test "
+            f"trajectories, training lengths {shortest} to {longest} steps") in capsys.readouterr().out
+
+
 # -------------------------------------------------------------------------------------------------- synthetic
 
 

@@ -219,8 +219,9 @@ def test_uneven_steps_warn_and_evenly_spaced_steps_do_not(tmp_path: Path, caplog
     (record,) = caplog.records
     assert record.levelname == "WARNING" and "\n" not in record.getMessage()
     assert record.getMessage() == (f"{tmp_path / 'uneven.parquet'}: 4 step intervals in 2 trajectories differ from "
-                                   "their trajectory's usual spacing (first: trajectory 101, step 25 after 10); the "
-                                   "models use only the order of the rows, one observation per step")
+                                   "their trajectory's first spacing (first: trajectory 101, step 25 after 10, "
+                                   "where its steps began 10 apart); the models use only the order of the rows, one "
+                                   "observation per step")
 
 
 def test_unsigned_steps_beyond_int64_are_refused(tmp_path: Path) -> None:

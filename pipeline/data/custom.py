@@ -10,14 +10,17 @@ column             type                            meaning
                                                    are allowed; duplicates are an error). Absent: file row order.
 ``split``          string (optional)               ``train``, ``valid`` or ``test``; the same for every row of a
                                                    trajectory. Absent: whole trajectories are drawn for test with
-                                                   ``test_fraction`` (deterministic given ``seed``; at least one
-                                                   trajectory on each side), then for valid with
-                                                   ``valid_fraction`` (default 0: no valid split), the rest is
-                                                   train.
+                                                   ``test_fraction`` (deterministic given ``seed``; n x fraction
+                                                   rounded half up, at least one trajectory on each side), then
+                                                   for valid with ``valid_fraction`` (default 0: no valid split;
+                                                   rounded likewise, at least one when > 0), the rest is train.
 ``symbol``         integer, string or bool         ``kind="discrete"``: the observation. The name is set by
                                                    ``symbol_column``. Vocabulary = sorted distinct TRAIN values;
-                                                   valid/test values absent from train are an error.
-feature columns    integer or float                ``kind="continuous"``: the observation, one column per dimension.
+                                                   valid/test values absent from train are an error; more
+                                                   distinct symbols than half the training steps, a WARNING (an
+                                                   id column rather than symbols?).
+feature columns    integer or float                ``kind="continuous"``: the observation, one column per dimension,
+                                                   read as float64 (integers beyond ±2**53 are an error).
                                                    ``features=None`` takes every numeric column except
                                                    ``trajectory``, ``step``, ``split`` (and pandas index columns).
 =================  ==============================  ====================================================================
@@ -41,8 +44,11 @@ appears more than once; missing columns; wrong types (e.g. a non-numeric feature
 UTF-8 in ``trajectory``/``split``/symbol (with the first row and its bytes: Parquet does not check the bytes of a
 string column, and pyarrow's own error names neither file nor column); missing values in
 ``trajectory``/``step``/``split``/symbol; NaN or Inf in a feature (with the number of rows and the first
-trajectory); duplicate steps; trajectories shorter than ``min_length`` rows; an empty train or test split; a
-discrete dataset with a single symbol, or with valid/test symbols not seen in train.
+trajectory); integers beyond ±2**53 in a feature (float64 would round them); duplicate steps; trajectories
+shorter than ``min_length`` rows; an empty train or test split; a valid or test split whose trajectories are all
+a single step (``min_length=1``; no one-step prediction to score); a discrete dataset with a single symbol, or
+with valid/test symbols not seen in train. Steps whose spacing differs from their trajectory's first spacing
+(its first two steps) get one WARNING, naming the first such step.
 
 With ``normalize=True`` continuous features are standardised with the TRAIN mean and standard deviation (a
 constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std``, ``columns``). Huge finite values
@@ -62,10 +68,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import numbers
 import os
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +86,17 @@ from pipeline.train_config import SEED_LIMIT
 log = logging.getLogger(__name__)
 
 RESERVED = ("trajectory", "step", "split")
+_EXACT_INT = 2 ** 53   # float64 holds every integer of at most this magnitude exactly, and rounds some beyond
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 
 
 def _warn_uneven_steps(path, codes: np.ndarray, steps: np.ndarray, ids: np.ndarray) -> None:
     """Warn when a trajectory's steps are not evenly spaced (a gap, or a changing interval): the models see only
     the order of the rows, one observation per step, so a missing step is silently treated as no time at all.
-    Evenly spaced steps (0, 10, 20, ...) are fine; their spacing is what forecasts continue with."""
+    Evenly spaced steps (0, 10, 20, ...) are fine; their spacing is what forecasts continue with.
+    An interval is uneven when it differs from its trajectory's first interval, so the warning names where the
+    pace first changes: against a median or most common spacing, 0, 1, 2, 4, 6, 8 (spacing 2 most often) would
+    name step 1, and 0, 1, 2, 4, 6 (median 1.5) every interval."""
     same = np.diff(codes) == 0
     diffs = np.diff(steps)
     uneven = np.zeros_like(same)
@@ -92,15 +104,16 @@ def _warn_uneven_steps(path, codes: np.ndarray, steps: np.ndarray, ids: np.ndarr
     for a, b in zip(starts, np.r_[starts[1:], len(diffs)]):
         inside = np.flatnonzero(same[a:b]) + a
         if len(inside):
-            spacing = np.median(diffs[inside])
-            uneven[inside] = diffs[inside] != spacing
+            uneven[inside] = diffs[inside] != diffs[inside[0]]
     if uneven.any():
         k = int(np.flatnonzero(uneven)[0])
+        first = int(np.searchsorted(codes, codes[k]))   # codes are sorted: the trajectory's first interval
         trajs = len(np.unique(codes[1:][uneven]))
-        log.warning("%s: %d step intervals in %d trajector%s differ from their trajectory's usual spacing (first: "
-                    "trajectory %r, step %d after %d); the models use only the order of the rows, one observation "
-                    "per step", path, int(uneven.sum()), trajs, "y" if trajs == 1 else "ies", _py(ids[codes[k]]),
-                    int(steps[k + 1]), int(steps[k]))
+        log.warning("%s: %d step intervals in %d trajector%s differ from their trajectory's first spacing (first: "
+                    "trajectory %r, step %d after %d, where its steps began %d apart); the models use only the "
+                    "order of the rows, one observation per step", path, int(uneven.sum()), trajs,
+                    "y" if trajs == 1 else "ies", _py(ids[codes[k]]), int(steps[k + 1]), int(steps[k]),
+                    int(diffs[first]))
 
 def _warn_unlikely_features(path, values: np.ndarray, columns: list[str], s_codes: np.ndarray, order: np.ndarray,
                             lengths: np.ndarray) -> None:
@@ -379,9 +392,19 @@ def read_rows(
     uniq, codes = np.unique(ids, return_inverse=True)
 
     if kind == "continuous":
-        values = np.column_stack([
-            np.asarray(column(f).to_numpy(zero_copy_only=False), dtype=np.float64) for f in value_columns
-        ])
+        raw = [np.asarray(column(f).to_numpy(zero_copy_only=False)) for f in value_columns]
+        for f, x in zip(value_columns, raw):
+            # rounded (2**53 + 1 reads as 2**53), ids or counters with a large offset would collapse into a few
+            # values, even into a "constant" column, without a word
+            if x.dtype.kind in "iu" and len(x):
+                big = (x > _EXACT_INT) if x.dtype.kind == "u" else (x > _EXACT_INT) | (x < -_EXACT_INT)
+                if big.any():
+                    first = int(np.flatnonzero(big)[0])
+                    raise fail(f"feature column {f!r} has {int(big.sum())} integers beyond ±2**53 (first: row "
+                               f"{first}, {int(x[first])}), which float64 cannot hold exactly; expected |values| "
+                               "<= 2**53: subtract an offset before writing the file, or write the column as "
+                               "float if rounding is acceptable")
+        values = np.column_stack([np.asarray(x, dtype=np.float64) for x in raw])
         bad = ~np.isfinite(values).all(axis=1)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
@@ -446,9 +469,11 @@ def load_custom(
     normalize: bool = True,
     min_length: int = 2,
     symbol_column_is: str = "set symbol_column to its name",
+    min_length_is: str = "min_length",
 ) -> SequenceDataset:
     """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring).
-    ``symbol_column_is``: how the caller names the symbol column, for the error when the file lacks it."""
+    ``symbol_column_is``: how the caller names the symbol column, for the error when the file lacks it;
+    ``min_length_is``: how it names ``min_length``, for the error on a valid/test split of single steps."""
     _check_path(path)
     _check_options(test_fraction, valid_fraction, seed, normalize)
     rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
@@ -479,9 +504,9 @@ def load_custom(
     else:
         if n_traj < 2:
             raise fail(f"only {n_traj} trajectory; at least 2 are needed to make non-empty train and test splits")
-        n_test = min(max(int(round(test_fraction * n_traj)), 1), n_traj - 1)
+        n_test = min(max(_share(test_fraction, n_traj), 1), n_traj - 1)
         # the test draw does not depend on valid_fraction: adding a valid split moves train trajectories only
-        n_valid = max(int(round(valid_fraction * n_traj)), 1) if valid_fraction else 0
+        n_valid = max(_share(valid_fraction, n_traj), 1) if valid_fraction else 0
         if n_test + n_valid >= n_traj:
             raise fail(f"{n_traj} trajectories: {n_test} for test and {n_valid} for valid (test_fraction="
                        f"{test_fraction}, valid_fraction={valid_fraction}) leave none to train on; expected a "
@@ -497,6 +522,14 @@ def load_custom(
             raise fail(f"split {s!r} is empty (no trajectory has split == {s!r}); expected at least one")
 
     members = {s: [k for k in range(n_traj) if split_of[k] == s] for s in SPLITS}
+    for s in ("valid", "test"):
+        # a one-step trajectory has no next observation to score a prediction against: refine would stop on it
+        if members[s] and max(len(groups[k]) for k in members[s]) < 2:
+            n = len(members[s])
+            which = "its one trajectory is" if n == 1 else f"all {n} of its trajectories are"
+            raise fail(f"split {s!r}: {which} a single step ({min_length_is}={min_length} lets such trajectories "
+                       "through), so there is no one-step prediction to score; expected at least one "
+                       f"{s} trajectory of 2 steps or more")
     meta: dict[str, Any] = {
         "source": f"custom:{path.name}",
         "file_sha256": _sha256(path),
@@ -520,6 +553,12 @@ def load_custom(
                             if np.asarray(values).dtype.kind == "f" else "")
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
                            f"{brief_list([_py(v) for v in unseen])}; expected only train symbols{measured}")
+        n_steps = len(train_rows)
+        if len(vocab_values) > n_steps / 2:
+            # the symbols must recur to be learned, and the features stage's maps grow with their number
+            log.warning("%s: column %r has %d distinct symbols in %d training steps, more than half as many; is %r "
+                        "an id rather than a symbol?", path, symbol_column, len(vocab_values), n_steps,
+                        symbol_column)
         index = np.searchsorted(vocab_values, values)
         trajs = {s: [index[groups[k]].astype(np.int64) for k in members[s]] for s in SPLITS}
         vocab = [str(_py(v)) for v in vocab_values]
@@ -532,6 +571,12 @@ def load_custom(
     if normalize:
         trajs, meta["normalization"] = _standardise(trajs, value_columns, path)
     return SequenceDataset(kind="continuous", features=list(value_columns), meta=meta, **trajs)
+
+
+def _share(fraction: float, n: int) -> int:
+    """``fraction`` of ``n`` rounded half up (0.5 of 5 is 3, of 7 is 4; Python's round would give 2 and 4), on the
+    fraction as written: 0.145 x 100 is 14.5, but 14.499999999999998 in binary floating point."""
+    return math.floor(Fraction(repr(float(fraction))) * n + Fraction(1, 2))
 
 
 def _standardise(trajs: dict[str, list[np.ndarray]], columns: list[str], path: Path

@@ -96,14 +96,24 @@ def _build(dp: DatasetParams, root: Path, dataset: str) -> SequenceDataset:
 
 
 def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = False) -> None:
-    """Both splits non-empty, and the 2SR windows fit the shortest training trajectory. The Kalman filter's windows
-    and state size (``kalman``) are checked by ``psrnn check`` and by the two_stage stage, which reads the ``kf``
-    params; the preprocess stage does not: adding or changing a Kalman filter must not rerun preprocessing."""
+    """Both splits non-empty, a valid or test split with a step to score, and the 2SR windows fit the shortest
+    training trajectory. The Kalman filter's windows and state size (``kalman``) are checked by ``psrnn check``
+    (on a custom file, and on a built-in dataset's prepared file when there is one) and by the two_stage stage,
+    which reads the ``kf`` params; the preprocess stage does not: adding or changing a Kalman filter must not rerun
+    preprocessing."""
     from dataclasses import replace
 
     for split in ("train", "test"):
         if not ds.split(split):
             raise ParamsError(f"{dp.name}.source: the {split} split is empty")
+    for split in ("valid", "test"):
+        # refine scores each prediction against the next observation: one-step trajectories give it none
+        trajectories = ds.split(split)
+        if trajectories and max(len(t) for t in trajectories) < 2:
+            n = len(trajectories)
+            which = "its one trajectory is" if n == 1 else f"all {n} of its trajectories are"
+            raise ParamsError(f"{dp.name}.source: the {split} split: {which} a single step, so there is no one-step "
+                              f"prediction to score; expected at least one {split} trajectory of 2 steps or more")
     check_windows(dp.name, dp if kalman else replace(dp, kf=None), [len(t) for t in ds.train],
                   obs_dim=ds.obs_dim if kalman and not ds.discrete else None,
                   train_ids=(ds.meta.get("trajectory_ids") or {}).get("train"))   # a custom file's own ids
@@ -116,7 +126,8 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
     path = Path(src.pop("path"))
     try:
         return load_custom(path if path.is_absolute() else root / path, **src,
-                           symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name")
+                           symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name",
+                           min_length_is=f"{dp.name}.source.min_length")
     except FileNotFoundError as exc:   # the one error that is the params' rather than the file's: name the key
         raise FileNotFoundError(f"{dp.name}.source.path: {exc} (relative paths are read from the project root "
                                 f"{root})") from None
@@ -125,18 +136,52 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
 def check_custom(params: Params, root: Path, name: str = "custom") -> str:
     """What ``psrnn check`` adds for a ``custom`` (or ``custom_<name>``) section: the file is read and checked as
     the preprocess stage reads it (every rule of :mod:`pipeline.data.custom`), then both splits and every window,
-    the Kalman filter's included, against its training trajectories. Nothing is written. Returns a one-line
-    summary."""
+    the Kalman filter's included, against its training trajectories, and a discrete file's vocabulary against the
+    features stage's bound on its maps. Nothing is written. Returns a one-line summary."""
     dp = params.dataset(name)
     ds = _load_custom(dp, root)
-    _check_lengths(dp, ds, kalman=True)
+    _check_data(dp, ds)
     if not ds.valid:
         for key, cfg in dp.train_configs():
             if cfg.monitor == "valid":
                 raise ParamsError(f"{key}.monitor: 'valid', but {dp.source['path']} gives no validation split; "
                                   f"expected {name}.source.valid_fraction > 0 or 'valid' rows in its split column")
+    return _summary(name, dp.source["path"], ds)
+
+
+def check_prepared(params: Params, root: Path, name: str) -> str | None:
+    """What ``psrnn check`` adds for a built-in dataset whose prepared file exists: what :func:`check_custom` checks
+    against the data, on that file (the Kalman filter's windows would otherwise fail only in the two_stage stage).
+    None, with nothing checked, when the dataset is not prepared yet. A file prepared with other ``source`` params
+    than the current ones is checked all the same; the error names it, to be prepared again."""
+    path = prepared_path(root, name)
+    if not path.is_file():
+        return None
+    from pipeline.data.schema import read_dataset
+
+    dp = params.dataset(name)
+    ds = read_dataset(path)
+    try:
+        _check_data(dp, ds)
+    except ValueError as exc:
+        raise type(exc)(f"{exc} (checked against {path}, as last prepared)") from None
+    return _summary(name, path.relative_to(root), ds)
+
+
+def _check_data(dp: DatasetParams, ds: SequenceDataset) -> None:
+    """``psrnn check``'s checks of the data against the params, custom or built-in: the later stages' as well as
+    preprocess's, since check runs before them."""
+    from pipeline.features import check_discrete_maps
+
+    _check_lengths(dp, ds, kalman=True)
+    if ds.discrete:
+        ts = dp.two_stage
+        check_discrete_maps(ds.obs_dim, ts.n_features, ts.past_window, ts.future_window, key=f"{dp.name}.two_stage")
+
+
+def _summary(name: str, where: Any, ds: SequenceDataset) -> str:
     lengths = [len(t) for t in ds.train]
     what = f"{ds.obs_dim} {'symbol' if ds.discrete else 'feature'}{'' if ds.obs_dim == 1 else 's'}"
     valid = f" / {len(ds.valid)} valid" if ds.valid else ""
-    return (f"{name}: {dp.source['path']}: {ds.kind}, {what}, {len(ds.train)} train{valid} / {len(ds.test)} test "
+    return (f"{name}: {where}: {ds.kind}, {what}, {len(ds.train)} train{valid} / {len(ds.test)} test "
             f"trajectories, training lengths {min(lengths)} to {max(lengths)} steps")
