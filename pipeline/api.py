@@ -6,7 +6,8 @@
     >>> predictions = fitted.predict(test_trajectories)
     >>> fitted.save("model.pt"); again = load_fitted("model.pt")   # one file, loaded with weights_only=True
 
-Integer 1-D arrays are treated as discrete symbols 0 … V-1 (indices: sparse ids such as 0 and 10**9 are refused),
+Integer and boolean 1-D arrays are treated as discrete symbols 0 … V-1 (indices: sparse ids such as 0 and 10**9
+are refused; False and True are 0 and 1),
 strings as discrete symbols (a str trajectory is its characters), float arrays of shape (T,) or (T, m) as
 continuous; ``kind="discrete"`` / ``"continuous"`` says it instead (integer measurements). Every trajectory of
 train, valid and test must be of one kind (and, continuous, of one width). Frames and dicts of columns are read by
@@ -160,6 +161,16 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
         raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
+    text = [c for c, v in zip(columns, values) if v.dtype.kind == "U" or
+            v.dtype.kind == "O" and any(isinstance(x, str) for x in v.tolist())]
+    if len(values) > 1 and text:
+        # stacked, a column of symbols beside another became "strings of shape (T, 2)", naming no column
+        if source == "the model":
+            raise ValueError(f"{where}: column {brief_list(text)} holds strings; expected numbers in the model's "
+                             f"feature columns {brief_list(columns)}")
+        raise ValueError(f"{where}: strings in column {brief_list(text)} of the {len(columns)} columns "
+                         f"{brief_list(columns)}; expected one column, the symbols (e.g. {{{text[0]!r}: ...}}, or "
+                         f"frame[[{text[0]!r}]]), or numeric feature columns only")
     return values[0] if len(values) == 1 else np.column_stack(values)
 
 
@@ -223,14 +234,17 @@ def _is_text(a: np.ndarray) -> bool:
 
 
 def _is_symbols(a: np.ndarray) -> bool:
-    return a.dtype.kind in "iu" and a.ndim == 1
+    # booleans too: inference (TrainedRun, predict_file) reads a boolean column as the symbols False and True, so
+    # fit_model reading one as a continuous 0/1 feature would train another kind of model than inference expects
+    return a.dtype.kind in "iub" and a.ndim == 1
 
 
 def _kind_text(a: np.ndarray) -> str:
     if _is_text(a):
         return "strings (symbols)"
-    return "discrete symbols (an integer 1-D array)" if _is_symbols(a) else \
-        f"continuous features (a {a.dtype} array of shape {a.shape})"
+    if _is_symbols(a):
+        return f"discrete symbols (a{' boolean' if a.dtype.kind == 'b' else 'n integer'} 1-D array)"
+    return f"continuous features (a {a.dtype} array of shape {a.shape})"
 
 
 #: the hint of the symbol errors where the kind was inferred: integers that are measurements, not symbols
@@ -252,7 +266,7 @@ def _symbols(where: str, a: np.ndarray, vocab_size: int | None, hint: str = "") 
             j = int(np.flatnonzero(~whole)[0])
             raise ValueError(f"{where}: {float(a[j])!r} at step {j} is not an integer symbol; expected integer "
                              "symbols (the model is discrete)")
-    elif a.dtype.kind not in "iu":
+    elif a.dtype.kind not in "iub":   # booleans are the symbols 0 and 1, as fit_model reads them
         raise ValueError(f"{where}: an array of dtype {a.dtype}; expected integer symbols (the model is discrete)")
     high = MAX_SIZE if vocab_size is None else vocab_size
     bad = (a < 0) | (a >= high)
@@ -313,9 +327,9 @@ def _checked_splits(splits: dict[str, Any], kind: str = "auto") -> _Data:
     """Every trajectory of ``splits`` (name: trajectories, the first one ``train``) in model units.
 
     Named columns (a frame or a dict of columns) are read by name: train[0]'s names, which every named trajectory
-    must have (plain arrays stay positional). ``kind``: ``auto`` takes integer 1-D arrays and strings as symbols
-    and the rest as features, ``discrete`` every trajectory as symbols (floats with integer values too),
-    ``continuous`` every one as features (integers cast to float). Every trajectory is of one kind, like
+    must have (plain arrays stay positional). ``kind``: ``auto`` takes integer (and boolean) 1-D arrays and
+    strings as symbols and the rest as features, ``discrete`` every trajectory as symbols (floats with integer
+    values too), ``continuous`` every one as features (integers cast to float). Every trajectory is of one kind, like
     ``train[0]``, and continuous ones of its width. Integer symbols are indices 0 … V-1, V = 1 + the largest
     symbol of any split; strings are mapped to their index in the sorted distinct symbols of every split (so
     that, as for integers, a symbol seen only in test is part of the vocabulary)."""
@@ -329,6 +343,11 @@ def _checked_splits(splits: dict[str, Any], kind: str = "auto") -> _Data:
     columns = list(keys) if keys is not None else None
     if columns == []:
         raise ValueError("train[0]: named columns, but none; expected at least one column")
+    if kind == "discrete" and columns is not None and len(columns) > 1:
+        # stacked, they were "shape (T, 2); expected a 1-D array of symbols", naming no column
+        raise ValueError(f"train[0]: {len(columns)} named columns {brief_list(columns)}; kind='discrete' reads one "
+                         f"column of symbols; expected only the symbol column, one of them (frame[[name]], or {{name: "
+                         "values})")
     raw = {name: [_trajectory_array(f"{name}[{i}]", _by_columns(f"{name}[{i}]", t, columns, "train[0]"))
                   for i, t in enumerate(trajectories)] for name, trajectories in lists.items()}
     first = raw["train"][0]
@@ -461,7 +480,8 @@ def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
 def _check_train_values(options: dict[str, Any]) -> None:
     """The ``train_options`` values that :meth:`TrainConfig.validate` leaves unchecked, by params.yaml's rules
     (pipeline.config): momentum in [0, 1) and only with SGD (Adam has no momentum: it would be ignored),
-    weight_decay >= 0, max_loss > 0 (inf allowed), and the switches as booleans (a string "no" is truthy)."""
+    weight_decay >= 0, max_loss > 0 (inf allowed), and the switches as booleans (a string "no" is truthy); and
+    lr_decay and min_delta as numbers, which TrainConfig.validate compares without checking their type."""
     def named(key: str) -> str:
         return f"train_options[{key!r}]={brief(options[key])}"
 
@@ -469,6 +489,11 @@ def _check_train_values(options: dict[str, Any]) -> None:
         raise ValueError(f"{named('momentum')}: expected a number in [0, 1)")
     if "weight_decay" in options:
         _check_number("train_options['weight_decay']", options["weight_decay"])
+    if "lr_decay" in options and not (_is_real(options["lr_decay"]) and 0 < options["lr_decay"] <= 1):
+        # TrainConfig.validate compares it to numbers: "a" was a TypeError
+        raise ValueError(f"{named('lr_decay')}: expected a factor in (0, 1] (1 = a fixed learning rate)")
+    if "min_delta" in options:
+        _check_number("train_options['min_delta']", options["min_delta"])
     if "max_loss" in options and not (_is_real(options["max_loss"]) and options["max_loss"] > 0):
         raise ValueError(f"{named('max_loss')}: expected a number > 0 (inf: never stop on the loss)")
     for key in ("shuffle", "eval_train", "restore_best"):
@@ -596,6 +621,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
             _check_int(f"train_options[{key!r}]", train_options[key], low, None)
     if "seed" in train_options:
         check_seed(train_options["seed"], "train_options['seed']=")
+    if "device" in train_options:   # else refused by fit as train.device, after the 2SR work
+        resolve_device(train_options["device"], "train_options['device']=")
     _check_train_values(train_options)
 
     spectral = model == "kf" or (model in PSRNN_MODELS and a["init"] == "2sr")
@@ -629,6 +656,14 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         raise ValueError(f"state_dim={a['state_dim']}: the Kalman filter's state has at most future window × "
                          f"features = {windows['future_window']} × {input_dim} dimensions; expected a smaller "
                          "state_dim or a longer horizon")
+    ts_cfg = None
+    if model in PSRNN_MODELS and a["init"] == "2sr":
+        ridge = TwoStageConfig.ridge if a["ridge"] is None else a["ridge"]
+        ts_cfg = TwoStageConfig(**{"state_dim": a["state_dim"], "obs_dim": a["obs_dim"], "past_dim": a["state_dim"],
+                                   "n_features": a["n_features"], "ridge": ridge, "seed": a["seed"], **windows,
+                                   **options})
+        # before _check_long_enough, which reads widths (a list there was an AttributeError)
+        _validated(ts_cfg.validate, two_stage_options, train_options)
     if spectral:
         _check_long_enough(arrays["train"], windows, model, a, two_stage_options)
     _warn_unseen(checked.unseen, input_dim)
@@ -642,27 +677,58 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     bptt = a["bptt"] if a["bptt"] is not None else 35 if discrete else 0
     tcfg = TrainConfig(**{"epochs": a["epochs"], "lr": a["lr"], "bptt": bptt, "batch_size": a["batch_size"],
                           "clip": a["clip"], "device": a["device"], "seed": a["seed"], **train_options})
-    tcfg.validate()
+    _validated(tcfg.validate, two_stage_options, train_options)
     valid = arrays.get("valid") or None
-    tcfg.monitored_split(bool(valid))
+    _validated(lambda: tcfg.monitored_split(bool(valid)), two_stage_options, train_options)
     for name in ("train", "valid", "test"):   # as pipeline.train.fit checks them, but before any 2SR work
         if arrays.get(name):
             check_scorable(name, arrays[name])
-    ts_cfg = None
     kf_ridge = None
-    if model in PSRNN_MODELS and a["init"] == "2sr":
-        ridge = TwoStageConfig.ridge if a["ridge"] is None else a["ridge"]
-        ts_cfg = TwoStageConfig(**{"state_dim": a["state_dim"], "obs_dim": a["obs_dim"], "past_dim": a["state_dim"],
-                                   "n_features": a["n_features"], "ridge": ridge, "seed": a["seed"], **windows,
-                                   **options})
-        ts_cfg.validate()
-    elif model == "kf":
+    if model == "kf":
         kf_ridge = options.get("ridge", _KF_RIDGE if a["ridge"] is None else a["ridge"])
         _check_number("two_stage_options['ridge']" if "ridge" in options else "ridge", kf_ridge)
     train = arrays["train"]
     return _FitPlan(train=train, test=arrays.get("test") or train,   # none given: train is scored as "test"
                     valid=valid, model=cfg, train_config=tcfg, two_stage=ts_cfg, windows=windows,
                     kf_ridge=kf_ridge, columns=checked.columns, vocab=checked.vocab)
+
+
+#: the fit_model arguments that set the TwoStageConfig field of the name (future_window: horizon); the
+#: TrainConfig fields it sets are its arguments of the same name
+_TWO_STAGE_ARGUMENTS = {"state_dim": "state_dim", "obs_dim": "obs_dim", "n_features": "n_features",
+                        "past_window": "past_window", "future_window": "horizon", "ridge": "ridge", "seed": "seed"}
+_TRAIN_ARGUMENTS = ("epochs", "lr", "bptt", "batch_size", "clip", "device", "seed")
+
+
+def _validated(check: Any, two_stage_options: dict[str, Any], train_options: dict[str, Any]) -> None:
+    """Run ``check`` (a config's validation), its ValueError in :func:`fit_model`'s terms
+    (:func:`_config_in_api_terms`)."""
+    try:
+        check()
+    except ValueError as exc:
+        raise ValueError(_config_in_api_terms(str(exc), two_stage_options, train_options)) from None
+
+
+def _config_in_api_terms(message: str, two_stage_options: dict[str, Any], train_options: dict[str, Any]) -> str:
+    """A :class:`TwoStageConfig` / :class:`pipeline.train.TrainConfig` validation message, which names params.yaml
+    keys (two_stage.width_scale, two_stage.widths.obs, train.lr_decay), naming what the caller of
+    :func:`fit_model` wrote instead: the option key (two_stage_options['widths']['obs'],
+    train_options['lr_decay']) or the argument that set the field (obs_dim=100 ... n_features=40)."""
+    import re
+
+    def two_stage(m: re.Match) -> str:
+        key, nested = m.group(1), "".join(f"[{k!r}]" for k in m.group(2).split(".")[1:])
+        if key not in two_stage_options and key in _TWO_STAGE_ARGUMENTS:
+            return _TWO_STAGE_ARGUMENTS[key] + nested
+        return f"two_stage_options[{key!r}]{nested}"
+
+    def train(m: re.Match) -> str:
+        key = m.group(1)
+        return key if key not in train_options and key in _TRAIN_ARGUMENTS else f"train_options[{key!r}]"
+
+    message = message.replace("needs eval_train: true", "needs train_options['eval_train']=True")
+    message = re.sub(r"\btwo_stage\.(\w+)((?:\.\w+)*)", two_stage, message)
+    return re.sub(r"\btrain\.(\w+)", train, message)
 
 
 def _check_shape_options(model: str, a: dict[str, Any]) -> None:
@@ -812,16 +878,16 @@ class FittedModel:
         """Per trajectory, the ``steps`` observations after its end, each prediction fed back as the next input
         (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) values for a continuous model; for a discrete
         one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
-        (numpy ``seed``): int64 indices, or strings for a model fitted on strings. ``trajectories`` are read as
-        :meth:`predict` reads them."""
+        (``seed``; a trajectory's draws depend only on the seed and its index in the list): int64 indices, or
+        strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
+        nothing. ``trajectories`` are read as :meth:`predict` reads them."""
         from pipeline.config import Variant
-        from pipeline.inference import TrainedRun, check_seed, check_steps
+        from pipeline.inference import TrainedRun, check_sample, check_seed, check_steps
 
+        c = self.model.config
         check_steps(steps)
         check_seed(seed)
-        if not isinstance(sample, (bool, np.bool_)):   # "no" would be truthy and sample
-            raise ValueError(f"sample={brief(sample)}: expected True or False")
-        c = self.model.config
+        check_sample(sample, c.discrete)
         inputs = self._inputs(trajectories)
         # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
         run = TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
@@ -1090,7 +1156,8 @@ def fit_model(
 
     * ``kind="auto"`` (default): integer 1-D arrays are discrete symbols 0 … V-1 (V = 1 + the largest symbol of
       any split; ids that are not such indices, a V above 10 000 and above twice the distinct symbols, are
-      refused: ``np.searchsorted(np.unique(ids), t)`` maps them); strings are discrete symbols too (a str
+      refused: ``np.searchsorted(np.unique(ids), t)`` maps them), and so are boolean 1-D arrays (False and True
+      are 0 and 1, as inference reads a boolean column as symbols); strings are discrete symbols too (a str
       trajectory is its characters, lists or arrays of str one symbol per step; the vocabulary,
       ``extras['vocab']``, is the sorted distinct symbols of every split); float arrays (T,) or (T, m) are
       continuous features, all of one width m and finite.

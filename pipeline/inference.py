@@ -55,6 +55,23 @@ def check_seed(seed: Any, option: str = "seed=") -> None:
         raise ValueError(f"{option_value(option, seed)}: expected an integer with 0 <= seed < 2**32")
 
 
+def check_sample(sample: Any, discrete: bool, option: str = "sample=") -> None:
+    """A forecast's ``sample``: True or False ("no" would be truthy and sample), and True only for a discrete model,
+    as the CLI's ``forecast --sample`` (a continuous forecast feeds back its predictions and draws nothing)."""
+    if not isinstance(sample, (bool, np.bool_)):
+        raise ValueError(f"{option_value(option, sample)}: expected True or False")
+    if sample and not discrete:
+        raise ValueError(f"{option_value(option, True)}: applies to discrete models only (it draws the symbols fed "
+                         "back from the predicted distributions), and this one is continuous; expected False")
+
+
+def check_unknown(unknown: Any, option: str = "unknown=") -> None:
+    """The rule for symbols not in the vocabulary: one of :data:`UNKNOWN_RULES`, checked up front (a continuous
+    run, which looks no symbol up, would otherwise accept any value)."""
+    if not isinstance(unknown, str) or unknown not in UNKNOWN_RULES:
+        raise ValueError(f"{option_value(option, unknown)}: expected one of {UNKNOWN_RULES}")
+
+
 def check_block_rows(block_rows: Any, option: str = "block_rows=") -> None:
     """Rows per block of :func:`predict_file`: a positive integer up to :data:`MAX_BLOCK_ROWS`."""
     if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or \
@@ -250,6 +267,7 @@ class TrainedRun:
         (``trajectories[2]: ...``)."""
         from pipeline.api import _trajectory_list
 
+        check_unknown(unknown)
         encoded = []
         for i, t in enumerate(_trajectory_list("trajectories", trajectories)):
             try:
@@ -260,8 +278,7 @@ class TrainedRun:
         return encoded
 
     def _symbol_indices(self, values: np.ndarray, unknown: str) -> tuple[np.ndarray, np.ndarray]:
-        if unknown not in UNKNOWN_RULES:
-            raise ValueError(f"unknown={brief(unknown)}: expected one of {UNKNOWN_RULES}")
+        check_unknown(unknown)
         lookup = {v: i for i, v in enumerate(self.vocab)}
         codes, distinct = _factorize(values)
         text = [str(v.item() if isinstance(v, np.generic) else v) for v in distinct]
@@ -308,11 +325,20 @@ class TrainedRun:
         """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
         report), and for continuous data ``mse_data_units`` (the same errors in the original units) and
         ``last_value_mse`` (standardised, as ``mse``: what repeating the last observation scores on the same steps,
-        :mod:`pipeline.naive`'s yardstick)."""
+        :mod:`pipeline.naive`'s yardstick). Trajectories without a step to score (all a single step, also once
+        ``unknown='drop'`` has left symbols out) are refused, as :meth:`pipeline.api.FittedModel.evaluate` refuses
+        them, rather than scored NaN."""
         from pipeline.naive import last_value_mse
-        from pipeline.train import evaluate, evaluate_and_predict, resolve_device
+        from pipeline.train import check_scorable, evaluate, evaluate_and_predict, resolve_device
 
         encoded = self._encode_all(trajectories, unknown)
+        try:
+            check_scorable("trajectories", encoded)   # no step to score would give NaN metrics
+        except ValueError as exc:
+            if unknown != "drop":
+                raise
+            raise ValueError(f"{exc} (counted after unknown='drop' left out the symbols not in the vocabulary)") \
+                from None
         self.model.to(resolve_device(device, "device="))
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
             return evaluate(self.model, encoded)
@@ -333,10 +359,15 @@ class TrainedRun:
 
         Returns per trajectory ``(values, probabilities)``: continuous data, the predicted observations (steps, m)
         in data units and None; discrete data, the symbols fed back (steps,), the most likely ones or, with
-        ``sample``, ones drawn from the predicted distribution (numpy ``seed``), and the distributions
-        (steps, V) they came from. Forecast h = 1 is the one-step prediction after the trajectory's last row."""
+        ``sample``, ones drawn from the predicted distribution, and the distributions (steps, V) they came from.
+        Forecast h = 1 is the one-step prediction after the trajectory's last row. ``sample`` is True or False,
+        and True only for discrete data. Sampled symbols depend only on ``seed`` and the trajectory's index in
+        the list: trajectory i draws from its own numpy stream, ``SeedSequence(seed, spawn_key=(i,))``, so the
+        first trajectory forecast alone draws what it draws beside others, and the other trajectories of the call
+        change nothing of its samples."""
         check_steps(steps)
         check_seed(seed)
+        check_sample(sample, self.discrete)
         encoded = self._encode_all(trajectories, unknown)
         out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
         if self.discrete:
@@ -356,22 +387,25 @@ class TrainedRun:
 
         check_steps(steps)
         check_seed(seed)
+        check_sample(sample, self.discrete)
         encoded = model_inputs(encoded, self.model.config, "encoded")
         _check_lengths(encoded, "encoded")
         dev = resolve_device(device, "device=")
         self.model.to(dev)
-        rng = np.random.default_rng(seed)
+        # one stream per trajectory, by its index: one stream drawn across the batch made a trajectory's samples
+        # depend on which other trajectories were in the call
+        uniforms = _stream_uniforms(seed, len(encoded), steps) if sample else None
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
             out, state = _final_states(self.model, encoded, dev)   # (B, output_dim): the forecast of h = 1
             # then all trajectories side by side, one step at a time
             values, probs = [], []
-            for _ in range(steps):
+            for h in range(steps):
                 o = out.double().cpu().numpy()
                 if self.discrete:
                     p = self.decode(o)
-                    nxt = _draw(p, rng) if sample else p.argmax(axis=1)
+                    nxt = _draw(p, uniforms[:, h]) if sample else p.argmax(axis=1)
                     probs.append(p)
                     values.append(nxt)
                     x = nxt[None, :]
@@ -489,12 +523,20 @@ def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tup
     return torch.stack(last), tuple(torch.cat(parts, dim=0) for parts in zip(*states))
 
 
-def _draw(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One symbol per row of the distributions ``p`` (B, V): the draws of ``rng.choice(V, p=row)`` row after row
-    (one uniform each, located in the normalised cumulative sums), without a Python loop over the rows."""
+def _stream_uniforms(seed: int, n: int, steps: int) -> np.ndarray:
+    """(n, steps) uniforms in [0, 1): row i from trajectory i's own generator, ``SeedSequence(seed).spawn(n)[i]``,
+    that is ``SeedSequence(seed, spawn_key=(i,))``: the seed and the index alone, whatever ``n`` is. Drawn up front:
+    one call per trajectory, not one per trajectory and step; no larger than the (n, steps, V) distributions a
+    sampled forecast returns."""
+    children = np.random.SeedSequence(seed).spawn(n)
+    return np.stack([np.random.default_rng(child).random(steps) for child in children])
+
+
+def _draw(p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """One symbol per row of the distributions ``p`` (B, V), by the uniform ``u[row]``: the symbol whose interval
+    of the normalised cumulative sums holds it (as ``rng.choice(V, p=row)`` draws), without a loop over the rows."""
     cdf = np.cumsum(p, axis=1)
     cdf /= cdf[:, -1:]
-    u = rng.random(len(p))
     return np.minimum((cdf <= u[:, None]).sum(axis=1), p.shape[1] - 1)
 
 
@@ -855,6 +897,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     from pipeline.train import resolve_device
 
     check_block_rows(block_rows)
+    check_unknown(unknown)
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path, getattr(run, "root", None))
     block_rows = min(block_rows, rows_within_budget(run.model))
@@ -992,7 +1035,9 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     last step + h × the trajectory's step spacing, the median difference of its steps, e.g. 5 for steps 0, 5, 10,
     …; or the position T - 1 + h when the input has no step column), then ``predicted_<feature>``
     (continuous, in the input's units) or ``predicted`` (the symbol fed back, typed like the input column) and
-    ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete)."""
+    ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete).
+    ``sample`` (discrete runs only) draws as :meth:`TrainedRun.forecast` does, a trajectory's index being its
+    position among the file's trajectories in id order."""
     import pyarrow as pa
 
     from pipeline.train import resolve_device
@@ -1000,6 +1045,8 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     input_path, output_path = Path(input_path), Path(output_path)
     check_steps(steps)
     check_seed(seed)
+    check_sample(sample, run.discrete)
+    check_unknown(unknown)
     check_output_path(output_path, getattr(run, "root", None))
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)

@@ -142,6 +142,27 @@ _MISTYPED = re.compile(r"(?P<scheme>" + "|".join(re.escape(k) for k in sorted(KN
                        + r")(?P<sep>//|:/(?!/)|:(?!/))(?P<rest>.*)", re.IGNORECASE)
 # "localhost:5000", "127.0.0.1:5000/": a server address without its http://
 _HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:[0-9]{1,5}/?")
+#: the database schemes MLflow also takes with a SQLAlchemy driver, "postgresql+psycopg2://..."
+#: (mlflow.store.db.db_types.DATABASE_ENGINES; mlflow.utils.uri.extract_db_type_from_uri)
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql", "sqlite")
+_DRIVER = re.compile(r"[A-Za-z0-9_]+")
+_EXPECTED_SCHEMES = ("expected a URI MLflow tracks to: http(s)://host:port, sqlite:///path, file:///path, "
+                     "postgresql://, mysql:// or mssql:// (also with a driver, e.g. postgresql+psycopg2://), "
+                     "or databricks")
+
+
+def _scheme_problem(scheme: str) -> str | None:
+    """Why MLflow would not track to a URI of ``scheme`` (the text before "://"), or None."""
+    import difflib
+
+    engine, plus, driver = scheme.lower().partition("+")
+    if not plus and engine in KNOWN_SCHEMES or plus and engine in DATABASE_SCHEMES and _DRIVER.fullmatch(driver):
+        return None
+    if plus and engine in DATABASE_SCHEMES:
+        return f"the driver of scheme {brief(scheme, 40)} is not a SQLAlchemy driver name; {_EXPECTED_SCHEMES}"
+    close = difflib.get_close_matches(engine, KNOWN_SCHEMES, n=1)
+    hint = f" (a misspelled {close[0]}://?)" if close else ""
+    return f"unknown scheme {brief(scheme, 40)}{hint}; {_EXPECTED_SCHEMES}"
 
 
 def uri_problem(uri: str) -> str | None:
@@ -149,8 +170,9 @@ def uri_problem(uri: str) -> str | None:
     (``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:``: every run logged there vanishes when the process ends), a
     ``sqlite:`` URI without its three slashes, or a mistyped URL (``http//host:5000``, ``http:/host``,
     ``localhost:5000``), which MLflow would otherwise take for a folder of its file store (refused even when that
-    folder exists: MLflow made it the first time the typo was used). Other plain paths are file stores, as MLflow
-    takes them."""
+    folder exists: MLflow made it the first time the typo was used), or a scheme MLflow does not track to
+    (``sqllite:///x.db``, which MLflow refuses in a multi-line exception): :data:`KNOWN_SCHEMES`, and the database
+    schemes with a driver (``postgresql+psycopg2://``). Other plain paths are file stores, as MLflow takes them."""
     if not isinstance(uri, str) or not uri.strip():
         return "empty; expected a URI such as http://127.0.0.1:5000 or sqlite:///path/to/mlflow.db"
     head = uri.split("?", 1)[0]
@@ -163,7 +185,7 @@ def uri_problem(uri: str) -> str | None:
             return "not a SQLite URI MLflow can open; expected sqlite:///<path of the database file>"
         return None
     if "://" in uri:
-        return None
+        return _scheme_problem(uri.split("://", 1)[0])
     m = _MISTYPED.fullmatch(uri)
     if m is not None and m.group("scheme").lower() != "file":
         scheme, rest = m.group("scheme").lower(), m.group("rest").lstrip("/")

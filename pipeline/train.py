@@ -368,7 +368,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
     dtype = next(model.parameters()).dtype
     metric = primary_metric(discrete)
     select_on = cfg.monitored_split(bool(valid))
-    if select_on == "test" and cfg.scheduled:
+    if select_on == "test" and cfg.scheduled and test is not train:   # fit_model(test=None) scores train as test
         log.warning("train.monitor: the test split drives the learning-rate decay, early stopping or "
                     "restore_best; the test metrics are then not held out")
     optimizer = _make_optimizer(model, cfg)

@@ -121,6 +121,10 @@ class TwoStageConfig:
             raise ValueError(f"two_stage.feature_dtype: expected 'float32' or 'float64', got {self.feature_dtype!r}")
         if not isinstance(self.obs_inverse, bool):
             raise ValueError(f"two_stage.obs_inverse: expected true or false, got {self.obs_inverse!r}")
+        # the random features are drawn by np.random.default_rng(seed): "a", 2.5 and -1 failed deep inside 2SR;
+        # the bound is pipeline.train_config.SEED_LIMIT, the seeds' of training and params.yaml
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"two_stage.seed: expected an integer with 0 <= seed < 2**32, got {brief(self.seed)}")
 
 
 def is_finite_number(v: Any) -> bool:

@@ -201,6 +201,46 @@ def test_a_column_of_symbols_is_a_trajectory_of_symbols(symbols, quiet):
                  fitted.predict(symbols.test))
 
 
+def test_a_column_of_symbols_beside_others_is_named(symbols, no_work):
+    """{"sym": strings, "other": ints} failed with "strings of shape (9, 2)", naming neither column; several
+    columns with kind='discrete' with "shape (9, 2)"."""
+    text = np.array(list("abcabcabc"))
+    refused("train[0]: strings in column 'sym' of the 2 columns 'sym', 'other'; expected one column, the symbols "
+            "(e.g. {'sym': ...}, or frame[['sym']]), or numeric feature columns only", fit_model,
+            [{"sym": text, "other": np.arange(9)}], **SMALL)
+    refused("test[0]: strings in column 'label' of the 2 columns 'x', 'label'; expected one column, the symbols "
+            "(e.g. {'label': ...}, or frame[['label']]), or numeric feature columns only", fit_model,
+            [{"x": np.zeros(9), "label": np.zeros(9)}], [{"x": np.zeros(9), "label": text}], **SMALL)
+    refused("train[0]: 2 named columns 'sym', 'other'; kind='discrete' reads one column of symbols; expected only "
+            "the symbol column, one of them (frame[[name]], or {name: values})", fit_model,
+            [{"sym": symbols.train[0], "other": np.arange(40)}], kind="discrete", **SMALL)
+
+
+def test_a_model_with_feature_columns_names_a_column_of_strings(features, quiet):
+    fitted = fit_model([{"a": t[:, 0], "b": t[:, 1]} for t in features.train], **ZERO)
+    refused("trajectories[0]: column 'b' holds strings; expected numbers in the model's feature columns 'a', 'b'",
+            fitted.predict, [{"a": np.zeros(3), "b": np.array(["x", "y", "z"])}])
+
+
+def test_boolean_arrays_are_symbols_as_inference_reads_them(quiet):
+    """kind='auto' fitted a boolean array as a continuous 0/1 feature, while inference (TrainedRun, predict_file)
+    reads a boolean column as the symbols False and True."""
+    rng = np.random.default_rng(0)
+    flags = [rng.random(40) < 0.3 for _ in range(4)]
+    fitted = fit_model(flags, **ZERO)
+    assert fitted.model.config.discrete and fitted.model.config.input_dim == 2
+    as_ints = [f.astype(np.int64) for f in flags]
+    assert [{**h, "seconds": 0} for h in fitted.history] == \
+        [{**h, "seconds": 0} for h in fit_model(as_ints, **ZERO).history]
+    assert _same(fitted.predict(flags[:1]), fitted.predict(as_ints[:1]))
+    assert fitted.forecast(flags[:1], 3)[0].dtype == np.int64
+    assert fit_model([np.array([True, False] * 20)], **ZERO).model.config.discrete
+    assert not fit_model(flags, kind="continuous", **ZERO).model.config.discrete
+    refused("train[1]: continuous features (a float64 array of shape (40,)), but train[0] holds discrete symbols (a "
+            "boolean 1-D array); expected one kind in train, valid and test: integer 1-D arrays (symbols) or float "
+            "arrays (features)", fit_model, [flags[0], np.zeros(40)], **SMALL)
+
+
 # --------------------------------------------------------------------------------------------- 5. strings
 
 def test_strings_are_symbols(tmp_path, quiet):

@@ -158,15 +158,63 @@ def test_test_and_valid_sets_are_checked_too(features, no_work):
                       "(integer 1-D arrays); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols"),
     ({"train_options": {"epochs": 2.5}}, "train_options['epochs']=2.5: expected an integer >= 0"),
     ({"train_options": {"patience": -1}}, "train_options['patience']=-1: expected an integer >= 0"),
-    ({"train_options": {"monitor": "valid"}}, "train.monitor: 'valid', but the data have no validation split; "
-                                              "expected 'auto', 'train' or 'test'"),
+    ({"train_options": {"monitor": "valid"}}, "train_options['monitor']: 'valid', but the data have no validation "
+                                              "split; expected 'auto', 'train' or 'test'"),
     ({"train_options": ["adam"]}, "train_options: a list; expected a dict of TrainConfig fields"),
     ({"two_stage_options": {"past_window": 1.5}}, "two_stage_options['past_window']=1.5: expected an integer from "
                                                    "1 to 2**31 - 1"),
-    ({"two_stage_options": {"oversample": -5}}, "two_stage.oversample: expected an integer >= 0, got -5"),
+    ({"two_stage_options": {"oversample": -5}}, "two_stage_options['oversample']: expected an integer >= 0, got -5"),
 ])
 def test_bad_arguments_are_refused_before_2sr(argument, message, symbols, no_work):
     refused(message, fit_model, symbols.train, symbols.test, **{**SMALL, **argument})
+
+
+@pytest.mark.parametrize("seed, shown", [("a", "'a'"), (2.5, "2.5"), (-1, "-1"), (2 ** 32, "4294967296"),
+                                         (True, "True")])
+def test_the_2sr_seed_is_checked_like_the_training_seed(seed, shown, symbols, no_work):
+    """two_stage_options['seed'] reached 2SR unchecked: "a" was a TypeError in pipeline.features, -1 numpy's bare
+    "expected non-negative integer"."""
+    refused(f"two_stage_options['seed']: expected an integer with 0 <= seed < 2**32, got {shown}", fit_model,
+            symbols.train, two_stage_options={"seed": seed}, **SMALL)
+
+
+@pytest.mark.parametrize("widths, shown", [([1, 2], "[1, 2]"), ("abc", "'abc'")])
+def test_widths_that_are_no_mapping_are_named_before_the_length_check_reads_them(widths, shown, symbols, no_work):
+    """The train-length check read widths.get(...) before TwoStageConfig.validate: an AttributeError."""
+    refused(f"two_stage_options['widths']: expected a mapping of obs/past/future widths or None, got {shown}",
+            fit_model, symbols.train, two_stage_options={"widths": widths}, **SMALL)
+
+
+@pytest.mark.parametrize("argument, message", [
+    ({"two_stage_options": {"width_scale": 0}}, "two_stage_options['width_scale']: expected a finite number > 0, "
+                                                "got 0"),
+    ({"two_stage_options": {"widths": {"obs": 1e-100}}}, "two_stage_options['widths']['obs']: expected a finite "
+                                                         "number >= 1e-30, got 1e-100"),
+    ({"two_stage_options": {"past_dim": 50}, "n_features": 40}, "two_stage_options['past_dim']=50 exceeds "
+                                                                "n_features=40: a projection cannot have more "
+                                                                "directions than RFF features"),
+    ({"obs_dim": 100, "n_features": 40}, "obs_dim=100 exceeds n_features=40: a projection cannot have more "
+                                         "directions than RFF features"),
+    ({"state_dim": 50, "n_features": 40}, "state_dim=50 exceeds n_features=40: a projection cannot have more "
+                                          "directions than RFF features"),
+    ({"train_options": {"optimizer": "adagrad"}}, "train_options['optimizer']: expected 'sgd' or 'adam', got "
+                                                  "'adagrad'"),
+    ({"train_options": {"monitor": "train", "eval_train": False}},
+     "train_options['monitor']: 'train' needs train_options['eval_train']=True (the train split is scored only "
+     "then)"),
+    ({"train_options": {"lr_decay": 2.0}}, "train_options['lr_decay']=2.0: expected a factor in (0, 1] (1 = a fixed "
+                                           "learning rate)"),
+    ({"train_options": {"lr_decay": "a"}}, "train_options['lr_decay']='a': expected a factor in (0, 1] (1 = a fixed "
+                                           "learning rate)"),
+    ({"train_options": {"min_delta": "x"}}, "train_options['min_delta']='x': expected a finite number >= 0"),
+    ({"train_options": {"device": "gpu"}}, "train_options['device']='gpu': expected auto, cpu, cuda or "
+                                           "cuda:<index> (e.g. cuda:0)"),
+])
+def test_config_errors_name_the_fit_model_argument_not_the_params_key(argument, message, symbols, no_work):
+    """TrainConfig / TwoStageConfig validation named params.yaml keys (train.lr_decay, two_stage.width_scale,
+    two_stage.obs_dim) that a fit_model caller never wrote; lr_decay='a' and min_delta='x' were TypeErrors, and
+    train_options['device'] was refused by fit only after the 2SR work."""
+    refused(message, fit_model, symbols.train, **{**SMALL, **argument})
 
 
 def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_work):
@@ -260,6 +308,11 @@ def test_continuous_model_refuses_nan_inf_and_wrong_widths(continuous_fit, featu
                  [np.zeros((0, 2))])
     refused("steps=0: expected a positive integer up to 1000000", continuous_fit.forecast, [good], 0)
     refused("seed=-1: expected an integer with 0 <= seed < 2**32", continuous_fit.forecast, [good], 2, seed=-1)
+    # was silently ignored: a continuous forecast draws nothing (the CLI refuses forecast --sample there too)
+    refused("sample=True: applies to discrete models only (it draws the symbols fed back from the predicted "
+            "distributions), and this one is continuous; expected False", continuous_fit.forecast, [good], 2,
+            sample=True)
+    refused("sample='no': expected True or False", continuous_fit.forecast, [good], 2, sample="no")
 
 
 def test_trained_run_forecast_encoded_checks_its_inputs(discrete_fit, continuous_fit):

@@ -417,24 +417,24 @@ def test_fuzzed_params_give_one_line_naming_the_key(defaults, mutate, message):
 
 
 @pytest.mark.parametrize("option, message", [
-    ({"oversample": -5}, "two_stage.oversample: expected an integer >= 0, got -5"),
-    ({"power_iterations": 0}, "two_stage.power_iterations: expected a positive integer, got 0"),
-    ({"power_iterations": 10 ** 100}, "two_stage.power_iterations: expected an integer <= 100, got an integer of "
+    ({"oversample": -5}, "two_stage_options['oversample']: expected an integer >= 0, got -5"),
+    ({"power_iterations": 0}, "two_stage_options['power_iterations']: expected a positive integer, got 0"),
+    ({"power_iterations": 10 ** 100}, "two_stage_options['power_iterations']: expected an integer <= 100, got an integer of "
                                       "about 101 digits"),
-    ({"chunk_size": 2 ** 40}, "two_stage.chunk_size: expected an integer <= 2**31 - 1, got 1099511627776"),
-    ({"decoder_ridge": -0.1}, "two_stage.decoder_ridge: expected a finite number >= 0, got -0.1"),
-    ({"obs_ridge": float("nan")}, "two_stage.obs_ridge: expected a finite number >= 0, got nan"),
-    ({"feature_dtype": "float16"}, "two_stage.feature_dtype: expected 'float32' or 'float64', got 'float16'"),
-    ({"width_scale": 0}, "two_stage.width_scale: expected a finite number > 0, got 0"),
-    ({"widths": {"obs": 1e-320}}, "two_stage.widths.obs: expected a finite number >= 1e-30, got 1e-320"),
-    ({"widths": {"obs": 1e-100}}, "two_stage.widths.obs: expected a finite number >= 1e-30, got 1e-100"),
-    ({"widths": {"pats": 1.0}}, "two_stage.widths.pats: unknown family; expected obs, past or future"),
-    ({"obs_inverse": "yes"}, "two_stage.obs_inverse: expected true or false, got 'yes'"),
-    ({"ridge": 10 ** 400}, "two_stage.ridge: expected a finite number >= 0, got an integer of about 401 digits"),
+    ({"chunk_size": 2 ** 40}, "two_stage_options['chunk_size']: expected an integer <= 2**31 - 1, got 1099511627776"),
+    ({"decoder_ridge": -0.1}, "two_stage_options['decoder_ridge']: expected a finite number >= 0, got -0.1"),
+    ({"obs_ridge": float("nan")}, "two_stage_options['obs_ridge']: expected a finite number >= 0, got nan"),
+    ({"feature_dtype": "float16"}, "two_stage_options['feature_dtype']: expected 'float32' or 'float64', got 'float16'"),
+    ({"width_scale": 0}, "two_stage_options['width_scale']: expected a finite number > 0, got 0"),
+    ({"widths": {"obs": 1e-320}}, "two_stage_options['widths']['obs']: expected a finite number >= 1e-30, got 1e-320"),
+    ({"widths": {"obs": 1e-100}}, "two_stage_options['widths']['obs']: expected a finite number >= 1e-30, got 1e-100"),
+    ({"widths": {"pats": 1.0}}, "two_stage_options['widths']['pats']: unknown family; expected obs, past or future"),
+    ({"obs_inverse": "yes"}, "two_stage_options['obs_inverse']: expected true or false, got 'yes'"),
+    ({"ridge": 10 ** 400}, "two_stage_options['ridge']: expected a finite number >= 0, got an integer of about 401 digits"),
 ])
 def test_library_two_stage_options_are_validated_like_params(option, message):
     """fit_model(two_stage_options=...) reaches TwoStageConfig without params.yaml validation: the library's own
-    check names the field as params.yaml validation does (an oversample of -5 was a reshape error deep in 2SR)."""
+    check names the option as given (an oversample of -5 was a reshape error deep in 2SR)."""
     import numpy as np
 
     from pipeline.api import fit_model

@@ -3,6 +3,7 @@
 The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_pipeline_e2e.py."""
 
 import json
+import math
 import re
 import stat
 from pathlib import Path
@@ -738,3 +739,112 @@ def test_trajectories_with_named_columns_are_read_by_name(continuous_run, discre
     with pytest.raises(ValueError, match=re.escape("trajectories[0]: no column 'symbol' (columns present: ['sym']); "
                                                    "expected the symbol column 'symbol'")):
         drun.predict([{"sym": symbols}])
+
+
+def test_sample_and_unknown_are_checked_up_front(discrete_run, continuous_run, tmp_path):
+    """sample="no" sampled (a truthy string); sample=True on a continuous run was silently ignored, where the CLI
+    refuses forecast --sample; unknown="bogus" passed on a continuous run, which looks no symbol up."""
+    from pipeline.inference import forecast_file
+
+    drun, dtest = discrete_run
+    symbols = [np.array(drun.vocab, dtype=object)[t] for t in dtest]
+    crun, ctest = continuous_run
+    raw = [z * crun.std + crun.mean for z in ctest]
+    not_bool = "^" + re.escape("sample='no': expected True or False") + "$"
+    continuous = "^" + re.escape("sample=True: applies to discrete models only (it draws the symbols fed back from "
+                                 "the predicted distributions), and this one is continuous; expected False") + "$"
+    bogus = "^" + re.escape("unknown='bogus': expected one of ('error', 'drop', 'map')") + "$"
+    with pytest.raises(ValueError, match=not_bool):
+        drun.forecast(symbols, 2, sample="no")
+    with pytest.raises(ValueError, match=not_bool):
+        drun.forecast_encoded(dtest, 2, sample="no", seed=0, device="cpu")
+    with pytest.raises(ValueError, match=continuous):
+        crun.forecast(raw, 2, sample=True)
+    with pytest.raises(ValueError, match=continuous):
+        crun.forecast_encoded(ctest, 2, sample=True, seed=0, device="cpu")
+    for call in (crun.predict, crun.evaluate, lambda t, **kw: crun.forecast(t, 2, **kw)):
+        with pytest.raises(ValueError, match=bogus):
+            call(raw, unknown="bogus")
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 0], "a": [1.0, 2.0, 3.0], "b": [0.0, 1.0, 0.0]})
+    with pytest.raises(ValueError, match=continuous):
+        forecast_file(crun, src, tmp_path / "fc.parquet", steps=2, sample=True)
+    with pytest.raises(ValueError, match=bogus):
+        forecast_file(crun, src, tmp_path / "fc.parquet", steps=2, unknown="bogus")
+    with pytest.raises(ValueError, match=bogus):
+        predict_file(crun, src, tmp_path / "p.parquet", unknown="bogus")
+    dsrc = _write(tmp_path / "d.parquet", {"trajectory": [0, 0, 0], "symbol": ["10", "20", "30"]})
+    with pytest.raises(ValueError, match=not_bool):
+        forecast_file(drun, dsrc, tmp_path / "fc.parquet", steps=2, sample="no")
+    assert not (tmp_path / "fc.parquet").exists() and not (tmp_path / "p.parquet").exists()
+
+
+def test_evaluate_refuses_trajectories_without_a_step_to_score(discrete_run, continuous_run):
+    """TrainedRun.evaluate gave NaN metrics for single steps, as FittedModel.evaluate no longer does."""
+    drun, _ = discrete_run
+    crun, ctest = continuous_run
+    single = ("trajectories: its one trajectory is a single step, so there is no one-step prediction to score; "
+              "expected trajectories of at least 2 steps (each prediction is scored against the next observation)")
+    with pytest.raises(ValueError, match="^" + re.escape(single) + "$"):
+        drun.evaluate([["10"]])
+    with pytest.raises(ValueError, match="^" + re.escape(single) + "$"):
+        crun.evaluate([ctest[0][:1] * crun.std + crun.mean])
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "trajectories: all 2 trajectories are a single step, so there is no one-step prediction to score; "
+            "expected trajectories of at least 2 steps (each prediction is scored against the next observation) "
+            "(counted after unknown='drop' left out the symbols not in the vocabulary)") + "$"):
+        drun.evaluate([["10", "99"], ["99", "99", "20"]], unknown="drop")
+    metrics = drun.evaluate([["10"], ["10", "99", "20"]], unknown="drop")   # one step to score is enough
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_sampled_forecasts_depend_on_the_seed_and_the_trajectorys_index_alone(discrete_run, tmp_path):
+    """One uniform per step was drawn across the batch: a trajectory's samples changed with the other
+    trajectories of the call. Each trajectory now has its own stream, SeedSequence(seed, spawn_key=(index,))."""
+    from pipeline.inference import forecast_file
+
+    run, test = discrete_run
+    symbols = [np.array(run.vocab, dtype=object)[t] for t in test]
+    batched = run.forecast(symbols[:3], 30, sample=True, seed=3)
+    alone = run.forecast(symbols[:1], 30, sample=True, seed=3)[0]
+    assert list(batched[0][0]) == list(alone[0])
+    np.testing.assert_allclose(batched[0][1], alone[1], rtol=1e-5, atol=1e-7)
+    # the other trajectories change nothing of trajectory 1's draws, only its index and the seed do
+    other_first = run.forecast([symbols[3], symbols[1]], 30, sample=True, seed=3)[1]
+    assert list(other_first[0]) == list(batched[1][0])
+    assert list(run.forecast(symbols[:3], 30, sample=True, seed=3)[2][0]) == list(batched[2][0])
+    assert list(run.forecast(symbols[:1], 30, sample=True, seed=4)[0][0]) != list(alone[0])
+    # the documented stream: the draws are the inverse CDF of trajectory 1's own uniforms
+    u = np.random.default_rng(np.random.SeedSequence(3, spawn_key=(1,))).random(30)
+    values, probs = batched[1]
+    cdf = np.cumsum(probs, axis=1)
+    cdf /= cdf[:, -1:]
+    want = np.minimum((cdf <= u[:, None]).sum(axis=1), len(run.vocab) - 1)
+    assert list(values) == [run.vocab[i] for i in want]
+    # forecast_file draws alike, by the trajectory's position in id order
+    src = _write(tmp_path / "in.parquet", {"trajectory": np.repeat([0, 1], [len(test[0]), len(test[1])]),
+                                          "symbol": np.concatenate([symbols[0], symbols[1]]).astype(str)})
+    forecast_file(run, src, tmp_path / "fc.parquet", steps=30, sample=True, seed=3)
+    assert pq.read_table(tmp_path / "fc.parquet").column("predicted").to_pylist()[:30] == list(alone[0])
+
+
+@pytest.mark.parametrize("uri, problem", [
+    ("sqllite:///x.db", "unknown scheme 'sqllite' (a misspelled sqlite://?)"),
+    ("htp://localhost:5000", "unknown scheme 'htp' (a misspelled http://?)"),
+    ("s3://bucket/mlruns", "unknown scheme 's3'"),
+    ("postgresql+a+b://h/db", "the driver of scheme 'postgresql+a+b' is not a SQLAlchemy driver name"),
+])
+def test_load_mlflow_run_refuses_a_scheme_mlflow_does_not_track_to(uri, problem, tmp_path, monkeypatch):
+    """uri_problem passed any URI with "://": a misspelled scheme got MLflow's multi-line exception."""
+    from pipeline.inference import load_mlflow_run
+    from pipeline.tracking import TrackingError, check_tracking_uri, uri_problem
+
+    expected = ("expected a URI MLflow tracks to: http(s)://host:port, sqlite:///path, file:///path, postgresql://, "
+                "mysql:// or mssql:// (also with a driver, e.g. postgresql+psycopg2://), or databricks")
+    with pytest.raises(ValueError, match="^" + re.escape(f"{uri} (tracking_uri): {problem}; {expected}") + "$"):
+        load_mlflow_run("0123456789abcdef0123456789abcdef", tracking_uri=uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(TrackingError, match="^" + re.escape(f"MLFLOW_TRACKING_URI={uri}: {problem}; {expected}")):
+        check_tracking_uri(uri)
+    for good in ("postgresql+psycopg2://user@host/db", "mysql+pymysql://host/db", "mssql://host/db", "HTTPS://host",
+                 f"sqlite:///{tmp_path / 'mlflow.db'}", f"file://{tmp_path}", "databricks://profile"):
+        assert uri_problem(good) is None, good
