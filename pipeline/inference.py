@@ -359,7 +359,8 @@ class TrainedRun:
 
         Returns per trajectory ``(values, probabilities)``: continuous data, the predicted observations (steps, m)
         in data units and None; discrete data, the symbols fed back (steps,), the most likely ones or, with
-        ``sample``, ones drawn from the predicted distribution, and the distributions (steps, V) they came from.
+        ``sample``, ones drawn from the predicted distribution (typed like the trajectory's symbols: int64 for
+        integers, booleans, floats, else text), and the distributions (steps, V) they came from.
         Forecast h = 1 is the one-step prediction after the trajectory's last row. ``sample`` is True or False,
         and True only for discrete data. Sampled symbols depend only on ``seed`` and the trajectory's index in
         the list: trajectory i draws from its own numpy stream, ``SeedSequence(seed, spawn_key=(i,))``, so the
@@ -371,8 +372,13 @@ class TrainedRun:
         encoded = self._encode_all(trajectories, unknown)
         out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
         if self.discrete:
-            vocab = np.array(self.vocab, dtype=object)
-            return [(vocab[values], probs) for values, probs in out]
+            # typed like each input's symbols, as forecast_file types its column: int64 for integer symbols
+            # (text would not compare equal to the ints fed in), booleans, floats; text otherwise
+            typed = []
+            for t, (values, probs) in zip(_trajectory_list_of(trajectories), out):
+                like = np.asarray(self._by_name(t))
+                typed.append((_symbol_values(self.vocab, like)[values], probs))
+            return typed
         return out
 
     def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
@@ -715,6 +721,12 @@ def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> An
 
 
 # ------------------------------------------------------------------------------------------------ a whole file
+
+
+def _trajectory_list_of(trajectories: Sequence[Any]) -> list[Any]:
+    from pipeline.api import _trajectory_list
+
+    return _trajectory_list("trajectories", trajectories)
 
 
 def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:

@@ -242,6 +242,11 @@ def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
     assert out.schema.field("predicted").type == pa.int64()
     fc = run.forecast([np.array(["10", "20", "30", "40", "10"], dtype=object)], 4)[0]
     assert out.column("predicted").to_pylist()[:4] == [int(v) for v in fc[0]]
+    # from Python too, the forecast is typed like the symbols given: text for text, int64 for integers
+    assert all(isinstance(v, str) for v in fc[0])
+    ints = run.forecast([np.array([10, 20, 30, 40, 10])], 4)[0]
+    assert ints[0].dtype == np.int64 and ints[0].tolist() == [int(v) for v in fc[0]]
+    np.testing.assert_array_equal(ints[1], fc[1])
     np.testing.assert_allclose(np.array(out.column("probabilities").to_pylist())[:4], fc[1], rtol=1e-6)
     assert json.loads(out.schema.metadata[PREDICT_META_KEY])["forecast"]["steps"] == 4
     # forecasts continue a trajectory at its own step spacing (the median difference of its steps)
