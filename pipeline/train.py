@@ -301,6 +301,16 @@ def check_resumable(checkpoint_path: str | os.PathLike, ck: dict[str, Any], mode
                          f"{'; '.join(differing)}. Delete it, or fit with resume=False to start over")
 
 
+def _split_monitored_by(train_config: dict[str, Any], has_valid: bool) -> str | None:
+    """The split a checkpoint's train config monitored (None where it cannot tell)."""
+    try:
+        return TrainConfig(monitor=train_config.get("monitor", "auto"),
+                           eval_train=train_config.get("eval_train", TrainConfig.eval_train)
+                           ).monitored_split(has_valid)
+    except (TypeError, ValueError):
+        return None
+
+
 def _rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
@@ -382,16 +392,22 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         # load_state_dict copies the weights and the optimiser state onto the model's device anyway
         ck = load_checkpoint(checkpoint_path)
         check_resumable(checkpoint_path, ck, model.config.to_dict(), asdict(cfg))
+        if ck["epoch"] > cfg.epochs:   # it holds its last epoch only: "resuming" would return the longer run
+            raise ValueError(f"{checkpoint_path}: trained to epoch {ck['epoch']}, beyond train.epochs={cfg.epochs}; "
+                             f"not resumed: expected train.epochs >= {ck['epoch']}, or resume=False to start over")
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         history = list(ck["history"])
         best_metric, best_epoch = ck["best_metric"], ck["best_epoch"]
         best_state = ck.get("best_model")
         stopped = ck.get("stopped_early")
-        if "monitor" not in (ck.get("train_config") or {}):
-            # written before `monitor` existed, when data without a valid split picked the best epoch on test:
-            # the best on today's split, from the scores in the history (the weights only where it is the same)
-            scores = [(e[select_on][metric], e["epoch"]) for e in history if math.isfinite(e[select_on][metric])]
+        written = ck.get("train_config") or {}
+        if "monitor" not in written or _split_monitored_by(written, bool(valid)) != select_on:
+            # written before `monitor` existed, when data without a valid split picked the best epoch on test, or
+            # with another eval_train (a resumable change) that moved monitor "auto" between train and test: the
+            # best on today's split, from the scores in the history (the weights only where it is the same epoch)
+            scores = [(e[select_on][metric], e["epoch"]) for e in history
+                      if isinstance(e.get(select_on), dict) and math.isfinite(e[select_on][metric])]
             best_metric, best_epoch = min(scores, key=lambda t: t[0]) if scores else (math.inf, 0)
             best_state = best_state if best_epoch == ck["best_epoch"] else None
         start_epoch = ck["epoch"] + 1
@@ -493,7 +509,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         entry["lr"] = lr
         test_value = entry["test"][metric]
         if not math.isfinite(test_value):
-            raise TrainingDiverged(_diverged(epoch, n_windows, f"test {metric}", test_value, checkpoint_path,
+            raise TrainingDiverged(_diverged(epoch, None, f"test {metric}", test_value, checkpoint_path,
                                              clip=cfg.clip))
         history.append(entry)
         if not consider(entry):
@@ -536,6 +552,8 @@ def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *
     kept = f"; the last good checkpoint {checkpoint_path} is kept" if checkpoint_path else ""
     remedy = ("lower train.lr or train.clip" if clip > 0 else
               "lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)")
+    # step None: the epoch's evaluation, after its last update (steps count from 0: n_windows named none)
+    where = f"epoch {epoch}, step {step}" if step is not None else f"the end of epoch {epoch}, after its last update"
     if advice is not None:
-        return f"training stopped at epoch {epoch}, step {step}: {what} is {value:g}, {advice}, else {remedy}{kept}."
-    return f"training diverged at epoch {epoch}, step {step}: {what} is {value}{kept}. {remedy[0].upper()}{remedy[1:]}."
+        return f"training stopped at {where}: {what} is {value:g}, {advice}, else {remedy}{kept}."
+    return f"training diverged at {where}: {what} is {value}{kept}. {remedy[0].upper()}{remedy[1:]}."

@@ -641,3 +641,16 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
             refused(params, root, "hmm", 0)
         stale(params, root, "hmm", 0)      # the stage the message names, then the refused one runs
         refused(params, root, "hmm", 0)
+
+
+def test_the_resumable_fingerprint_leaves_out_what_fit_resumes_with(tmp_path, clean_env):
+    """A run stopped on train.max_loss is resumed by raising it ("the last good checkpoint is kept"): the resumable
+    fingerprint leaves out every key fit resumes with (epochs, device, eval_train, max_loss); any other retrains."""
+    base = refine.run_fingerprints(_params(tmp_path, [0]), tmp_path, "hmm", "psrnn", 0)
+    for change in ({"max_loss": 1e9}, {"device": "auto"}, {"eval_train": False}):
+        full, resumable = refine.run_fingerprints(_params(tmp_path, [0], overrides={"psrnn": change}), tmp_path,
+                                                  "hmm", "psrnn", 0)
+        assert full != base[0] and resumable == base[1], change
+    full, resumable = refine.run_fingerprints(_params(tmp_path, [0], overrides={"psrnn": {"lr": 0.5}}), tmp_path,
+                                              "hmm", "psrnn", 0)
+    assert full != base[0] and resumable != base[1]

@@ -163,6 +163,43 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, continuo
     assert load_checkpoint(ck)["train_config"]["lr"] == 0.3
 
 
+def test_resume_refuses_fewer_epochs_than_the_checkpoint_holds(tmp_path, continuous):
+    """The checkpoint holds its last epoch only: resumed with fewer epochs, fit returned the longer run."""
+    ds = continuous
+    ck = tmp_path / "checkpoint.pt"
+    cfg = TrainConfig(epochs=2, lr=0.5, bptt=10, batch_size=4, device="cpu")
+    fit(_gru(), ds.train, ds.test, cfg, checkpoint_path=ck)
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: trained to epoch 2, beyond train\.epochs=1; not resumed: "
+                                         r"expected train\.epochs >= 2, or resume=False to start over$"):
+        fit(_gru(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "epochs": 1}), checkpoint_path=ck)
+
+
+def test_resume_with_another_eval_train_takes_the_best_on_the_split_now_monitored(tmp_path, continuous):
+    """monitor 'auto' without a valid split watches train when eval_train is on, else test; eval_train may change
+    on resume, and the best epoch is then taken again from the history's scores on the split now monitored (the
+    train best had been compared with test scores)."""
+    ds = continuous
+    ck = tmp_path / "checkpoint.pt"
+    cfg = TrainConfig(epochs=2, lr=1.0, bptt=5, batch_size=3, device="cpu", lr_decay=0.5, eval_train=True)
+    first = fit(_gru(), ds.train, ds.test, cfg, checkpoint_path=ck)
+    assert first.best_metric == min(h["train"]["mse"] for h in first.history)
+    resumed = fit(_gru(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "eval_train": False}), checkpoint_path=ck)
+    scores = [h["test"]["mse"] for h in resumed.history]
+    assert resumed.best_metric == min(scores) and resumed.best_epoch == int(np.argmin(scores))
+
+
+def test_a_non_finite_test_metric_names_the_end_of_the_epoch():
+    """Found by the evaluation after the epoch's last update: no step to name (steps count from 0, so the number of
+    windows named one past the last)."""
+    import math
+
+    from pipeline.train import _diverged
+
+    assert _diverged(3, None, "test mse", math.nan, None, clip=0.25) == (
+        "training diverged at the end of epoch 3, after its last update: test mse is nan. Lower train.lr or "
+        "train.clip.")
+
+
 def test_unreadable_checkpoint_is_one_line_without_unsafe_advice(tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00not a checkpoint at all")

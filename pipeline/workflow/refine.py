@@ -210,14 +210,18 @@ def _legacy_fingerprint(params: Params, root: Path, dataset: str, variant_name: 
 
 def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
                      shared: Callable[[], str] | None = None) -> tuple[str, str]:
-    """What decides the trained model of one run (see the module docstring), and the same without
-    ``train.epochs``: a checkpoint with the second can continue to more epochs (training is resumed exactly, so
-    10 epochs extended to 20 equal 20 in one go). ``shared`` returns :func:`dataset_digest` (memoised by
+    """What decides the trained model of one run (see the module docstring), and the same without the train keys
+    a checkpoint may resume with (:data:`pipeline.train.RESUMABLE_CHANGES`: ``epochs``, ``device``, ``eval_train``,
+    ``max_loss``): a checkpoint with the second can continue to more epochs (training is resumed exactly, so 10
+    epochs extended to 20 equal 20 in one go), or after a stop on ``max_loss`` with a raised one. ``shared`` returns :func:`dataset_digest` (memoised by
     :func:`refine` for all runs of a dataset); it is called after the initial weights are found."""
     train, init = _run_parts(params, root, dataset, variant_name, seed)
     shared_digest = shared() if shared is not None else dataset_digest(params, root, dataset)
     full = _fingerprint(train, init, shared_digest)
-    train.pop("epochs")
+    from pipeline.train import RESUMABLE_CHANGES
+
+    for key in RESUMABLE_CHANGES:   # what fit lets a checkpoint resume with (a raised max_loss after its stop)
+        train.pop(key, None)
     return full, _fingerprint(train, init, shared_digest)
 
 
@@ -232,8 +236,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
     tcfg = replace(dp.train_config(variant_name), seed=seed)  # train, with this variant's train.overrides
-    # resumable, without train.epochs: a checkpoint of the same run continues, also to more epochs than it was
-    # trained for (not to fewer: the checkpoint holds only its last epoch); fingerprint.txt holds it
+    # resumable, without train.epochs (and the other resumable keys): a checkpoint of the same run continues, also
+    # to more epochs than it was trained for (not to fewer: the checkpoint holds only its last epoch);
+    # fingerprint.txt holds it
     fingerprint, resumable = run_fingerprints(params, root, dataset, variant_name, seed, shared)
     tracked = tracking_fingerprint(params, root)
     mdir = model_dir(root, dataset, variant_name, seed)
