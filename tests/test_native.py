@@ -296,3 +296,73 @@ def test_baseline_under_cpu_autocast_takes_the_torch_path(monkeypatch):
         out, _ = model(x, model.init_state(2))
         out.float().sum().backward()
     assert out.dtype == torch.bfloat16 and model.rnn.weight_hh_l0.grad is not None
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+@pytest.mark.parametrize("use_native", [True, False])
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_nan_state_propagates_on_every_path(core, use_native, grad, monkeypatch):
+    """A NaN norm is no degenerate step: NaN reaches the output, with or without gradients, C or torch (the C path
+    and the no-grad numpy loop tested n > eps, false for NaN, and put q_init in its place: a model with a NaN
+    weight scored finite metrics)."""
+    monkeypatch.setenv("PSRNN_NATIVE", "1" if use_native else "0")
+    case = _case(torch.float64)
+    case["b"] = case["b"].clone()
+    case["b"][0] = math.nan
+    fn, names = CORES[core]
+    extra = {"symbols": case["symbols"]} if core.endswith("symbols") else {}
+    with torch.set_grad_enabled(grad):
+        out = fn(*[case[n].clone().requires_grad_(grad) for n in names], case["reset"], **extra)
+    assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+@pytest.mark.parametrize("use_native", [True, False])
+def test_second_order_gradients_through_the_cells(core, use_native, monkeypatch):
+    """create_graph=True (a gradient penalty) differentiates the cell recomputed in torch ops: the hand-written
+    backwards have no graph (second-order gradients were wrong by 10² on the torch path, refused in C)."""
+    monkeypatch.setenv("PSRNN_NATIVE", "1" if use_native else "0")
+    case = _case(torch.float64)
+    fn, names = CORES[core]
+    extra = {"symbols": case["symbols"]} if core.endswith("symbols") else {}
+    leaves = [case[n].clone().requires_grad_() for n in names]
+    assert torch.autograd.gradgradcheck(lambda *xs: fn(*xs, case["reset"], **extra), leaves)
+
+
+def test_the_torch_path_sums_symbol_gradients_in_a_fixed_order(monkeypatch):
+    """Without the C kernels a symbol table's gradient is an index_select's: advanced indexing's parallel scatter
+    summed float32 gradients in another order from run to run (relative differences ~1e-6 on 2 threads)."""
+    monkeypatch.setenv("PSRNN_NATIVE", "0")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(0)
+        table, utable = torch.randn(40, 20, 20, generator=g), torch.randn(40, 30, generator=g)
+        A, C = torch.randn(30, 20, generator=g), torch.randn(30, 20, generator=g)
+        symbols = torch.randint(0, 40, (200, 8), generator=g)
+        q = torch.nn.functional.normalize(torch.randn(8, 20, generator=g), dim=-1)
+        qi, b = q[0], torch.zeros(20)
+        grads = []
+        for _ in range(4):
+            t, u = table.clone().requires_grad_(), utable.clone().requires_grad_()
+            out = symbol_recurrence(t, symbols, b, q, qi) + factorized_recurrence(A, u, C, b, q, qi, symbols=symbols)
+            (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+            grads.append((t.grad, u.grad))
+        assert all(torch.equal(a, grads[0][0]) and torch.equal(c, grads[0][1]) for a, c in grads[1:])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_backward_runs_on_the_kernels_of_its_forward(monkeypatch):
+    """PSRNN_NATIVE turned off between forward and backward: the C backward still runs (library() read the
+    variable again and found None: an AttributeError)."""
+    case = _case(torch.float64)
+    for core in sorted(CORES):
+        monkeypatch.setenv("PSRNN_NATIVE", "1")
+        fn, names = CORES[core]
+        extra = {"symbols": case["symbols"]} if core.endswith("symbols") else {}
+        leaves = [case[n].clone().requires_grad_() for n in names]
+        out = fn(*leaves, case["reset"], **extra)
+        monkeypatch.setenv("PSRNN_NATIVE", "0")
+        out.sum().backward()
+        assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves), core

@@ -129,8 +129,44 @@ def factorized_recurrence(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor, b: 
         return symbol_recurrence(factorized_step_matrices(A, u.unsqueeze(0), C).squeeze(0), symbols, b, q, q_init,
                                  reset, eps)
     if symbols is not None:
-        u = u[symbols]
+        u = _take(u, symbols)
     return normalized_recurrence(factorized_step_matrices(A, u, C), b, q, q_init, reset, eps)
+
+
+def _take(table: torch.Tensor, symbols: torch.Tensor) -> torch.Tensor:
+    """``table[symbols]`` with a deterministic backward: advanced indexing sums its gradient by a parallel
+    scatter on the CPU, whose float32 sums came out in another order from run to run (index_select's do not)."""
+    return table.index_select(0, symbols.reshape(-1)).reshape(*symbols.shape, *table.shape[1:])
+
+
+def _torch_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor,
+                      reset: torch.Tensor | None, eps: float, symbols: torch.Tensor | None = None) -> torch.Tensor:
+    """The full cell in plain torch ops (G_t = G[symbols[t]] with ``symbols``), differentiable to any order: what
+    the autograd functions below differentiate when their backward must itself be differentiable
+    (``create_graph=True``, e.g. a gradient penalty). Their hand-written backwards have no graph: second-order
+    gradients through them were silently wrong (torch path) or refused (C)."""
+    if symbols is not None:
+        G = _take(G, symbols)
+    qi = q_init.expand_as(q)
+    outs = []
+    for t in range(G.shape[0]):
+        if reset is not None:
+            q = torch.where(reset[t].unsqueeze(-1), qi, q)
+        z = torch.bmm(G[t], q.unsqueeze(-1)).squeeze(-1) + b
+        n = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+        q = torch.where(n <= eps, qi, z / n.clamp_min(eps))
+        outs.append(q)
+    return torch.stack(outs)
+
+
+def _differentiable_backward(needs: Sequence[bool], recompute, inputs: tuple, grad_out: torch.Tensor) -> list:
+    """The gradients of ``recompute(*inputs)`` (the cell in torch ops) on the ``inputs`` that ``needs`` one, with a
+    graph (None for the others)."""
+    wanted = [x is not None and need for x, need in zip(inputs, needs)]
+    with torch.enable_grad():
+        found = iter(torch.autograd.grad(recompute(*inputs), [x for x, w in zip(inputs, wanted) if w], grad_out,
+                                         create_graph=True, allow_unused=True))
+    return [next(found) if w else None for w in wanted]
 
 
 def factorized_step_matrices(A: torch.Tensor, u: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
@@ -153,7 +189,7 @@ def symbol_recurrence(G_table: torch.Tensor, symbols: torch.Tensor, b: torch.Ten
         if not torch.is_grad_enabled():
             return kernels.full_forward(G_table, b, q, q_init, reset, eps, idx=symbols, store_inputs=False)[0]
         return _CompiledRecurrence.apply(kernels, G_table, b, q, q_init, reset, eps, symbols)
-    return normalized_recurrence(G_table[symbols], b, q, q_init, reset, eps)
+    return normalized_recurrence(_take(G_table, symbols), b, q, q_init, reset, eps)
 
 
 def _compiled_kernels(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init: torch.Tensor):
@@ -176,13 +212,18 @@ class _CompiledRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, G, b, q, q_init, reset, eps, symbols=None):
         out, inputs, norms = kernels.full_forward(G, b, q, q_init, reset, eps, idx=symbols)
-        ctx.save_for_backward(G, inputs, out, norms, reset, symbols)
+        ctx.save_for_backward(G, inputs, out, norms, reset, symbols, b, q, q_init)
         ctx.kernels, ctx.eps = kernels, eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        G, inputs, out, norms, reset, symbols = ctx.saved_tensors
+        G, inputs, out, norms, reset, symbols, b, q, q_init = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph=True: see _torch_recurrence
+            grads = _differentiable_backward(
+                ctx.needs_input_grad[1:5], lambda G, b, q, q_init: _torch_recurrence(G, b, q, q_init, reset, ctx.eps, symbols),
+                (G, b, q, q_init), grad_out)
+            return None, *grads, None, None, None
         grad_z, grad_G, g_q0, g_init = ctx.kernels.full_backward(G, inputs, out, norms, reset, ctx.eps, grad_out,
                                                                  idx=symbols, grad_G=ctx.needs_input_grad[1])
         return None, grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
@@ -200,13 +241,19 @@ class _NativeFactorizedRecurrence(torch.autograd.Function):
     def forward(ctx, A, u, C, b, q, q_init, reset, eps, symbols=None):
         out, inputs, norms, cq, m = native.factorized_forward(A, u, C, b, q, q_init, reset, eps, keep=True,
                                                               idx=symbols)
-        ctx.save_for_backward(A, u, C, inputs, cq, m, out, norms, reset, symbols)
+        ctx.save_for_backward(A, u, C, inputs, cq, m, out, norms, reset, symbols, b, q, q_init)
         ctx.eps = eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        A, u, C, inputs, cq, m, out, norms, reset, symbols = ctx.saved_tensors
+        A, u, C, inputs, cq, m, out, norms, reset, symbols, b, q, q_init = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph=True: see _torch_recurrence
+            def recompute(A, u, C, b, q, q_init):
+                steps = factorized_step_matrices(A, u if symbols is None else _take(u, symbols), C)
+                return _torch_recurrence(steps, b, q, q_init, reset, ctx.eps)
+
+            return (*_differentiable_backward(ctx.needs_input_grad[:6], recompute, (A, u, C, b, q, q_init), grad_out), None, None, None)
         grad_z, grad_u, w, g_q0, g_init = native.factorized_backward(A, u, C, cq, out, norms, reset, ctx.eps,
                                                                      grad_out, idx=symbols)
         r, d = A.shape
@@ -258,7 +305,7 @@ def _recurrence_forward_careful(G, b, q, q_init, reset, eps):
         z = torch.bmm(G[t], q.unsqueeze(-1)).squeeze(-1) + b
         n = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
         norms[t] = n
-        q = torch.where(n > eps, z / n.clamp_min(eps), qi)
+        q = torch.where(n <= eps, qi, z / n.clamp_min(eps))
         out[t] = q
     return out, inputs, norms
 
@@ -274,16 +321,21 @@ class _NormalizedRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, G, b, q, q_init, reset, eps):
         out, inputs, norms = _recurrence_forward(G, b, q, q_init, reset, eps)
-        ctx.save_for_backward(G, inputs, out, norms, reset)
+        ctx.save_for_backward(G, inputs, out, norms, reset, b, q, q_init)
         ctx.eps = eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        G, inputs, out, norms, reset = ctx.saved_tensors
+        G, inputs, out, norms, reset, b, q, q_init = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph=True: see _torch_recurrence
+            grads = _differentiable_backward(
+                ctx.needs_input_grad[:4], lambda G, b, q, q_init: _torch_recurrence(G, b, q, q_init, reset, ctx.eps), (G, b, q, q_init),
+                grad_out)
+            return *grads, None, None
         L = G.shape[0]
         steps = set(_reset_steps(reset))
-        alive = norms > ctx.eps                                      # rows that were not replaced by q_init
+        alive = ~(norms <= ctx.eps)                                  # rows that were not replaced by q_init
         degenerate = not bool(alive.all())
         inv_n = (1.0 / norms.clamp_min(ctx.eps)).unsqueeze(-1)       # (L, B, 1, 1)
         GT = G.transpose(-1, -2).unbind(0)
@@ -332,7 +384,7 @@ def _normalized_recurrence_numpy(G: torch.Tensor, b: torch.Tensor, q: torch.Tens
                 v = qi.copy()
             z = Gn[t, 0] @ v + bn
             nz = np.sqrt(z @ z)
-            v = z / nz if nz > eps else qi.copy()
+            v = qi.copy() if nz <= eps else z / nz   # NaN propagates (nz > eps is false for NaN)
             out[t, 0] = v
         return torch.from_numpy(out)
     for t in range(L):
@@ -340,7 +392,7 @@ def _normalized_recurrence_numpy(G: torch.Tensor, b: torch.Tensor, q: torch.Tens
             qn[rn[t]] = qi  # type: ignore[index]
         z = np.einsum("bik,bk->bi", Gn[t], qn) + bn
         nz = np.sqrt(np.einsum("bi,bi->b", z, z))[:, None]
-        qn = np.where(nz > eps, z / np.maximum(nz, eps), qi)
+        qn = np.where(nz <= eps, qi, z / np.maximum(nz, eps))
         out[t] = qn
     return torch.from_numpy(out)
 

@@ -154,7 +154,9 @@ def _load() -> ctypes.CDLL | None:
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None when disabled (``PSRNN_NATIVE=0``) or when they cannot be built."""
+    """The loaded kernels, or None when disabled (``PSRNN_NATIVE=0``) or when they cannot be built. The backward
+    entry points take :func:`_load`'s instead: a backward runs on the kernels of its forward even if
+    ``PSRNN_NATIVE`` changed in between (it had found None)."""
     return _load() if enabled() else None
 
 
@@ -254,7 +256,7 @@ def full_forward(G, b, q0, q_init, reset, eps, idx=None, store_inputs=True):
 
 def full_backward(G, inputs, out, norms, reset, eps, grad_out, idx=None, grad_G=True):
     """Returns (grad_z (L,B,d), grad_G (shape of G, or None), grad_q0 (B,d), grad_q_init (B,d) per chain)."""
-    fn = getattr(library(), "psrnn_full_backward_" + _ctypes_of[G.dtype])
+    fn = getattr(_load(), "psrnn_full_backward_" + _ctypes_of[G.dtype])
     G, inputs, out, norms, grad_out = (x.detach().contiguous() for x in (G, inputs, out, norms, grad_out))
     L, B, d = out.shape
     ix = _index(idx, G.shape[0], check=False)
@@ -307,7 +309,7 @@ def factorized_forward(A, u, C, b, q0, q_init, reset, eps, keep=False, idx=None)
 def factorized_backward(A, u, C, cq, out, norms, reset, eps, grad_out, idx=None):
     """Returns (grad_z (L,B,d), grad_u (shape of u), w (L,B,r) = (A ∂z_t) ⊙ u_t, grad_q0 (B,d), grad_q_init (B,d)
     per chain)."""
-    fn = getattr(library(), "psrnn_factorized_backward_" + _ctypes_of[A.dtype])
+    fn = getattr(_load(), "psrnn_factorized_backward_" + _ctypes_of[A.dtype])
     u, C, cq, out, norms, grad_out = (x.detach().contiguous() for x in (u, C, cq, out, norms, grad_out))
     AT = A.detach().T.contiguous()
     L, B, d = out.shape
@@ -356,7 +358,7 @@ def rnn_layer_backward(kind: str, W_hh, out, h0, gates, reset, grad_out):
     """The backward of :func:`rnn_layer_forward` (see ``psrnn_rnn_layer_backward``): returns (grad_gi, grad_gh,
     grad_h0), grad_gh (L,B,G·H) the gradient on gh_t = W_hh h_{t-1} + b_hh."""
     k = RNN_KINDS[kind]
-    fn = getattr(library(), "psrnn_rnn_layer_backward_" + _ctypes_of[out.dtype])
+    fn = getattr(_load(), "psrnn_rnn_layer_backward_" + _ctypes_of[out.dtype])
     L, B, H = out.shape
     GH = W_hh.shape[0]
     Whh = W_hh.detach().contiguous()

@@ -1,17 +1,19 @@
 /* Kernels for one floating type: included by recurrence.c with T and FN(name) defined (see there). */
 
+/* a degenerate step (norm <= eps) restarts from qinit; a NaN norm is not one, so NaN reaches the output as it
+   does through the torch path (n > eps was false for NaN too and hid it behind qinit) */
 static void FN(step_out)(int d, const T *z, T n, T eps, const T *qinit, T *q_next) {
-    if (n > eps) {
+    if (n <= eps) {
+        memcpy(q_next, qinit, sizeof(T) * (size_t)d);
+    } else {
         T inv = (T)1 / n;
         for (int i = 0; i < d; ++i) q_next[i] = z[i] * inv;
-    } else {
-        memcpy(q_next, qinit, sizeof(T) * (size_t)d);
     }
 }
 
 /* g = dLoss/dq_{t+1}; gz = (g - q'(q'.g)) / n, or 0 (and g to g_init) at a degenerate step */
 static int FN(step_grad_z)(int d, const T *g, const T *qn, T n, T eps, T *gz, T *g_init) {
-    if (!(n > eps)) {
+    if (n <= eps) {
         for (int i = 0; i < d; ++i) { g_init[i] += g[i]; gz[i] = 0; }
         return 0;
     }

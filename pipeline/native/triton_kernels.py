@@ -46,7 +46,7 @@ def _full_forward_kernel(G, IDX, BIAS, Q0, QINIT, RESET, INPUTS, OUT, NORMS, L, 
         g = tl.load(G + base + tile, mask=tm, other=0.0)
         z = tl.sum(g * q[None, :], axis=1) + bias
         n = tl.sqrt(tl.sum(z * z, axis=0))
-        live = n > eps
+        live = (n > eps) | (n != n)   # a NaN norm is live: NaN propagates, as through torch ops
         # a zero vector (degenerate parameters only) becomes q_init instead of 0/0
         q = tl.where(live, z * (1.0 / tl.where(live, n, 1.0)), qinit)
         tl.store(OUT + tc * D + i, q, mask=vm)
@@ -68,7 +68,7 @@ def _full_backward_kernel(G, IDX, OUT, NORMS, RESET, GRAD_OUT, GRAD_Z, G_Q0, G_I
         g = tl.load(GRAD_OUT + tc * D + i, mask=vm, other=0.0) + gq
         qn = tl.load(OUT + tc * D + i, mask=vm, other=0.0)
         n = tl.load(NORMS + tc)
-        live = n > eps
+        live = (n > eps) | (n != n)   # a NaN norm is live: NaN propagates, as through torch ops
         dot = tl.sum(qn * g, axis=0)
         gz = tl.where(live, (g - qn * dot) * (1.0 / tl.where(live, n, 1.0)), 0.0)
         gi = gi + tl.where(live, 0.0, g)
