@@ -568,7 +568,7 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
                 z_sum += z
                 z = z + b
                 nz = np.sqrt(z @ z)
-                q = z / nz if nz > 0 else layer.q1
+                q = layer.q1 if nz <= 0 else z / nz   # NaN propagates, as in the PSRNN cells
                 states[s + i] = q
         z_count += T
         out.append(states)
