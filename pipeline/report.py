@@ -59,12 +59,12 @@ PAPER_MODELS = ["kf", "rnn", "gru", "lstm", "psrnn"]
 # key; a list is shorthand for {"variants": list}; False/None disables the figure).
 DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
     "fig3a": {"dataset": "ptb", "variants": ["lstm", "gru", "factorized_psrnn_r60"], "factorized_ranks": False,
-              "split": "test", "show_train": False,
+              "split": "test", "show_train": False, "logy": "auto",
               "title": "Fig. 3a: PTB, equal state size and ~equal parameters"},
     "fig3b": {"dataset": "ptb", "variants": ["psrnn", "psrnn_2layer", "psrnn_2layer_skip"], "factorized_ranks": False,
-              "split": "test", "show_train": False, "title": "Fig. 3b: PTB, 1- vs 2-layer PSRNN"},
+              "split": "test", "show_train": False, "logy": "auto", "title": "Fig. 3b: PTB, 1- vs 2-layer PSRNN"},
     "fig3c": {"dataset": "ptb", "variants": ["psrnn"], "factorized_ranks": True,
-              "split": "test", "show_train": False, "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
+              "split": "test", "show_train": False, "logy": "auto", "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
     "fig4a": {"datasets": ["swimmer", "mocap", "handwriting"], "variants": list(PAPER_MODELS),
               "split": "test", "show_train": False, "logy": "auto",
               "title": "Fig. 4a: MSE vs epoch"},
@@ -262,13 +262,15 @@ def _naive(runs: Sequence[dict], metric: str) -> dict[str, float]:
 
 def _curve(runs: Sequence[dict], split: str, metric: str):
     """Epochs, mean / min / max over the runs' finite values of ``metric`` on ``split``, how many runs each epoch
-    averages, and each run's last epoch with a value (by seed)."""
+    averages, each run's last epoch with a value and each run's last epoch in its history (by seed)."""
     per_epoch: dict[int, list[float]] = {}
     ends: dict[int, int] = {}
+    trained: dict[int, int] = {}
     for r in runs:
         for entry in r["history"] or []:
             if not isinstance(entry, dict) or entry.get("epoch") is None:
                 continue
+            trained[r["seed"]] = max(trained.get(r["seed"], int(entry["epoch"])), int(entry["epoch"]))
             v = (entry.get(split) or {}).get(metric)
             vals, _ = _finite([v])
             if vals:
@@ -280,7 +282,7 @@ def _curve(runs: Sequence[dict], split: str, metric: str):
         return None
     stacked = [np.asarray(per_epoch[e]) for e in epochs]
     return (np.asarray(epochs), np.array([s.mean() for s in stacked]), np.array([s.min() for s in stacked]),
-            np.array([s.max() for s in stacked]), np.array([len(s) for s in stacked]), ends)
+            np.array([s.max() for s in stacked]), np.array([len(s) for s in stacked]), ends, trained)
 
 
 def _with_split(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], split: str,
@@ -290,14 +292,19 @@ def _with_split(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str
     return [v for v in variants if _curve([r for r in by_variant.get(v, []) if r["history"]], split, metric)]
 
 
-def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int) -> str:
+def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: Mapping[int, int]) -> str:
     last = max(ends.values())
     short = sorted(s for s in ends if ends[s] < last)
     if not short:   # every seed reaches the last epoch; some lack a finite value before it
         return (f"`{fname}`: `{v}`: some epochs have a value from fewer than its {n} seeds (missing or non-finite); "
                 "the curve is dotted there")
     longest = sorted(s for s in ends if ends[s] == last)
-    return (f"`{fname}`: `{v}` " + ", ".join(f"seed {s} ends at epoch {ends[s]}" for s in short) +
+    def end(s: int) -> str:   # a run trained on whose later values are not finite did not stop early
+        if trained.get(s, ends[s]) > ends[s]:
+            return f"seed {s} has no finite value after epoch {ends[s]} (trained to {trained[s]})"
+        return f"seed {s} ends at epoch {ends[s]}"
+
+    return (f"`{fname}`: `{v}` " + ", ".join(end(s) for s in short) +
             f" (seed{'s' if len(longest) > 1 else ''} {', '.join(map(str, longest))} at {last}); the curve is "
             "dotted where it is the mean of fewer seeds")
 
@@ -388,11 +395,12 @@ def _use_log(values: list[float], logy: Any) -> bool:
 
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
-                partial: dict[str, tuple[dict[int, int], int]] | None = None, legend: bool = True,
+                partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
                 values_in_legend: bool = True) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
-    ``partial`` (variant -> (last epoch per seed, seeds)) for the caller's note. ``legend``: one inside the panel
+    ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
+    caller's note. ``legend``: one inside the panel
     (else the caller draws one); without ``values_in_legend`` (one legend for panels of several metrics) the
     reference lines (naive predictors, Bayes optimum) have their values written on them instead."""
     from matplotlib.ticker import MaxNLocator
@@ -404,7 +412,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         c = _curve(runs, split, metric)
         if c is None:
             continue
-        epochs, mean, lo, hi, count, ends = c
+        epochs, mean, lo, hi, count, ends, trained = c
         n = len(ends)
         full = count == n
         label = f"{v} ({n} seed{'s' if n != 1 else ''})"
@@ -417,7 +425,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
             ax.plot(epochs, np.where(near, mean, np.nan), color=colors[v], lw=1.4, ls=":", marker=marker, ms=3,
                     label=f"_{v} (fewer seeds)")
             if partial is not None:
-                partial[v] = (dict(ends), n)
+                partial[v] = (dict(ends), n, dict(trained))
         if n > 1:
             ax.fill_between(epochs, lo, hi, where=full, color=colors[v], alpha=0.2, lw=0)
         extent += list(lo) + list(hi)
@@ -460,7 +468,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
 def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str],
                    metrics: Sequence[str], *, title: str, split: str, show_train: bool,
                    optimal: Mapping[str, float | None], logy: Any, notes: list[str]) -> None:
-    partial: dict[str, tuple[dict[int, int], int]] = {}
+    partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
     longest = max([len(f"{v} (10 seeds)") for v in variants] + [len("training mean (0.0001234)")])
@@ -478,10 +486,10 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
         if shown:   # beside the last panel, where it hides no curve
             axes[0][-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
                                bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-        fig.suptitle(title)
+        fig.suptitle(_plain(title))
         _layout(fig, 1, len(metrics), right=0.2 + legend_width)
         _save(fig, path)
-    notes += [_partial_note(path.name, v, ends, n) for v, (ends, n) in partial.items()]
+    notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
 
 
 def _present(by_variant: Mapping[str, Sequence[dict]], v: str) -> bool:
@@ -531,7 +539,7 @@ def _ptb_figure(name: str, cfg: dict, grouped, out_fig: Path, notes: list[str]) 
     optimal = {m: _bayes_optimal(runs, m) for m in metrics}
     path = out_fig / fname
     _metric_figure(path, by_variant, present, metrics, title=cfg["title"], split=cfg["split"],
-                   show_train=cfg["show_train"], optimal=optimal, logy=cfg.get("logy", "auto"), notes=notes)
+                   show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes)
     return path
 
 
@@ -554,7 +562,7 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     if not panels:
         return None
     path = out_fig / fname
-    partial: dict[str, dict[str, tuple[dict[int, int], int]]] = {}
+    partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
     with _style():
         fig, axes = _figure(1, len(panels), (5.0 * len(panels), 4.2))
         for ax, (ds, by_variant, present) in zip(axes[0], panels):
@@ -562,17 +570,17 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
                         optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
                         partial=partial.setdefault(ds, {}))
-        fig.suptitle(cfg["title"])
+        fig.suptitle(_plain(cfg["title"]))
         _layout(fig, 1, len(panels), wspace=0.75)
         _save(fig, path)
-    notes += [_partial_note(fname, v, ends, n).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
-              for ds, by_v in partial.items() for v, (ends, n) in by_v.items()]
+    notes += [_partial_note(fname, v, *parts).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
+              for ds, by_v in partial.items() for v, parts in by_v.items()]
     return path
 
 
 def _plain(text: str) -> str:
-    """``text`` (a column name of the user's data) drawn as it is: matplotlib reads two dollar signs as math
-    (a garbled label, or a ValueError for what is no valid math)."""
+    """``text`` (a column name of the user's data, a figure title of params.yaml) drawn as it is: matplotlib
+    reads two dollar signs as math (a garbled label, or a ValueError for what is no valid math)."""
     return text.replace("$", r"\$")
 
 
@@ -665,7 +673,7 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                 ax.grid(True, alpha=0.3)
                 ax.tick_params(labelsize="small")
         axes[0][0].legend(fontsize="x-small", loc="best")
-        fig.suptitle(f"{cfg['title']} ({ds}, feature {shown}, trajectory {trajectory})")
+        fig.suptitle(f"{_plain(cfg['title'])} ({ds}, feature {shown}, trajectory {trajectory})")
         _layout(fig, 2, len(columns), left=0.95, wspace=0.55, hspace=0.35, top=0.75)
         _save(fig, path)
     return path
@@ -751,13 +759,16 @@ def _md(text: str) -> str:
 
 
 def _gaps(runs: Sequence[dict], metric: str) -> list[float]:
-    """Final test ``metric`` minus the Bayes-optimal value, for every run that has both."""
+    """Final test ``metric`` minus the Bayes-optimal value, for every run that has the optimum: NaN where its
+    final value is missing or not finite, so that the table's gap column says "(1/2 finite)" as its test column
+    does."""
     gaps = []
     for r in runs:
         opt = (r["bayes_optimal"] or {}).get(metric)
         val = r["test"].get(metric)
-        if isinstance(opt, (int, float)) and isinstance(val, (int, float)):
-            gaps.append(float(val) - float(opt))
+        if isinstance(opt, (int, float)):
+            ok = isinstance(val, (int, float)) and not isinstance(val, bool)
+            gaps.append(float(val) - float(opt) if ok else math.nan)
     return gaps
 
 
@@ -851,7 +862,8 @@ def _stats(values: Iterable[Any]) -> tuple[float | None, float | None]:
 def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """The numbers of the results table, per dataset and variant: ``seeds`` (runs with final metrics),
     ``test_<m>`` and ``test_<m>_std`` (mean and sample std over seeds; std null for one seed), ``init_test_<m>``
-    (epoch-0 mean) for every metric of the kind, ``n_params``, and on synthetic data ``optimal_<m>`` and
+    (epoch-0 mean) for every metric of the kind (and ``test_<m>_finite``, the number of seeds whose value is
+    finite, where some is not: the mean and std are of those), ``n_params``, and on synthetic data ``optimal_<m>`` and
     ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric); and per dataset a row
     ``naive_<predictor>`` with the ``test_<m>`` of each of :mod:`pipeline.naive`'s predictors."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -864,6 +876,9 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
             row: dict[str, Any] = {"seeds": len(runs)}
             for m in METRICS[kind]:
                 row[f"test_{m}"], row[f"test_{m}_std"] = _stats(r["test"].get(m) for r in runs)
+                finite, _ = _finite(r["test"].get(m) for r in runs)
+                if len(finite) < len(runs):   # else a mean of one seed of two reads as a row of one seed
+                    row[f"test_{m}_finite"] = len(finite)
                 row[f"init_test_{m}"], _ = _stats((r["initial_test"] or {}).get(m) for r in runs)
             primary = PRIMARY[kind]
             optimal = _bayes_optimal(runs, primary)

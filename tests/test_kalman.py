@@ -133,3 +133,19 @@ def test_shared_covariance_recursion_equals_per_chain_filters():
     for b in range(B):
         o, _ = model(x[4:, b:b + 1], (state[0][b:b + 1], state[1][b:b + 1]))
         torch.testing.assert_close(o[:, 0], out[:, b], rtol=1e-10, atol=1e-12)
+
+
+def test_the_parameter_count_is_what_training_can_change():
+    """n_parameters counts the entries that get a gradient: the Cholesky factors' lower triangles, not their
+    upper entries, which the filter never reads (the report's params column counted them)."""
+    ds, _ = make_lgssm_dataset(state_dim=3, obs_dim=2, n_train=6, n_test=2, length=30, seed=1)
+    lss = linear_two_stage(ds.train, state_dim=3, past_window=3, future_window=3)
+    model = initialise_model(ModelConfig(model="kf", discrete=False, input_dim=2, output_dim=2, state_dim=3),
+                             linear=lss)
+    x = torch.as_tensor(np.stack(ds.train[:2]), dtype=torch.float32).transpose(0, 1)
+    reset = torch.zeros(x.shape[:2], dtype=torch.bool)
+    reset[0] = True   # each trajectory starts from x0, P0, as in training
+    out, _ = model(x, model.init_state(2), reset)
+    ((out[:-1] - x[1:]) ** 2).sum().backward()
+    moved = sum(int((p.grad != 0).sum()) for p in model.parameters())
+    assert model.n_parameters() == moved == 3 * 3 + 2 * 3 + 2 + 5 * 6 // 2 + 3 + 3 * 4 // 2

@@ -167,3 +167,34 @@ def test_the_bayes_optimal_line_is_drawn_on_the_test_split_only(tmp_path, figure
     assert "Bayes optimal" in _lines(bpc) and "1.6" in [t.get_text() for t in bpc.texts]
     legend = [t.get_text() for t in figures["hmm_curves.png"].axes[1].get_legend().get_texts()]
     assert legend == ["psrnn (1 seed)", "Bayes optimal"]   # drawn on the BPC panel, listed beside the last
+
+
+def test_a_seed_that_turned_non_finite_is_counted_not_hidden(tmp_path, figures):
+    """Seed 1 trained to epoch 2 but its last value is NaN: summary.json says one finite seed of two (its mean of
+    one value read as a row of one seed), the gap column counts it as the test column does, and the note does
+    not call it an early stop."""
+    root = tmp_path / "project"
+    bayes = {"bpc": 0.5}
+    _write_run(root, "hmm", "psrnn", 0, "discrete", [4.0, 3.0, 2.0], bayes=bayes)
+    _write_run(root, "hmm", "psrnn", 1, "discrete", [4.2, 3.2, float("nan")], bayes=bayes)
+    write_report(root, tmp_path / "reports")
+    row = json.loads((tmp_path / "reports" / "summary.json").read_text())["hmm"]["psrnn"]
+    assert row["seeds"] == 2 and row["test_bpc_finite"] == 1 and row["test_bpc"] == 2.0
+    assert row["test_bpc_std"] is None and "test_accuracy_finite" not in row
+    md = (tmp_path / "reports" / "results.md").read_text()
+    table_row = next(line for line in md.splitlines() if line.startswith("| `psrnn`"))
+    assert table_row.count("(1/2 finite)") == 2      # the test BPC and its gap to the optimum
+    assert ("`psrnn` seed 1 has no finite value after epoch 1 (trained to 2) (seed 0 at 2)") in md
+
+
+def test_a_title_with_dollar_signs_is_drawn_as_text(tmp_path, figures):
+    r"""Titles are params.yaml text: "$\foo$" had matplotlib parse math and stop the report (after some figures
+    were written), "$x$" lost its dollar signs."""
+    root = tmp_path / "project"
+    for seed in (0, 1):
+        _write_run(root, "hmm", "psrnn", seed, "discrete", [4.0 + seed, 3.0, 2.0])
+    title = r"Fig 3a: $\foo$ costs $5"
+    write_report(root, tmp_path / "reports", figures={"fig3a": {"dataset": "hmm", "variants": ["psrnn"],
+                                                                "title": title}})
+    fig = figures["fig3a.png"]
+    assert fig._suptitle.get_text() == title.replace("$", r"\$")

@@ -57,6 +57,14 @@ class KalmanFilter(SequenceModel):
         self.P0_chol = nn.Parameter(torch.eye(n))
         self.n, self.m = n, m
 
+    def n_parameters(self) -> int:
+        """The trained numbers: of the two Cholesky factors only the lower triangles, which are all the filter
+        reads (``torch.tril``; the upper entries get no gradient). Counting the whole matrices gave the
+        Mocap KF 6,932 parameters instead of 4,257."""
+        n, m = self.n, self.m
+        full = super().n_parameters()
+        return full - (n + m) * (n + m - 1) // 2 - n * (n - 1) // 2
+
     def load_two_stage(self, lss) -> "KalmanFilter":
         n = self.n
         sigma = np.block([[lss.Q, lss.M], [lss.M.T, lss.R]])
