@@ -213,8 +213,8 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print(f"psrnn {args.stage}: terminated (SIGTERM); no half-written file is left (refine resumes from its "
-              "last checkpoint)", file=sys.stderr)
+        resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
+        print(f"psrnn {args.stage}: terminated (SIGTERM); no half-written file is left{resume}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except Exception as exc:  # one clear line, not a traceback, for every expected failure
         if _debug(args) or not expected_failure(exc):
@@ -614,10 +614,17 @@ def _custom_stage_text(root: Path, params, name: str) -> str:
         raise ValueError(f"{path}: no preprocess_custom stage to copy; expected the dvc.yaml this project ships")
     if f"preprocess_{name}" in stages:
         raise ValueError(f"{path}: has a preprocess_{name} stage already")
+    from pipeline.config import read_yaml
+
+    keys = list(read_yaml(text) or {})
+    if keys and keys[-1] != "stages":   # appended text would land in the last key's section, not under stages:
+        raise ValueError(f"{path}: `stages:` is not its last top-level key ({', '.join(keys)}), so the stage cannot "
+                         f"be appended; expected stages: last, or paste this command's output (without >>) under "
+                         "stages: yourself")
     body = dump_yaml({f"preprocess_{name}": custom_stage(stages["preprocess_custom"], name)})
     lines = [f"  # {name}: your file {params.dataset(name).source['path']} (README, 'Adding your own dataset')"]
     lines += ["  " + line if line else line for line in body.splitlines()]
-    # a blank line first; the stage goes under `stages:`, dvc.yaml's only top-level key, so appending is enough
+    # a blank line first; the stage goes under `stages:`, dvc.yaml's last top-level key, so appending is enough
     return ("\n" if text.endswith("\n") else "\n\n") + "\n".join(lines) + "\n"
 
 

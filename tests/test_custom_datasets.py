@@ -93,6 +93,11 @@ def test_custom_stage_prints_the_stage_and_check_wants_it_exact(tmp_path, defaul
         f"psrnn check: error: datasets: lists custom_sales, but {dvc_yaml} has no preprocess_custom_sales stage "
         "to prepare its file; expected the one `python -m pipeline.cli custom-stage custom_sales >> dvc.yaml` "
         "appends (README, 'Adding your own dataset')")
+    # a top-level key after stages: (plots:) would receive the appended text: refused, nothing printed
+    dvc_yaml.write_text(shipped + "\nplots:\n  - plots/extra.json\n")
+    code, out, err = cli_run("custom-stage", "custom_sales")
+    assert code == 1 and out == "" and "`stages:` is not its last top-level key (stages, plots)" in err
+    dvc_yaml.write_text(shipped)
     code, stage_text, err = cli_run("custom-stage", "custom_sales")
     assert code == 0, err
     dvc_yaml.write_text(shipped + stage_text)                       # what `>> dvc.yaml` does

@@ -567,7 +567,8 @@ def test_safe_extract_keeps_links_that_stay_inside(tmp_path: Path) -> None:
         _add(tf, "hard", hardlink="d/real.txt")
     dest = tmp_path / "out"
     files = safe_extract(archive, dest)
-    assert [p.relative_to(dest).as_posix() for p in files] == ["d/real.txt"]
+    # the regular files, hard links included (each is a file of its own once extracted), not the symbolic links
+    assert [p.relative_to(dest).as_posix() for p in files] == ["d/real.txt", "hard"]
     for name in ("d/alias", "e/ptr", "e/chain", "top/real.txt", "hard"):
         assert (dest / name).read_bytes() == b"data", name
     assert os.path.islink(dest / "e" / "chain") and not os.path.islink(dest / "hard")
@@ -593,3 +594,60 @@ def test_a_relative_mirror_resolves_against_the_users_repo_in_a_queued_experimen
     params = parse_params({"seeds": [0], "data": {"mirror": "../shared/data"}, "hmm": tiny["hmm"]})
     got = download(params, copy, "handwriting")
     assert got and all((copy / "data" / "raw" / "handwriting" / name).is_file() for name in got)
+
+
+def _unsized(body: bytes):
+    """A response without Content-Length, ended by closing the connection (HTTP/1.0 style)."""
+    def handle(h: http.server.BaseHTTPRequestHandler, _n: int) -> None:
+        h.send_response(200)
+        h.end_headers()
+        h.wfile.write(body)
+        h.wfile.flush()
+        h.close_connection = True
+
+    return handle
+
+
+def test_a_mismatch_after_a_transfer_without_length_is_retried(server: _Server, tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """No Content-Length and an early close: only the checksum can tell, so the mismatch is retried like a
+    truncation (it was final at once); a mismatch that stays is reported as one after the last attempt."""
+    server.routes["/cut.txt"] = lambda h, n: _unsized(PAYLOAD[: len(PAYLOAD) // 2] if n == 1 else PAYLOAD)(h, n)
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.download"):
+        assert fetch([RawFile("cut.txt", server.url("/cut.txt"), SHA)], tmp_path, retries=2, backoff=0.01) == \
+            {"cut.txt": SHA}
+    assert server.hits["/cut.txt"] == 2 and "possibly a truncated transfer" in caplog.records[0].getMessage()
+    server.routes["/half.txt"] = _unsized(PAYLOAD[:100])
+    with pytest.raises(ChecksumError, match=r"^half\.txt: sha256 mismatch for "):
+        fetch([RawFile("half.txt", server.url("/half.txt"), SHA)], tmp_path, retries=1, backoff=0.01)
+    assert server.hits["/half.txt"] == 2 and "half.txt" not in _leftovers(tmp_path)
+
+
+def test_an_unpinned_file_without_length_is_recorded_with_a_warning(server: _Server, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    server.routes["/a.txt"] = _unsized(PAYLOAD)
+    with caplog.at_level(logging.WARNING, logger="pipeline.data.download"):
+        assert fetch([RawFile("a.txt", server.url("/a.txt"), None)], tmp_path) == {"a.txt": SHA}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"a.txt: the server sent no Content-Length, so the transfer's completeness was not checked; its sha256 {SHA} "
+        "is recorded as received"]
+
+
+@pytest.mark.parametrize("code", [408, 429])
+def test_a_rate_limit_or_request_timeout_is_retried_after_its_retry_after(server: _Server, tmp_path: Path,
+                                                                         code: int) -> None:
+    import time
+
+    def limited(h: http.server.BaseHTTPRequestHandler, n: int) -> None:
+        if n == 1:
+            h.send_response(code)
+            h.send_header("Retry-After", "0.3")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+        else:
+            _ok(PAYLOAD)(h, n)
+
+    server.routes["/a.txt"] = limited
+    start = time.monotonic()
+    assert fetch([RawFile("a.txt", server.url("/a.txt"), SHA)], tmp_path, retries=2, backoff=0.01) == {"a.txt": SHA}
+    assert server.hits["/a.txt"] == 2 and time.monotonic() - start >= 0.3

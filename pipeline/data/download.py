@@ -38,7 +38,11 @@ How a file is obtained (:func:`fetch`):
    is an error, never silently replaced by a download). :func:`mirror_from_env` reads the mirror root from the
    environment variable ``PSRNN_DATA_MIRROR``; its layout is ``<root>/<dataset>/<path>``.
 3. Otherwise the URL is downloaded with ``urllib``: transient failures (connection errors, timeouts, truncated
-   transfers, HTTP 5xx) are retried with exponential backoff; HTTP 4xx fails at once.
+   transfers, HTTP 5xx, 408 and 429) are retried with exponential backoff (at least the ``Retry-After`` of a
+   429/503, up to a minute); other HTTP 4xx fail at once. A server that sends no ``Content-Length`` and closes
+   the connection early cannot be told from a complete transfer but by the checksum: a sha256 mismatch after such
+   a transfer is retried like a truncation (and after the last attempt reported as the mismatch it is); a file
+   of unknown hash so fetched is recorded with a warning that its completeness was not checked.
 
 A mirror that is given but does not exist or is not a directory (a mistyped ``data.mirror`` or
 ``PSRNN_DATA_MIRROR``) does not stop a machine with internet from downloading: it is warned about at once, naming
@@ -401,28 +405,46 @@ def _copy_verified(f: RawFile, source: Path, target: Path) -> str:
 
 
 class _Transient(Exception):
-    """A network failure worth retrying; the message is the one-line reason."""
+    """A network failure worth retrying; the message is the one-line reason, ``wait`` the server's Retry-After."""
+
+    def __init__(self, reason: str, wait: float = 0.0):
+        super().__init__(reason)
+        self.wait = wait
+
+
+#: the longest Retry-After honoured (seconds): a server asking for more is retried after this
+MAX_RETRY_AFTER = 60.0
 
 
 def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float, backoff: float) -> str:
-    last = ""
+    last, wait = "", 0.0
     for attempt in range(retries + 1):
         if attempt:
-            delay = backoff * 2 ** (attempt - 1)
+            delay = max(backoff * 2 ** (attempt - 1), wait)
             log.warning("%s: %s; retry %d/%d in %.2f s", f.url, last, attempt, retries, delay)
             time.sleep(delay)
         try:
             with atomic_path(target) as tmp:
-                digest = _download_once(f.url, tmp, timeout=timeout, desc=f.path)
-                _verify(f, digest, f.url)
+                digest, sized = _download_once(f.url, tmp, timeout=timeout, desc=f.path)
+                try:
+                    _verify(f, digest, f.url)
+                except ChecksumError as exc:
+                    # without a Content-Length an early close looks complete: the mismatch may be a truncation
+                    if sized or attempt == retries:
+                        raise
+                    raise _Transient(f"{exc} (no Content-Length: possibly a truncated transfer)") from None
+            if not sized and f.sha256 is None:
+                log.warning("%s: the server sent no Content-Length, so the transfer's completeness was not checked; "
+                            "its sha256 %s is recorded as received", f.path, digest)
             return digest
         except _Transient as exc:
-            last = str(exc)
+            last, wait = str(exc), exc.wait
     raise DownloadError(f"{f.path}: download from {f.url} failed after {retries + 1} attempts: {last}")
 
 
-def _download_once(url: str, tmp: Path, *, timeout: float, desc: str) -> str:
-    """One GET of ``url`` into ``tmp``; returns the sha256. Transient failures raise :class:`_Transient`."""
+def _download_once(url: str, tmp: Path, *, timeout: float, desc: str) -> tuple[str, bool]:
+    """One GET of ``url`` into ``tmp``; returns the sha256 and whether its length was checked against a
+    ``Content-Length``. Transient failures raise :class:`_Transient`."""
     try:
         request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
     except ValueError as exc:
@@ -432,8 +454,8 @@ def _download_once(url: str, tmp: Path, *, timeout: float, desc: str) -> str:
     except urllib.error.HTTPError as exc:
         exc.close()
         reason = f"HTTP {exc.code} {exc.reason}"
-        if 500 <= exc.code < 600:
-            raise _Transient(reason) from None
+        if 500 <= exc.code < 600 or exc.code in (408, 429):   # the server's trouble, a timeout, a rate limit
+            raise _Transient(reason, _retry_after(exc.headers.get("Retry-After") if exc.headers else None)) from None
         raise DownloadError(f"{desc}: download from {url} failed: {reason} (not retried)") from None
     except urllib.error.URLError as exc:
         if not isinstance(exc.reason, OSError):  # e.g. "unknown url type": retrying cannot help
@@ -458,14 +480,25 @@ def _download_once(url: str, tmp: Path, *, timeout: float, desc: str) -> str:
             digest, size = _stream(read, out, bar.update)
     if expected is not None and size != expected:
         raise _Transient(f"truncated transfer: received {size} of {expected} bytes (Content-Length)")
-    return digest
+    return digest, expected is not None
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a Retry-After header in seconds (its HTTP-date form is not waited for), at most
+    :data:`MAX_RETRY_AFTER`; 0 when absent or unreadable."""
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+    return min(seconds, MAX_RETRY_AFTER) if seconds > 0 else 0.0   # NaN and negatives: 0
 
 
 def _reason(exc: object, timeout: float) -> str:
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return f"timed out after {timeout:g} s"
     if isinstance(exc, http.client.IncompleteRead):
-        return f"truncated transfer: received {len(exc.partial)} bytes, {exc.expected} more expected"
+        more = f"{exc.expected} more expected" if exc.expected is not None else "then the connection closed"
+        return f"truncated transfer: received {len(exc.partial)} bytes, {more}"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     text = str(exc).strip() or type(exc).__name__
@@ -597,7 +630,7 @@ def _extract_tar(archive: Path, dest: Path, root: str) -> list[Path]:
                     raise _member_error(archive, m.name, problem)
             elif not (m.isfile() or m.isdir()):
                 raise _member_error(archive, m.name, "special files (devices, FIFOs) are not allowed")
-            if m.isfile():
+            if m.isfile() or m.islnk():   # a hard link is a file of its own once extracted
                 files.append(dest / PurePosixPath(m.name))
         if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: a second, resolution-based line of defence
             tf.extractall(dest, members=members, filter="data")

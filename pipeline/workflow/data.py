@@ -15,7 +15,8 @@ def download(params: Params, root: Path, source: str) -> dict[str, str]:
 
     if source not in DOWNLOADED:
         raise ParamsError(f"download: {source!r} has no raw files (expected one of {DOWNLOADED})")
-    mirror_root = mirror_from_env() or (Path(params.data_mirror) if params.data_mirror else None)
+    # ~ expanded, as mirror_from_env expands PSRNN_DATA_MIRROR (README: the param "does the same")
+    mirror_root = mirror_from_env() or (Path(params.data_mirror).expanduser() if params.data_mirror else None)
     if mirror_root is not None and not mirror_root.is_absolute():
         # relative to the user's repo, also in a queued experiment's copy under .dvc/tmp/exps/
         mirror_root = (user_repo(root) / mirror_root).resolve()
