@@ -940,14 +940,25 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
 
     Returns ``{"written": [...], "skipped": [...]}``: paths relative to ``out_dir`` (POSIX), in a fixed order. A
     skipped figure's stale PNG from an earlier report is removed so the directory reflects this report only.
+
+    The figures are drawn into ``out_dir/.figures.partial/`` and moved into ``figures/`` only once every figure and
+    the table are made: a report that fails halfway (a figure that cannot be drawn) leaves the previous report's
+    figures, table and summary as they were, not a mix of two reports.
     """
+    import os
+    import shutil
+
     root, out_dir = Path(root), Path(out_dir)
     cfg = _merge_config(figures)
     runs, notes = _collect(root, datasets)
     grouped = _group(runs)
-    out_fig = out_dir / "figures"
+    final_fig = out_dir / "figures"
+    out_fig = out_dir / ".figures.partial"
+    shutil.rmtree(out_fig, ignore_errors=True)   # a killed report's
+    out_fig.mkdir(parents=True)
     written: list[str] = []
     skipped: list[str] = []
+    removed: list[str] = []   # file names in figures/ that this report does not make, removed when it is done
     selected = None if datasets is None else set(datasets)
 
     def listed(name: str, names: Sequence[str]) -> list[str]:
@@ -962,9 +973,7 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
         rel = f"figures/{name}.png"
         if path is None:
             skipped.append(rel)
-            stale = out_dir / rel
-            if stale.is_file():
-                stale.unlink()
+            removed.append(f"{name}.png")
             why = [n for n in notes if n.startswith(f"`{name}.png`: ")]
             (log.info if off_list else log.warning)("report: skipped %s (%s)", rel,
                                                     why[-1].split(": ", 1)[1] if why else "data not available")
@@ -972,9 +981,33 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             written.append(rel)
             log.info("report: wrote %s", out_dir / rel)
 
+    try:
+        lines = _draw_and_tabulate(cfg, grouped, runs, notes, selected, listed, record, out_fig, removed, written)
+    except BaseException:
+        shutil.rmtree(out_fig, ignore_errors=True)
+        raise
+    final_fig.mkdir(parents=True, exist_ok=True)
+    for png in sorted(out_fig.glob("*.png")):
+        os.replace(png, final_fig / png.name)
+    for name in removed:
+        (final_fig / name).unlink(missing_ok=True)
+    for stale in sorted(final_fig.glob("*_curves.png")):   # of a dataset no longer reported (or none at all)
+        if f"figures/{stale.name}" not in written:
+            stale.unlink()
+    shutil.rmtree(out_fig, ignore_errors=True)
+    write_text(out_dir / "results.md", "\n".join(lines))
+    written.append("results.md")
+    write_json(out_dir / "summary.json", summary(grouped))
+    written.append("summary.json")
+    return {"written": written, "skipped": skipped}
+
+
+def _draw_and_tabulate(cfg: dict, grouped, runs, notes: list[str], selected, listed, record, out_fig: Path,
+                       removed: list[str], written: list[str]) -> list[str]:
+    """:func:`write_report`'s figures, drawn into ``out_fig``, and the lines of results.md."""
     for name in ("fig3a", "fig3b", "fig3c", "fig4a", "fig4b"):
         if cfg[name] is None:   # turned off: no PNG of an earlier report stays as if it were this one's
-            (out_fig / f"{name}.png").unlink(missing_ok=True)
+            removed.append(f"{name}.png")
             continue
         kept = listed(name, cfg[name]["datasets"] if name == "fig4a" else [cfg[name]["dataset"]])
         if not kept:
@@ -988,9 +1021,6 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
     if cfg["per_dataset"] is not None:
         for ds in sorted(grouped):
             record(f"{ds}_curves", _per_dataset(ds, cfg["per_dataset"], grouped[ds], out_fig, notes))
-    for stale in sorted(out_fig.glob("*_curves.png")):   # of a dataset no longer reported (or none at all)
-        if f"figures/{stale.name}" not in written:
-            stale.unlink()
 
     lines = ["# Results", "",
              "Final test metrics per dataset and variant: mean ± sample standard deviation (ddof = 1) over seeds; "
@@ -1006,11 +1036,7 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
     lines += ["", "## Not available", ""]
     lines += [f"- {_md_note(n)}" for n in dict.fromkeys(notes)] or ["Nothing missing."]
     lines.append("")
-    write_text(out_dir / "results.md", "\n".join(lines))
-    written.append("results.md")
-    write_json(out_dir / "summary.json", summary(grouped))
-    written.append("summary.json")
-    return {"written": written, "skipped": skipped}
+    return lines
 
 
 def _md_note(note: str) -> str:

@@ -198,3 +198,26 @@ def test_a_title_with_dollar_signs_is_drawn_as_text(tmp_path, figures):
                                                                 "title": title}})
     fig = figures["fig3a.png"]
     assert fig._suptitle.get_text() == title.replace("$", r"\$")
+
+
+def test_a_report_that_fails_halfway_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    """A figure that cannot be drawn stops the report: the earlier report's figures, table and summary stay as
+    they were (fig3a-c had been rewritten, fig4a and results.md not: two reports mixed)."""
+    root = tmp_path / "project"
+    for seed in (0, 1):
+        _write_run(root, "hmm", "psrnn", seed, "discrete", [4.0 + seed, 3.0, 2.0])
+    out = tmp_path / "reports"
+    figures = {"fig3a": {"dataset": "hmm", "variants": ["psrnn"]}}
+    write_report(root, out, figures=figures)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert Path("figures/fig3a.png") in before and Path("figures/hmm_curves.png") in before
+    _write_run(root, "hmm", "psrnn", 1, "discrete", [5.0, 4.0, 3.0])   # a new report would differ
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot draw")
+
+    monkeypatch.setattr(report, "_per_dataset", broken)   # drawn after fig3a
+    with pytest.raises(RuntimeError, match="cannot draw"):
+        write_report(root, out, figures=figures)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (out / ".figures.partial").exists()
