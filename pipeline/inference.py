@@ -372,13 +372,12 @@ class TrainedRun:
         encoded = self._encode_all(trajectories, unknown)
         out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
         if self.discrete:
+            from pipeline.api import _trajectory_list
+
             # typed like each input's symbols, as forecast_file types its column: int64 for integer symbols
             # (text would not compare equal to the ints fed in), booleans, floats; text otherwise
-            typed = []
-            for t, (values, probs) in zip(_trajectory_list_of(trajectories), out):
-                like = np.asarray(self._by_name(t))
-                typed.append((_symbol_values(self.vocab, like)[values], probs))
-            return typed
+            return [(_symbol_values(self.vocab, np.asarray(self._by_name(t)))[values], probs)
+                    for t, (values, probs) in zip(_trajectory_list("trajectories", trajectories), out)]
         return out
 
     def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
@@ -721,12 +720,6 @@ def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> An
 
 
 # ------------------------------------------------------------------------------------------------ a whole file
-
-
-def _trajectory_list_of(trajectories: Sequence[Any]) -> list[Any]:
-    from pipeline.api import _trajectory_list
-
-    return _trajectory_list("trajectories", trajectories)
 
 
 def _symbol_values(vocab: list[str], like: np.ndarray) -> np.ndarray:

@@ -64,7 +64,8 @@ DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
     "fig3b": {"dataset": "ptb", "variants": ["psrnn", "psrnn_2layer", "psrnn_2layer_skip"], "factorized_ranks": False,
               "split": "test", "show_train": False, "logy": "auto", "title": "Fig. 3b: PTB, 1- vs 2-layer PSRNN"},
     "fig3c": {"dataset": "ptb", "variants": ["psrnn"], "factorized_ranks": True,
-              "split": "test", "show_train": False, "logy": "auto", "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
+              "split": "test", "show_train": False, "logy": "auto",
+              "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
     "fig4a": {"datasets": ["swimmer", "mocap", "handwriting"], "variants": list(PAPER_MODELS),
               "split": "test", "show_train": False, "logy": "auto",
               "title": "Fig. 4a: MSE vs epoch"},
@@ -982,7 +983,38 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             log.info("report: wrote %s", out_dir / rel)
 
     try:
-        lines = _draw_and_tabulate(cfg, grouped, runs, notes, selected, listed, record, out_fig, removed, written)
+        for name in ("fig3a", "fig3b", "fig3c", "fig4a", "fig4b"):
+            if cfg[name] is None:   # turned off: no PNG of an earlier report stays as if it were this one's
+                removed.append(f"{name}.png")
+                continue
+            kept = listed(name, cfg[name]["datasets"] if name == "fig4a" else [cfg[name]["dataset"]])
+            if not kept:
+                record(name, None, off_list=True)
+            elif name == "fig4a":
+                record(name, _fig4a({**cfg[name], "datasets": kept}, grouped, out_fig, notes))
+            elif name == "fig4b":
+                record(name, _fig4b(cfg[name], grouped, out_fig, notes))
+            else:
+                record(name, _ptb_figure(name, cfg[name], grouped, out_fig, notes))
+        if cfg["per_dataset"] is not None:
+            for ds in sorted(grouped):
+                record(f"{ds}_curves", _per_dataset(ds, cfg["per_dataset"], grouped[ds], out_fig, notes))
+
+        lines = ["# Results", "",
+                 "Final test metrics per dataset and variant: mean ± sample standard deviation (ddof = 1) over seeds; "
+                 "a single seed shows its value alone. \"init\" is the epoch-0 model (2SR for PSRNNs, the random or "
+                 "fitted initialisation otherwise), averaged over seeds. Rows are sorted by the primary metric "
+                 "(lower is better). Curves show the mean over seeds with the min–max band shaded.", ""]
+        if not runs:
+            lines += ["No runs found.", ""]
+        for ds in sorted(set(grouped) | (selected or set())):   # a listed dataset without runs says so
+            lines += _table(ds, grouped.get(ds, {}))
+        lines += ["## Figures", ""]
+        lines += [f"- [{Path(w).name}]({w})" for w in written] or ["None."]
+        lines += ["", "## Not available", ""]
+        lines += [f"- {_md_note(n)}" for n in dict.fromkeys(notes)] or ["Nothing missing."]
+        lines.append("")
+        numbers = summary(grouped)
     except BaseException:
         shutil.rmtree(out_fig, ignore_errors=True)
         raise
@@ -997,46 +1029,9 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
     shutil.rmtree(out_fig, ignore_errors=True)
     write_text(out_dir / "results.md", "\n".join(lines))
     written.append("results.md")
-    write_json(out_dir / "summary.json", summary(grouped))
+    write_json(out_dir / "summary.json", numbers)
     written.append("summary.json")
     return {"written": written, "skipped": skipped}
-
-
-def _draw_and_tabulate(cfg: dict, grouped, runs, notes: list[str], selected, listed, record, out_fig: Path,
-                       removed: list[str], written: list[str]) -> list[str]:
-    """:func:`write_report`'s figures, drawn into ``out_fig``, and the lines of results.md."""
-    for name in ("fig3a", "fig3b", "fig3c", "fig4a", "fig4b"):
-        if cfg[name] is None:   # turned off: no PNG of an earlier report stays as if it were this one's
-            removed.append(f"{name}.png")
-            continue
-        kept = listed(name, cfg[name]["datasets"] if name == "fig4a" else [cfg[name]["dataset"]])
-        if not kept:
-            record(name, None, off_list=True)
-        elif name == "fig4a":
-            record(name, _fig4a({**cfg[name], "datasets": kept}, grouped, out_fig, notes))
-        elif name == "fig4b":
-            record(name, _fig4b(cfg[name], grouped, out_fig, notes))
-        else:
-            record(name, _ptb_figure(name, cfg[name], grouped, out_fig, notes))
-    if cfg["per_dataset"] is not None:
-        for ds in sorted(grouped):
-            record(f"{ds}_curves", _per_dataset(ds, cfg["per_dataset"], grouped[ds], out_fig, notes))
-
-    lines = ["# Results", "",
-             "Final test metrics per dataset and variant: mean ± sample standard deviation (ddof = 1) over seeds; "
-             "a single seed shows its value alone. \"init\" is the epoch-0 model (2SR for PSRNNs, the random or "
-             "fitted initialisation otherwise), averaged over seeds. Rows are sorted by the primary metric "
-             "(lower is better). Curves show the mean over seeds with the min–max band shaded.", ""]
-    if not runs:
-        lines += ["No runs found.", ""]
-    for ds in sorted(set(grouped) | (selected or set())):   # a listed dataset without runs says so
-        lines += _table(ds, grouped.get(ds, {}))
-    lines += ["## Figures", ""]
-    lines += [f"- [{Path(w).name}]({w})" for w in written] or ["None."]
-    lines += ["", "## Not available", ""]
-    lines += [f"- {_md_note(n)}" for n in dict.fromkeys(notes)] or ["Nothing missing."]
-    lines.append("")
-    return lines
 
 
 def _md_note(note: str) -> str:

@@ -48,6 +48,7 @@ from pipeline.features import (MIN_KERNEL_WIDTH, DistinctWindows, FeatureMaps, W
                                make_windows)
 from pipeline.messages import brief
 from pipeline.progress import progress
+from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,9 @@ class TwoStageConfig:
         if not isinstance(self.obs_inverse, bool):
             raise ValueError(f"two_stage.obs_inverse: expected true or false, got {self.obs_inverse!r}")
         # the random features are drawn by np.random.default_rng(seed): "a", 2.5 and -1 failed deep inside 2SR;
-        # the bound is pipeline.train_config.SEED_LIMIT, the seeds' of training and params.yaml
-        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or not 0 <= self.seed < 2 ** 32:
+        # the bound is that of the seeds of training and params.yaml
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) \
+                or not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"two_stage.seed: expected an integer with 0 <= seed < 2**32, got {brief(self.seed)}")
 
 

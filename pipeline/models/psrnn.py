@@ -147,16 +147,7 @@ def _torch_recurrence(G: torch.Tensor, b: torch.Tensor, q: torch.Tensor, q_init:
     gradients through them were silently wrong (torch path) or refused (C)."""
     if symbols is not None:
         G = _take(G, symbols)
-    qi = q_init.expand_as(q)
-    outs = []
-    for t in range(G.shape[0]):
-        if reset is not None:
-            q = torch.where(reset[t].unsqueeze(-1), qi, q)
-        z = torch.bmm(G[t], q.unsqueeze(-1)).squeeze(-1) + b
-        n = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
-        q = torch.where(n <= eps, qi, z / n.clamp_min(eps))
-        outs.append(q)
-    return torch.stack(outs)
+    return _recurrence_forward_careful(G, b, q, q_init, reset, eps)[0]
 
 
 def _differentiable_backward(needs: Sequence[bool], recompute, inputs: tuple, grad_out: torch.Tensor) -> list:
@@ -220,10 +211,11 @@ class _CompiledRecurrence(torch.autograd.Function):
     def backward(ctx, grad_out):
         G, inputs, out, norms, reset, symbols, b, q, q_init = ctx.saved_tensors
         if torch.is_grad_enabled():   # create_graph=True: see _torch_recurrence
-            grads = _differentiable_backward(
-                ctx.needs_input_grad[1:5], lambda G, b, q, q_init: _torch_recurrence(G, b, q, q_init, reset, ctx.eps, symbols),
-                (G, b, q, q_init), grad_out)
-            return None, *grads, None, None, None
+            def recompute(G, b, q, q_init):
+                return _torch_recurrence(G, b, q, q_init, reset, ctx.eps, symbols)
+
+            return None, *_differentiable_backward(ctx.needs_input_grad[1:5], recompute, (G, b, q, q_init),
+                                                   grad_out), None, None, None
         grad_z, grad_G, g_q0, g_init = ctx.kernels.full_backward(G, inputs, out, norms, reset, ctx.eps, grad_out,
                                                                  idx=symbols, grad_G=ctx.needs_input_grad[1])
         return None, grad_G, grad_z.sum((0, 1)), g_q0, g_init.sum(0), None, None, None
@@ -253,7 +245,8 @@ class _NativeFactorizedRecurrence(torch.autograd.Function):
                 steps = factorized_step_matrices(A, u if symbols is None else _take(u, symbols), C)
                 return _torch_recurrence(steps, b, q, q_init, reset, ctx.eps)
 
-            return (*_differentiable_backward(ctx.needs_input_grad[:6], recompute, (A, u, C, b, q, q_init), grad_out), None, None, None)
+            return (*_differentiable_backward(ctx.needs_input_grad[:6], recompute, (A, u, C, b, q, q_init), grad_out),
+                    None, None, None)
         grad_z, grad_u, w, g_q0, g_init = native.factorized_backward(A, u, C, cq, out, norms, reset, ctx.eps,
                                                                      grad_out, idx=symbols)
         r, d = A.shape
@@ -292,6 +285,8 @@ def _recurrence_forward(G, b, q, q_init, reset, eps):
 
 
 def _recurrence_forward_careful(G, b, q, q_init, reset, eps):
+    """The loop one step at a time, with the q_init fallback at degenerate steps; returns (outputs, inputs, norms).
+    Its writes into the preallocated outputs are tracked by autograd to any order (:func:`_torch_recurrence`)."""
     L = G.shape[0]
     steps = set(_reset_steps(reset))
     inputs = torch.empty((L, *q.shape), dtype=G.dtype, device=G.device)
@@ -329,10 +324,11 @@ class _NormalizedRecurrence(torch.autograd.Function):
     def backward(ctx, grad_out):
         G, inputs, out, norms, reset, b, q, q_init = ctx.saved_tensors
         if torch.is_grad_enabled():   # create_graph=True: see _torch_recurrence
-            grads = _differentiable_backward(
-                ctx.needs_input_grad[:4], lambda G, b, q, q_init: _torch_recurrence(G, b, q, q_init, reset, ctx.eps), (G, b, q, q_init),
-                grad_out)
-            return *grads, None, None
+            def recompute(G, b, q, q_init):
+                return _torch_recurrence(G, b, q, q_init, reset, ctx.eps)
+
+            return *_differentiable_backward(ctx.needs_input_grad[:4], recompute, (G, b, q, q_init), grad_out), \
+                None, None
         L = G.shape[0]
         steps = set(_reset_steps(reset))
         alive = ~(norms <= ctx.eps)                                  # rows that were not replaced by q_init

@@ -213,13 +213,14 @@ def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str
     """What decides the trained model of one run (see the module docstring), and the same without the train keys
     a checkpoint may resume with (:data:`pipeline.train.RESUMABLE_CHANGES`: ``epochs``, ``device``, ``eval_train``,
     ``max_loss``): a checkpoint with the second can continue to more epochs (training is resumed exactly, so 10
-    epochs extended to 20 equal 20 in one go), or after a stop on ``max_loss`` with a raised one. ``shared`` returns :func:`dataset_digest` (memoised by
-    :func:`refine` for all runs of a dataset); it is called after the initial weights are found."""
+    epochs extended to 20 equal 20 in one go), or after a stop on ``max_loss`` with a raised one. ``shared``
+    returns :func:`dataset_digest` (memoised by :func:`refine` for all runs of a dataset); it is called after the
+    initial weights are found."""
+    from pipeline.train import RESUMABLE_CHANGES
+
     train, init = _run_parts(params, root, dataset, variant_name, seed)
     shared_digest = shared() if shared is not None else dataset_digest(params, root, dataset)
     full = _fingerprint(train, init, shared_digest)
-    from pipeline.train import RESUMABLE_CHANGES
-
     for key in RESUMABLE_CHANGES:   # what fit lets a checkpoint resume with (a raised max_loss after its stop)
         train.pop(key, None)
     return full, _fingerprint(train, init, shared_digest)
