@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from pipeline.batching import make_streams
+from pipeline.data.schema import unscorable
 from pipeline.metrics import MetricSums, masked_loss, primary_metric
 from pipeline.messages import brief
 from pipeline.models.common import SequenceModel, detach_state
@@ -151,8 +152,8 @@ def check_scorable(name: str, trajectories: Sequence[np.ndarray]) -> None:
     metrics would be NaN, which training would report as a diverged model, far from the cause."""
     if len(trajectories) == 0:
         raise ValueError(f"{name}: empty; expected a list of trajectories, at least one")
-    if all(len(t) < 2 for t in trajectories):
-        which = "its one trajectory is" if len(trajectories) == 1 else f"all {len(trajectories)} trajectories are"
+    which = unscorable([len(t) for t in trajectories])
+    if which:
         raise ValueError(f"{name}: {which} a single step, so there is no one-step prediction to score; expected "
                          "trajectories of at least 2 steps (each prediction is scored against the next observation)")
 

@@ -794,7 +794,7 @@ def test_evaluate_refuses_trajectories_without_a_step_to_score(discrete_run, con
     with pytest.raises(ValueError, match="^" + re.escape(single) + "$"):
         crun.evaluate([ctest[0][:1] * crun.std + crun.mean])
     with pytest.raises(ValueError, match="^" + re.escape(
-            "trajectories: all 2 trajectories are a single step, so there is no one-step prediction to score; "
+            "trajectories: all 2 of its trajectories are a single step, so there is no one-step prediction to score; "
             "expected trajectories of at least 2 steps (each prediction is scored against the next observation) "
             "(counted after unknown='drop' left out the symbols not in the vocabulary)") + "$"):
         drun.evaluate([["10", "99"], ["99", "99", "20"]], unknown="drop")

@@ -142,7 +142,7 @@ def test_evaluating_nothing_is_named():
 
 # --------------------------------------------------------------------------------- splits without a step to score
 
-SINGLE = "{}: all 2 trajectories are a single step, so there is no one-step prediction to score; expected " \
+SINGLE = "{}: all 2 of its trajectories are a single step, so there is no one-step prediction to score; expected " \
          "trajectories of at least 2 steps (each prediction is scored against the next observation)"
 
 

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, utf8_error
+from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, unscorable, utf8_error
 from pipeline.messages import brief, brief_list
 from pipeline.train_config import SEED_LIMIT
 
@@ -523,10 +523,8 @@ def load_custom(
 
     members = {s: [k for k in range(n_traj) if split_of[k] == s] for s in SPLITS}
     for s in ("valid", "test"):
-        # a one-step trajectory has no next observation to score a prediction against: refine would stop on it
-        if members[s] and max(len(groups[k]) for k in members[s]) < 2:
-            n = len(members[s])
-            which = "its one trajectory is" if n == 1 else f"all {n} of its trajectories are"
+        which = unscorable([len(groups[k]) for k in members[s]])
+        if which:
             raise fail(f"split {s!r}: {which} a single step ({min_length_is}={min_length} lets such trajectories "
                        "through), so there is no one-step prediction to score; expected at least one "
                        f"{s} trajectory of 2 steps or more")

@@ -25,7 +25,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -103,6 +103,17 @@ class SequenceDataset:
         return {
             s: {"trajectories": len(self.split(s)), "steps": int(sum(len(t) for t in self.split(s)))} for s in SPLITS
         }
+
+
+def unscorable(lengths: Sequence[int]) -> str | None:
+    """How an error names a split whose trajectories are all a single step ("its one trajectory is", "all 3 of
+    its trajectories are"); None when one has 2 steps or more, or there is none. A one-step prediction is scored
+    against the next observation, which a one-step trajectory lacks: such a split has nothing to score, and its
+    NaN metrics would read as a diverged model. The one rule of the preprocess stage, the custom reader, training
+    and the API."""
+    if not lengths or max(lengths) >= 2:
+        return None
+    return "its one trajectory is" if len(lengths) == 1 else f"all {len(lengths)} of its trajectories are"
 
 
 def invalid_utf8(column: Any) -> tuple[int, bytes] | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, is_custom, user_repo
-from pipeline.data.schema import SequenceDataset, write_dataset
+from pipeline.data.schema import SequenceDataset, unscorable, write_dataset
 from pipeline.workflow.paths import prepared_path, raw_dir
 
 
@@ -108,11 +108,8 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = Fal
         if not ds.split(split):
             raise ParamsError(f"{dp.name}.source: the {split} split is empty")
     for split in ("valid", "test"):
-        # refine scores each prediction against the next observation: one-step trajectories give it none
-        trajectories = ds.split(split)
-        if trajectories and max(len(t) for t in trajectories) < 2:
-            n = len(trajectories)
-            which = "its one trajectory is" if n == 1 else f"all {n} of its trajectories are"
+        which = unscorable([len(t) for t in ds.split(split)])
+        if which:
             raise ParamsError(f"{dp.name}.source: the {split} split: {which} a single step, so there is no one-step "
                               f"prediction to score; expected at least one {split} trajectory of 2 steps or more")
     check_windows(dp.name, dp if kalman else replace(dp, kf=None), [len(t) for t in ds.train],
