@@ -2,9 +2,11 @@
 
 The kernel is Gaussian, k(x, y) = exp(-‖x - y‖² / (2σ²)), approximated (Rahimi & Recht, 2008) by
 
-    z(x) = sqrt(2 / D) · cos(Ω x + β),   Ω_ij ~ N(0, σ⁻²),  β_i ~ U[0, 2π),
+    z(x) = sqrt(2 / D) · cos(Ωᵀ x + β),   Ω_ij ~ N(0, σ⁻²),  β_i ~ U[0, 2π),   Ω of shape (input_dim, D),
 
 so that z(x)ᵀ z(y) ≈ k(x, y). The width σ is the median pairwise distance of the data (on a seeded subsample).
+Each random source of a run (the subsample and the map of each family, the range finder of the projections, the
+seed of an upper layer) draws from its own stream of (run seed, source, index): :func:`seed_sequence`.
 
 Windows are cut per trajectory, so no window ever spans two trajectories. For a trajectory o_0 … o_{T-1}, a past
 window length p and a future window length k, the usable times are t = p … T-k-1 and
@@ -26,7 +28,27 @@ from typing import Iterator, Sequence
 import numpy as np
 
 
-def median_pairwise_distance(x: np.ndarray, *, max_points: int = 1000, seed: int = 0) -> float:
+#: The random sources of one layer's 2SR, each with its own stream :func:`seed_sequence` (seed, source, index):
+#: the median subsample and the RFF map of feature family k (obs, past, future), the range finder of the
+#: projections, and the run seed of layer l >= 2. Offsets added to the seed (seed + 1000(k+1) for the maps,
+#: before) made the runs of seeds 1000 apart share maps: seed s+1000's past map was seed s's future map.
+MEDIAN_SAMPLE, RFF_MAP, RANGE_FINDER, UPPER_LAYER = 1, 2, 3, 4
+
+
+def seed_sequence(seed: int, source: int, index: int = 0) -> np.random.SeedSequence:
+    """The stream of one random source of a run of seed ``seed``: distinct (seed, source, index) give
+    statistically independent streams, so neither two sources of a run nor two runs' sources share draws."""
+    return np.random.SeedSequence([int(seed), source, index])
+
+
+def layer_seed(seed: int, level: int) -> int:
+    """The run seed of layer ``level`` (0-based, >= 1) of a multilayer 2SR of seed ``seed``: an integer below
+    2**32 drawn from its own stream (its layer's sources then derive from it as layer 1's from ``seed``)."""
+    return int(seed_sequence(seed, UPPER_LAYER, level).generate_state(1)[0])
+
+
+def median_pairwise_distance(x: np.ndarray, *, max_points: int = 1000,
+                             seed: int | np.random.SeedSequence = 0) -> float:
     """Median Euclidean distance between distinct rows of ``x`` (a seeded subsample of ``max_points`` rows)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 1:
@@ -55,7 +77,8 @@ def one_hot_window_distance_sample(
 ) -> float:
     """Median pairwise distance of one-hot windows given as symbol indices, without building the one-hots.
 
-    Two one-hot windows differ by sqrt(2) per position where the symbols differ.
+    Two one-hot windows whose symbols differ at m positions are sqrt(2m) apart (each differing position adds 2
+    to the squared distance).
     """
     windows = np.asarray(windows)
     n = windows.shape[0]
@@ -76,7 +99,7 @@ MIN_KERNEL_WIDTH = 1e-30
 
 @dataclass
 class RandomFourierFeatures:
-    """A fixed random feature map z(x) = sqrt(2/D) cos(Ω x + β) for a Gaussian kernel of width σ.
+    """A fixed random feature map z(x) = sqrt(2/D) cos(Ωᵀx + β) for a Gaussian kernel of width σ.
 
     ``frequencies`` is Ω with shape (input_dim, D) (already divided by σ); ``offsets`` is β with shape (D,).
     """
@@ -86,7 +109,8 @@ class RandomFourierFeatures:
     width: float
 
     @classmethod
-    def create(cls, input_dim: int, n_features: int, width: float, seed: int) -> "RandomFourierFeatures":
+    def create(cls, input_dim: int, n_features: int, width: float,
+               seed: int | np.random.SeedSequence) -> "RandomFourierFeatures":
         if n_features < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
         if not np.isfinite(width) or width < MIN_KERNEL_WIDTH:
@@ -494,16 +518,19 @@ def fit_feature_maps(
     maps = {}
     for k, name in enumerate(("obs", "past", "future")):
         n = len(windows)
-        sample = np.sort(np.random.default_rng(seed + 7 * k).choice(n, size=min(n, max_points), replace=False))
+        # the subsample is at most max_points rows, so the median functions draw nothing further
+        sample = np.sort(np.random.default_rng(seed_sequence(seed, MEDIAN_SAMPLE, k))
+                         .choice(n, size=min(n, max_points), replace=False))
         x = windows.rows(name, sample)
         w = widths.get(name)
         if w is None:
             if windows.discrete:
-                w = one_hot_window_distance_sample(x, vocab_size, max_points=max_points, seed=seed + 7 * k)
+                w = one_hot_window_distance_sample(x, vocab_size, max_points=max_points)
             else:
-                w = median_pairwise_distance(x, max_points=max_points, seed=seed + 7 * k)
+                w = median_pairwise_distance(x, max_points=max_points)
             w *= width_scale
         in_dim = x.shape[1] * (vocab_size if windows.discrete else 1)  # one-hot windows: positions × V
-        maps[name] = RandomFourierFeatures.create(in_dim, n_features, float(w), seed=seed + 1000 * (k + 1))
+        maps[name] = RandomFourierFeatures.create(in_dim, n_features, float(w),
+                                                  seed=seed_sequence(seed, RFF_MAP, k))
     return FeatureMaps(discrete=windows.discrete, vocab_size=vocab_size, past_window=past_window,
                        future_window=future_window, **maps)

@@ -44,8 +44,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pipeline.features import (MIN_KERNEL_WIDTH, DistinctWindows, FeatureMaps, Windows, distinct_windows, fit_feature_maps,
-                               make_windows)
+from pipeline.features import (MIN_KERNEL_WIDTH, RANGE_FINDER, DistinctWindows, FeatureMaps, Windows, distinct_windows,
+                               fit_feature_maps, layer_seed, make_windows, seed_sequence)
 from pipeline.messages import brief
 from pipeline.progress import progress
 from pipeline.train_config import SEED_LIMIT
@@ -249,7 +249,7 @@ def top_projections(
             sv[f] = np.sqrt(np.maximum(evals[order], 0))
         return out, sv, accumulate_statistics(windows, maps, out, cfg, distinct=distinct)
 
-    rng = np.random.default_rng(cfg.seed + 17)
+    rng = np.random.default_rng(seed_sequence(cfg.seed, RANGE_FINDER))
     Q = {f: _orth(rng.standard_normal((D, min(D, dims[f] + cfg.oversample)))) for f in fams}
     for it in range(cfg.power_iterations):
         Y = {f: np.zeros_like(Q[f]) for f in fams}
@@ -547,6 +547,10 @@ def regress_layer(
 # ------------------------------------------------------------------------------------------------ filtering
 
 
+#: A state update of norm at most this is degenerate and gives q₁, as in the PSRNN cells (their ``eps``).
+NORM_EPS = 1e-12
+
+
 def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, bias: np.ndarray | None = None,
                   return_unnormalised_mean: bool = False):
     """Run q_{t+1} = (W ×₂ o_t ×₃ q_t + b)/‖·‖ from q₁ through each trajectory.
@@ -570,7 +574,8 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
                 z_sum += z
                 z = z + b
                 nz = np.sqrt(z @ z)
-                q = layer.q1 if nz <= 0 else z / nz   # NaN propagates, as in the PSRNN cells
+                # the cells' threshold (their eps): the filter the decoder is fitted on is the model's own filter
+                q = layer.q1 if nz <= NORM_EPS else z / nz   # NaN propagates, as in the PSRNN cells
                 states[s + i] = q
         z_count += T
         out.append(states)
@@ -784,7 +789,7 @@ def two_stage_depths(
     for level in range(n_layers):
         is_first = level == 0
         lcfg = cfg if is_first else (upper_cfg or TwoStageConfig(**{**asdict(cfg), "widths": None,
-                                                                     "seed": cfg.seed + 101 * level}))
+                                                                     "seed": layer_seed(cfg.seed, level)}))
         layer = regress_layer(inputs, lcfg, discrete=discrete and is_first,
                                vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
         states, mean_z = filter_states(layer, inputs, return_unnormalised_mean=True)

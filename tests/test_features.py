@@ -96,3 +96,25 @@ def test_feature_maps_use_median_widths_unless_given():
     fixed = fit_feature_maps(w, n_features=16, obs_dim=2, widths={"obs": 0.5}, seed=0)
     assert fixed.obs.width == 0.5
     assert fixed.past.input_dim == 4 and fixed.future.input_dim == 6
+
+
+def test_every_random_source_of_every_seed_draws_its_own_stream():
+    """The maps of seed s+1000 were seed s's (the past map of one, the future map of the other) when each family's
+    seed was seed + 1000(k+1): sweeps over seeds 0, 1000, 2000 had correlated initialisations. Now no map of
+    seeds 0, 1, 1000, 2000 equals or contains another's, and the upper layers' seeds differ from every run seed."""
+    from pipeline.features import layer_seed
+
+    traj = np.random.default_rng(0).standard_normal((300, 2))
+    w = make_windows([traj], past=2, future=2, discrete=False)   # past and future maps of the same shape
+    seeds = (0, 1, 1000, 2000)
+    omegas = []
+    for s in seeds:
+        maps = fit_feature_maps(w, n_features=32, obs_dim=2, widths={"obs": 1.0, "past": 1.0, "future": 1.0}, seed=s)
+        omegas += [maps.obs.frequencies, maps.past.frequencies, maps.future.frequencies]
+    for i, a in enumerate(omegas):
+        for b in omegas[i + 1:]:
+            assert not np.isin(a.ravel(), b.ravel()).any()
+    again = fit_feature_maps(w, n_features=32, obs_dim=2, widths={"obs": 1.0, "past": 1.0, "future": 1.0}, seed=1000)
+    np.testing.assert_array_equal(again.past.frequencies, omegas[2 * 3 + 1])     # and each is reproducible
+    uppers = {layer_seed(s, level) for s in seeds for level in (1, 2)}
+    assert len(uppers) == 8 and not uppers & set(seeds) and all(0 <= u < 2 ** 32 for u in uppers)

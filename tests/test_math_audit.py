@@ -9,7 +9,7 @@ import torch
 
 from pipeline.api import initialise_model
 from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
-from pipeline.features import make_windows
+from pipeline.features import layer_seed, make_windows
 from pipeline.models import KalmanFilter, ModelConfig, build_model
 from pipeline.models.psrnn import FactorizedPSRNNLayer, PSRNNLayer
 from pipeline.train import evaluate, predict
@@ -152,7 +152,7 @@ def test_ridge_is_a_ratio_times_n_so_duplicated_data_learn_the_same_model():
 
 def test_layer_two_is_2sr_on_the_states_filtered_by_layer_one():
     """Layer 2 is one more 2SR with layer 1's filtered states (the state after each observation, b = 0, not
-    starting with q₁) in place of the observations, its own median widths and seed + 101; the top decoder regresses
+    starting with q₁) in place of the observations, its own median widths and its own seed (features.layer_seed); the top decoder regresses
     o_{t+1} on layer 2's states, the skip decoder on both layers' side by side."""
     ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=8, n_test=2, length=60, seed=1)
     cfg = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=4, n_features=150, past_window=2, future_window=2,
@@ -160,7 +160,7 @@ def test_layer_two_is_2sr_on_the_states_filtered_by_layer_one():
     tsm = multilayer_two_stage(ds.train, cfg, n_layers=2, discrete=False)
     s1 = filter_states(tsm.layers[0], ds.train)
     assert [len(s) for s in s1] == [len(t) for t in ds.train]
-    upper = TwoStageConfig(**{**cfg.__dict__, "seed": cfg.seed + 101})
+    upper = TwoStageConfig(**{**cfg.__dict__, "seed": layer_seed(cfg.seed, 1)})
     alone = regress_layer(s1, upper, discrete=False)
     for name in ("W", "q1", "U_obs", "U_past", "U_future"):
         np.testing.assert_array_equal(getattr(tsm.layers[1], name), getattr(alone, name), err_msg=name)
@@ -233,3 +233,22 @@ def test_a_float64_psrnn_gets_the_2sr_weights_unrounded():
     single = build_model(config).load_two_stage(tsm)
     assert single.cores[0].W.dtype == torch.float32
     assert torch.equal(single.cores[0].W, torch.as_tensor(tsm.layers[0].W, dtype=torch.float32))
+
+
+def test_the_2sr_filter_falls_back_to_q1_where_the_cells_do():
+    """A degenerate update (norm at most the cells' eps, 1e-12) gives q₁ in the numpy 2SR filter too: it tested
+    norm <= 0 and normalised updates of norm 1e-13 that the model maps to q₁, so the decoder was fitted on states
+    (0.48 away) that the epoch-0 model never has."""
+    from pipeline.two_stage import NORM_EPS
+
+    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=4, n_test=1, length=50, seed=0)
+    cfg = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=5, n_features=80, past_window=2, future_window=2, seed=1)
+    tsm = multilayer_two_stage(ds.train, cfg, n_layers=1, discrete=False)
+    tsm.layers[0].W = tsm.layers[0].W * (NORM_EPS / 10)
+    model = build_model(ModelConfig(model="psrnn", discrete=False, input_dim=2, output_dim=2, state_dim=4,
+                                    obs_dim=4, n_rff=80)).double().load_two_stage(tsm)
+    with torch.no_grad():
+        states, _ = model.decoder_inputs(torch.as_tensor(ds.train[0][:, None, :]), model.init_state(1))
+    want = filter_states(tsm.layers[0], [ds.train[0]])[0]
+    np.testing.assert_array_equal(want, np.broadcast_to(tsm.layers[0].q1, want.shape))
+    np.testing.assert_allclose(states[:, 0].numpy(), want, rtol=0, atol=1e-12)
