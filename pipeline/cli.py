@@ -266,7 +266,7 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
     stage = args.stage
     # each stage imports only its own workflow module: dvc.yaml lists exactly the code a stage runs
     if stage in ("predict", "forecast"):
-        (_predict if stage == "predict" else _forecast)(args, root)
+        (_predict if stage == "predict" else _forecast)(args, root, params)
         return 0
     if stage == "custom-stage":
         print(_custom_stage_text(root, params, args.name), end="")
@@ -332,12 +332,38 @@ def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:
             "unknown": args.unknown if args.unknown is not None else "error", "probabilities": args.probabilities}
 
 
-def _predict(args: argparse.Namespace, root: Path) -> None:
+def _warn_if_stale(args: argparse.Namespace, root: Path, params) -> None:
+    """``predict`` and ``forecast`` use a finished run as it is (a model trained on older params may be just what
+    is wanted), but say so on stderr when its params, data, initial weights or training code are not the current
+    ones, which ``evaluate`` refuses (:func:`pipeline.workflow.evaluate.check_current`). Runs of a dataset, variant
+    or seed that the params no longer list, and ``--initial`` weights, are not compared."""
+    from pipeline.workflow.evaluate import check_current
+
+    if args.initial or args.dataset not in params.datasets or args.run_seed not in params.seeds:
+        return
+    if args.variant not in [v.name for v in params.dataset(args.dataset).variants]:
+        return
+    from pipeline.inference import run_units
+    from pipeline.workflow.paths import model_dir
+
+    try:
+        check_current(params, root, args.dataset, args.variant, args.run_seed)
+    except RuntimeError as exc:
+        units = ("" if run_units(model_dir(root, args.dataset, args.variant, args.run_seed)) is not None else
+                 ", in the units of the current prepared data (the run predates runs that keep their own)")
+        print(f"psrnn {args.stage}: warning: {one_line(exc)}; using it as it is{units}", file=sys.stderr)
+    except (OSError, ValueError) as exc:   # what the comparison reads is gone or unreadable: the run is still used
+        print(f"psrnn {args.stage}: warning: could not compare the run with the current params and data "
+              f"({one_line(exc)}); using it as it is", file=sys.stderr)
+
+
+def _predict(args: argparse.Namespace, root: Path, params) -> None:
     """``psrnn predict``: :func:`pipeline.inference.predict_file`, and one line of what was written."""
     from pipeline.inference import load_run, predict_file
 
     _check_inference_args(args, root)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
+    _warn_if_stale(args, root, params)
     summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
                            device=args.device, block_rows=args.block_rows)
     m = summary["metrics"]
@@ -350,12 +376,13 @@ def _predict(args: argparse.Namespace, root: Path) -> None:
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); {scored}")
 
 
-def _forecast(args: argparse.Namespace, root: Path) -> None:
+def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     """``psrnn forecast``: :func:`pipeline.inference.forecast_file`, and one line of what was written."""
     from pipeline.inference import forecast_file, load_run
 
     _check_inference_args(args, root)
     run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
+    _warn_if_stale(args, root, params)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
                             seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)
     n = summary["trajectories"]

@@ -362,10 +362,11 @@ class TrainedRun:
         ``sample``, ones drawn from the predicted distribution (typed like the trajectory's symbols: int64 for
         integers, booleans, floats, else text), and the distributions (steps, V) they came from.
         Forecast h = 1 is the one-step prediction after the trajectory's last row. ``sample`` is True or False,
-        and True only for discrete data. Sampled symbols depend only on ``seed`` and the trajectory's index in
-        the list: trajectory i draws from its own numpy stream, ``SeedSequence(seed, spawn_key=(i,))``, so the
-        first trajectory forecast alone draws what it draws beside others, and the other trajectories of the call
-        change nothing of its samples."""
+        and True only for discrete data. The random numbers of a trajectory depend only on ``seed`` and its index
+        in the list: trajectory i draws from its own numpy stream, ``SeedSequence(seed, spawn_key=(i,))``, so the
+        first trajectory forecast alone draws what it draws beside others, up to float32 rounding of the
+        distributions (trajectories of one length are filtered side by side, which moves them by about 1e-7: a
+        draw that close to a boundary can flip)."""
         check_steps(steps)
         check_seed(seed)
         check_sample(sample, self.discrete)
@@ -575,7 +576,9 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     """The trained model of run (``dataset``, ``variant``, ``seed``) of the project at ``root``, or with
     ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory, and
     so is an initial-weights file or checkpoint whose stored model is not the one ``variant`` names (e.g. another
-    variant's file copied over it)."""
+    variant's file copied over it). A trained run takes and gives data in the units it was trained in
+    (:func:`run_units`); the initial weights, and a run trained before runs kept their units, in those of the
+    prepared dataset."""
     from pipeline.config import Variant
     from pipeline.data.schema import read_dataset
     from pipeline.io import load_npz
@@ -586,22 +589,22 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
 
     root = Path(root)
     wanted = Variant.parse(variant, key="variant")
+    init = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
     prepared = prepared_path(root, dataset)
-    if not prepared.is_file():
+    if not init.is_file() and not prepared.is_file():
         raise FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this project, "
                                 "and has `dvc repro` run?)")
-    init = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
         raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "
                                 f"{seed} (have {', '.join(have) if have else 'none: has `dvc repro` run?'})")
     arrays, meta = load_npz(init)
     _check_variant(init, meta.get("model_config"), wanted)
-    ds = read_dataset(prepared)
     model = model_from_config(meta["model_config"], arrays, str(init))
-    epoch = 0
+    epoch, units = 0, None
     if not initial:
         path = finished_checkpoint(root, dataset, variant, seed)
+        units = run_units(path.parent)
         ck = load_checkpoint(path)
         _check_variant(path, ck.get("model_config"), wanted)
         try:
@@ -610,8 +613,24 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
             detail = " ".join(str(exc).split())[:200]
             raise ValueError(f"{path}: its weights do not fit the {variant} model of {init} ({detail})") from None
         epoch = trained_epoch(ck)
-    return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant, seed=seed, epoch=epoch,
-                                 root=root)
+    if units is None:
+        if not prepared.is_file():
+            raise FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this "
+                                    "project, and has `dvc repro` run?)")
+        units = read_dataset(prepared).units()
+    return TrainedRun.from_units(model, units, dataset=dataset, variant=variant, seed=seed, epoch=epoch, root=root)
+
+
+def run_units(run_dir: Path) -> dict[str, Any] | None:
+    """The data units (:meth:`pipeline.data.schema.SequenceDataset.units`) that the trained run in ``run_dir`` was
+    trained in, from its ``history.json``; None for a run trained before runs kept them (refine adds them to a
+    finished run it finds current). They, not the prepared file's, are what the model takes and gives: a later
+    preprocess (another split, a renamed symbol) changes the prepared file's without retraining the run."""
+    from pipeline.io import read_json
+
+    history = run_dir / "history.json"
+    units = read_json(history).get("data_units") if history.is_file() else None
+    return units if isinstance(units, dict) else None
 
 
 def _check_variant(path: Path, config: Any, wanted: Any) -> None:

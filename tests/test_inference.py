@@ -853,3 +853,76 @@ def test_load_mlflow_run_refuses_a_scheme_mlflow_does_not_track_to(uri, problem,
     for good in ("postgresql+psycopg2://user@host/db", "mysql+pymysql://host/db", "mssql://host/db", "HTTPS://host",
                  f"sqlite:///{tmp_path / 'mlflow.db'}", f"file://{tmp_path}", "databricks://profile"):
         assert uri_problem(good) is None, good
+
+
+def test_predict_and_forecast_warn_when_the_run_is_not_current(capsys, tmp_path, continuous_run):
+    """evaluate refuses a finished run whose params, data, initial weights or training code are not the current
+    ones; predict and forecast use it (an older model may be what is wanted) but said nothing: now one warning line
+    on stderr, and none for a current run or for --initial weights."""
+    import torch
+
+    from pipeline.config import load_params
+    from pipeline.workflow.refine import run_fingerprints
+
+    run, test = continuous_run
+    src = str(_project(tmp_path, run, test))
+    mdir = tmp_path / "models" / "lgssm" / "psrnn" / "s0"
+    mdir.mkdir(parents=True)
+    torch.save({"model_config": run.model.config.to_dict(), "model": run.model.state_dict(), "epoch": 1},
+               mdir / "checkpoint.pt")
+    (mdir / "done").write_text("trained-with-other-params\n")
+    (mdir / "history.json").write_text(json.dumps({"data_units": {"kind": "continuous", "features": run.features,
+                                                                  "mean": run.mean.tolist(),
+                                                                  "std": run.std.tolist()}}))
+    stale = (f"warning: {mdir}: trained with other params, data, initial weights or training code than the current "
+             "ones; run refine first (psrnn refine lgssm psrnn 0); using it as it is")
+    out = str(tmp_path / "out.parquet")
+    for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
+        status, err = _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", src, out, *extra)
+        assert (status, err) == (0, f"psrnn {stage}: {stale}")
+        status, err = _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", src, out, "--initial", *extra)
+        assert (status, err) == (0, "")
+    (mdir / "history.json").unlink()   # a run trained before runs kept their units: the prepared file's are used
+    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, out) == (
+        0, f"psrnn predict: {stale}, in the units of the current prepared data (the run predates runs that keep "
+           "their own)")
+    (mdir / "done").write_text(run_fingerprints(load_params(REPO / "params.yaml"), tmp_path, "lgssm", "psrnn", 0)[0])
+    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, out) == (0, "")
+
+
+def test_a_trained_run_keeps_the_units_it_was_trained_in(tmp_path, continuous_run):
+    """load_run took the mean/std (or vocabulary) of the prepared file as it is now: preparing the data again
+    (another split) without retraining standardised new inputs differently from training, silently. A trained
+    run's history.json now holds its units; the initial weights, and runs without them, use the prepared file's."""
+    import torch
+
+    from pipeline.io import write_json
+
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    mdir = tmp_path / "models" / "lgssm" / "psrnn" / "s0"
+    mdir.mkdir(parents=True)
+    torch.save({"model_config": run.model.config.to_dict(), "model": run.model.state_dict(), "epoch": 1},
+               mdir / "checkpoint.pt")
+    (mdir / "done").write_text("fingerprint\n")
+    units = {"kind": "continuous", "features": ["a", "b"], "mean": run.mean.tolist(), "std": run.std.tolist()}
+    write_json(mdir / "history.json", {"data_units": units, "history": []})
+    # the data prepared again: other means and spreads
+    from pipeline.data.schema import SequenceDataset, write_dataset
+
+    write_dataset(tmp_path / "data" / "prepared" / "lgssm.parquet",
+                  SequenceDataset(kind="continuous", train=test, test=test, features=["a", "b"],
+                                  meta={"normalization": {"mean": [0.0, 1.0], "std": [3.0, 3.0],
+                                                          "columns": ["a", "b"]}}))
+    raw = [z * run.std + run.mean for z in test]
+    loaded = load_run(tmp_path, "lgssm", "psrnn", 0)
+    np.testing.assert_array_equal(loaded.mean, run.mean)
+    np.testing.assert_array_equal(loaded.std, run.std)
+    for a, b in zip(loaded.predict(raw), run.predict(raw)):
+        np.testing.assert_array_equal(a, b)
+    assert list(load_run(tmp_path, "lgssm", "psrnn", 0, initial=True).mean) == [0.0, 1.0]
+    (tmp_path / "data" / "prepared" / "lgssm.parquet").unlink()   # a trained run needs no prepared file
+    assert load_run(tmp_path, "lgssm", "psrnn", 0).epoch == 1
+    write_json(mdir / "history.json", {"history": []})             # trained before runs kept their units
+    with pytest.raises(FileNotFoundError, match="prepared dataset not found"):
+        load_run(tmp_path, "lgssm", "psrnn", 0)

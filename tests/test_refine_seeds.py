@@ -446,6 +446,8 @@ def test_an_unreachable_store_stops_refine_before_any_result_is_touched(tmp_path
 def test_a_run_marked_done_by_the_previous_fingerprint_is_kept(tmp_path, clean_env):
     """Versions before the ``tracked`` marker fingerprinted the tracking params with the rest: their finished
     runs are kept (not trained or logged again) after an upgrade, and marked as this version marks them."""
+    from pipeline.workflow.paths import load_prepared
+
     root = tmp_path
     params = _params(root, [0])
     refine.refine(params, root, "hmm")
@@ -453,8 +455,13 @@ def test_a_run_marked_done_by_the_previous_fingerprint_is_kept(tmp_path, clean_e
     runs, mtime = _runs(root), _mtime(root, "psrnn", 0)
     (mdir / "done").write_text(refine._legacy_fingerprint(params, root, "hmm", "psrnn", 0) + "\n")
     (mdir / "tracked").unlink()
+    history = json.loads((mdir / "history.json").read_text())
+    assert history["data_units"] == load_prepared(root, "hmm").units()   # the units load_run reads
+    del history["data_units"]   # and a run trained before runs kept their units gets them
+    (mdir / "history.json").write_text(json.dumps(history))
     refine.refine(params, root, "hmm")
     assert _mtime(root, "psrnn", 0) == mtime and _runs(root) == runs
+    assert json.loads((mdir / "history.json").read_text())["data_units"] == load_prepared(root, "hmm").units()
     assert (mdir / "done").read_text().strip() == refine.run_fingerprints(params, root, "hmm", "psrnn", 0)[0]
     assert (mdir / "tracked").read_text().strip() == refine.tracking_fingerprint(params, root)
     # markers of neither fingerprint are a run of another configuration: trained again

@@ -149,7 +149,7 @@ def summary_line(history: dict[str, Any]) -> str:
     stopped = f", stopped early: {history['stopped_early']}" if history.get("stopped_early") else ""
     on = f"{history['monitor']} " if history.get("monitor") else ""   # not the test numbers beside it
     return (f"refine {history['dataset']}: {run_name(history['variant'], history['seed'])} "
-            f"{len(epochs) - 1} epochs, test {key} {first:.4g} -> {last:.4g} (epoch 0 -> {len(epochs) - 1}); "
+            f"{len(epochs) - 1} epoch{'' if len(epochs) == 2 else 's'}, test {key} {first:.4g} -> {last:.4g} (epoch 0 -> {len(epochs) - 1}); "
             f"lowest {on}{key} at epoch {history['best_epoch']}{stopped}")
 
 
@@ -254,6 +254,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         done = fingerprint
     if not retrain and done == fingerprint and history_file.is_file():
         history = read_json(history_file)
+        if "data_units" not in history:   # trained before runs kept their units; the data are the same (fingerprint)
+            history["data_units"] = load_prepared(root, dataset).units()
+            write_json(history_file, history)
         _write_plot(root, dataset, variant_name, seed, history["history"])
         if tracked_file.is_file() and tracked_file.read_text().strip() == tracked:
             print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, "
@@ -308,7 +311,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "monitor": tcfg.monitored_split(bool(ds.valid)), "best_metric": result.best_metric,
                "stopped_early": result.stopped_early, "run_id": tracker.run_id,
                "git_commit": tracker.tags.get("mlflow.source.git.commit"), "git_dirty": tracker.tags.get("git_dirty"),
-               "history": result.history}
+               # the units the model takes and gives data in: pipeline.inference.load_run reads them here, not from
+               # the prepared file, which a later preprocess may change without retraining the run
+               "data_units": ds.units(), "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
     _log_outcome(tracker, params, ds, model, mdir, history)
