@@ -538,32 +538,36 @@ UNSTANDARDISED_SCALE = 10.0
 SMALL_SCALE = 0.01
 
 
-def _warn_unstandardised(train: Sequence[np.ndarray]) -> None:
+def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | None = None) -> None:
     """Warn (once, naming the features) when continuous training features are in large units or small ones: the
     pipeline standardises each feature, :func:`fit_model` takes the arrays as they are, and SGD at the paper's
     learning rate 1 on a feature near 1013 (a pressure in hPa) diverges or wanders where the standardised one
     trains, while on lgssm data scaled by 0.01 an LSTM's test MSE moves 0.3104 → 0.3103 in 3 epochs (0.310 →
-    0.302 standardised): the gradients shrink with the square of the units."""
+    0.302 standardised): the gradients shrink with the square of the units. Features are named by ``columns``
+    (frames, dicts of columns), else by position."""
     import warnings
 
     x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
     mean, std = x.mean(axis=0), x.std(axis=0)
     large = np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))
     if large.size:
-        warnings.warn(f"train: {_features_shown(large, mean, std)} in large units; fit_model takes features as they "
+        warnings.warn(f"train: {_features_shown(large, mean, std, columns)} in large units; fit_model takes features as they "
                       "are (the pipeline standardises them): subtract the training mean and divide by the std first, "
                       "and scale predictions back, or SGD may diverge", UserWarning, stacklevel=4)
     small = np.flatnonzero((std > 0) & (std < SMALL_SCALE))
     if small.size:
-        warnings.warn(f"train: {_features_shown(small, mean, std)} in small units; fit_model takes features as they "
+        warnings.warn(f"train: {_features_shown(small, mean, std, columns)} in small units; fit_model takes features as they "
                       "are (the pipeline standardises them): the loss and its gradients scale with the square of the "
                       "units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): divide by the "
                       "training std first, and scale predictions back", UserWarning, stacklevel=4)
 
 
-def _features_shown(columns: np.ndarray, mean: np.ndarray, std: np.ndarray) -> str:
-    shown = ", ".join(f"feature {j} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in columns[:3])
-    return shown + (f" and {columns.size - 3} more" if columns.size > 3 else "")
+def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names: Sequence[str] | None) -> str:
+    def name(j: int) -> str:
+        return f"feature {j}" if names is None else f"feature {brief(names[j])}"
+
+    shown = ", ".join(f"{name(j)} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in which[:3])
+    return shown + (f" and {which.size - 3} more" if which.size > 3 else "")
 
 
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
@@ -640,7 +644,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     checked = _checked_splits(data, a["kind"])
     discrete, input_dim, arrays = checked.discrete, checked.input_dim, checked.arrays
     if not discrete:
-        _warn_unstandardised(arrays["train"])
+        _warn_unstandardised(arrays["train"], checked.columns)
     how = ("strings" if checked.vocab is not None else
            "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
     if a["delta"] and discrete:

@@ -316,6 +316,10 @@ def _check_inference_args(args: argparse.Namespace, root: Path) -> None:
         check_block_rows(args.block_rows, "--block-rows")
     resolve_device(args.device, "--device")
     check_output_path(args.output, root)   # not over the project's own files, before the run is loaded
+    suffix = Path(args.output).suffix
+    if suffix.lower() != ".parquet":   # a .csv name would not make a CSV: say so rather than surprise a reader
+        print(f"psrnn {args.stage}: warning: {args.output}: written as Parquet (pyarrow), whatever its name ends with "
+              f"({suffix or 'no suffix'}); expected a name ending in .parquet", file=sys.stderr)
 
 
 def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:

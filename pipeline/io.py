@@ -10,6 +10,7 @@ file and the stage to rerun.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -85,11 +86,30 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         yield tmp_path
         with contextlib.suppress(OSError):  # a file system without modes keeps mkstemp's; a missing file fails below
             os.chmod(tmp_path, 0o666 & ~_umask())
+        _fsync(tmp_path)   # the data on disk before the name: a crash after the rename must not leave an empty file
         os.replace(tmp_path, path)
+        _fsync(path.parent)   # and the rename itself
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path`` (a file, or a directory's entries) to disk; file systems that cannot (EINVAL, ENOTSUP: some
+    network and FUSE mounts, directories on some systems) are left as they are. A missing file is left to the
+    rename to report."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EISDIR):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -394,6 +394,12 @@ def test_features_in_large_units_get_one_warning_naming_them(features, recwarn):
     text = str(w.message)
     assert text.startswith("train: feature 0 (mean 101") and ", feature 1 (mean " in text, text
     assert "subtract the training mean and divide by the std" in text and w.filename == __file__
+    # named columns (frames, dicts of columns) are named by their names: a step counter kept as a feature shows
+    named = [{"step": np.arange(len(t), dtype=np.float64) * 10.0, "x": t[:, 0]} for t in features.train]
+    with pytest.warns(UserWarning) as caught:
+        fit_model(named, **{**SMALL, "epochs": 0})
+    (w,) = [w for w in caught if "large units" in str(w.message)]
+    assert str(w.message).startswith("train: feature 'step' (mean "), str(w.message)
     tiny = [np.c_[t[:, :1] * 1e-3, t[:, 1:]] for t in features.train]   # a reading in kilo-units, say
     with pytest.warns(UserWarning) as caught:
         fit_model(tiny, **{**SMALL, "epochs": 0})

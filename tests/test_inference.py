@@ -888,6 +888,11 @@ def test_predict_and_forecast_warn_when_the_run_is_not_current(capsys, tmp_path,
            "their own)")
     (mdir / "done").write_text(run_fingerprints(load_params(REPO / "params.yaml"), tmp_path, "lgssm", "psrnn", 0)[0])
     assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, out) == (0, "")
+    csv = tmp_path / "out.csv"   # the name does not choose the format: said, not silently ignored
+    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, str(csv)) == (
+        0, f"psrnn predict: warning: {csv}: written as Parquet (pyarrow), whatever its name ends with (.csv); "
+           "expected a name ending in .parquet")
+    assert pq.read_table(csv).num_rows == len(test[0]) + len(test[1])
 
 
 def test_a_trained_run_keeps_the_units_it_was_trained_in(tmp_path, continuous_run):

@@ -223,3 +223,31 @@ def test_an_unwritable_output_is_named_not_its_temporary_file(tmp_path):
     msg = str(err.value)
     assert f"cannot write {target} (a temporary file in {blocker} is needed first)" in msg and ".out.json." not in msg
     assert "\n" not in msg and blocker.read_text() == "not a directory"
+
+
+def test_the_data_reach_the_disk_before_the_rename(tmp_path: Path, monkeypatch) -> None:
+    """A power cut after a rename that the file's data had not reached the disk before can leave an empty file
+    under the good name: the temporary file is fsynced before os.replace, and the directory after it."""
+    import os
+
+    from pipeline import io
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(io.os, "fsync", fsync)
+    monkeypatch.setattr(io.os, "replace", replace)
+    out = tmp_path / "out.json"
+    io.write_json(out, {"a": 1})
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    assert Path(events[0][1]).parent == tmp_path and Path(events[0][1]).name.startswith(".out.json.")
+    assert events[1][1] == str(out) and events[2][1] == str(tmp_path)
+    assert io.read_json(out) == {"a": 1}
