@@ -651,3 +651,38 @@ def test_a_rate_limit_or_request_timeout_is_retried_after_its_retry_after(server
     start = time.monotonic()
     assert fetch([RawFile("a.txt", server.url("/a.txt"), SHA)], tmp_path, retries=2, backoff=0.01) == {"a.txt": SHA}
     assert server.hits["/a.txt"] == 2 and time.monotonic() - start >= 0.3
+
+
+def test_a_trickling_transfer_is_a_stall_and_retried(server: _Server, tmp_path: Path) -> None:
+    """A server that sends a byte now and then never times out a read (each read gets something): a transfer
+    under min_rate bytes/s over stall_window seconds is a stall, retried, and the retry's full transfer lands."""
+    import time
+
+    def trickle(h: http.server.BaseHTTPRequestHandler, n: int) -> None:
+        if n > 1:
+            return _ok(PAYLOAD)(h, n)
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(PAYLOAD)))
+        h.end_headers()
+        for byte in PAYLOAD[:40]:
+            if server.release.is_set():
+                return
+            h.wfile.write(bytes([byte]))
+            h.wfile.flush()
+            time.sleep(0.02)
+
+    server.routes["/trickle.txt"] = trickle
+    url = server.url("/trickle.txt")
+    with pytest.raises(DownloadError) as err:
+        fetch([RawFile("trickle.txt", url, SHA)], tmp_path / "a", retries=0, timeout=5.0, stall_window=0.3,
+              min_rate=1000)
+    assert re.fullmatch(rf"trickle\.txt: download from {re.escape(url)} failed after 1 attempts: stalled: \d+ bytes "
+                        r"in 0\.\d+ s, under 1000 bytes/s", str(err.value)), str(err.value)
+    assert _leftovers(tmp_path / "a") == []
+    server.hits.clear()   # trickled again, then served whole
+    out = fetch([RawFile("trickle.txt", url, SHA)], tmp_path / "b", retries=1, timeout=5.0, backoff=0.01,
+                stall_window=0.3, min_rate=1000)
+    assert out == {"trickle.txt": SHA} and (tmp_path / "b" / "trickle.txt").read_bytes() == PAYLOAD
+    assert server.hits["/trickle.txt"] == 2
+    with pytest.raises(ValueError, match="stall_window=0"):
+        fetch([], tmp_path, stall_window=0)

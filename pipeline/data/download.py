@@ -88,6 +88,10 @@ MIRROR_ENV = "PSRNN_DATA_MIRROR"
 #: File inside a fetch destination that records the sha256 of the files that have no pinned hash.
 RECORDED_MANIFEST = "MANIFEST.json"
 _CHUNK = 1 << 16
+#: a transfer slower than MIN_RATE bytes/s over STALL_WINDOW seconds is a stall, retried (fetch's defaults): the
+#: raw files are at most a few MB, and a server that trickles bytes would otherwise never time out
+STALL_WINDOW = 120.0
+MIN_RATE = 512.0
 _USER_AGENT = "psrnn-pipeline/0.1 (+https://github.com/cmdowney/psrnn reproduction)"
 
 
@@ -293,12 +297,16 @@ def fetch(
     retries: int = 3,
     timeout: float = 30.0,
     backoff: float = 0.5,
+    stall_window: float = STALL_WINDOW,
+    min_rate: float = MIN_RATE,
 ) -> dict[str, str]:
     """Make every file of ``files`` present and verified under ``dest``; return ``{path: sha256}``.
 
     ``mirror`` is the dataset's directory in a local mirror (``mirror/<path>`` is used instead of the URL when it
     exists). ``retries`` is the number of extra attempts after the first for transient network errors, waiting
-    ``backoff * 2**k`` seconds before retry ``k``; ``timeout`` (seconds) applies to connecting and to each read.
+    ``backoff * 2**k`` seconds before retry ``k``; ``timeout`` (seconds) applies to connecting and to each read,
+    and a transfer that brings fewer than ``min_rate`` bytes per second over ``stall_window`` seconds is a stall
+    (a server that trickles a byte now and then never times out a read), retried like a timeout.
     Raises :class:`ChecksumError` on a hash mismatch and :class:`DownloadError` when a file cannot be obtained.
 
     Files without a pinned hash (``sha256=None``) are accepted as they are, and their sha256 and URL are written to
@@ -310,6 +318,9 @@ def fetch(
         raise ValueError(f"retries={retries}: expected a non-negative integer")
     if timeout <= 0:
         raise ValueError(f"timeout={timeout}: expected a positive number of seconds")
+    if not stall_window > 0 or not min_rate >= 0:
+        raise ValueError(f"stall_window={stall_window}, min_rate={min_rate}: expected a positive number of seconds "
+                         "and a non-negative number of bytes per second")
     clash = [f.path for f in files if PurePosixPath(f.path) == PurePosixPath(RECORDED_MANIFEST)]
     if clash:
         raise ValueError(f"RawFile path {clash[0]!r} is reserved for the record of unpinned sha256 sums")
@@ -320,13 +331,15 @@ def fetch(
         log.warning("%s: the mirror cannot be used: %s; fetching from the upstream URLs", dest, problem)
     hashes: dict[str, str] = {}
     for f in files:
-        hashes[f.path] = _obtain(f, dest, mirror, retries=retries, timeout=timeout, backoff=backoff)
+        hashes[f.path] = _obtain(f, dest, mirror, retries=retries, timeout=timeout, backoff=backoff,
+                                 stall=(stall_window, min_rate))
         if f.sha256 is None:
             _record_unpinned(dest, f, hashes[f.path])
     return hashes
 
 
-def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeout: float, backoff: float) -> str:
+def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeout: float, backoff: float,
+            stall: tuple[float, float] = (0.0, 0.0)) -> str:
     """Make one file present and verified under ``dest`` (steps 1-3 of the module docstring); its sha256."""
     target = dest / f.path
     if target.is_file():
@@ -344,7 +357,7 @@ def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeou
     if source is not None:
         log.info("%s: not in mirror %s, downloading %s", f.path, mirror, f.url)
     try:
-        digest = _download_verified(f, target, retries=retries, timeout=timeout, backoff=backoff)
+        digest = _download_verified(f, target, retries=retries, timeout=timeout, backoff=backoff, stall=stall)
     except DownloadError as exc:
         if source is None:
             raise
@@ -416,7 +429,8 @@ class _Transient(Exception):
 MAX_RETRY_AFTER = 60.0
 
 
-def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float, backoff: float) -> str:
+def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float, backoff: float,
+                       stall: tuple[float, float] = (0.0, 0.0)) -> str:
     last, wait = "", 0.0
     for attempt in range(retries + 1):
         if attempt:
@@ -425,7 +439,7 @@ def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float
             time.sleep(delay)
         try:
             with atomic_path(target) as tmp:
-                digest, sized = _download_once(f.url, tmp, timeout=timeout, desc=f.path)
+                digest, sized = _download_once(f.url, tmp, timeout=timeout, desc=f.path, stall=stall)
                 try:
                     _verify(f, digest, f.url)
                 except ChecksumError as exc:
@@ -442,9 +456,11 @@ def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float
     raise DownloadError(f"{f.path}: download from {f.url} failed after {retries + 1} attempts: {last}")
 
 
-def _download_once(url: str, tmp: Path, *, timeout: float, desc: str) -> tuple[str, bool]:
+def _download_once(url: str, tmp: Path, *, timeout: float, desc: str, stall: tuple[float, float] = (0.0, 0.0)
+                   ) -> tuple[str, bool]:
     """One GET of ``url`` into ``tmp``; returns the sha256 and whether its length was checked against a
-    ``Content-Length``. Transient failures raise :class:`_Transient`."""
+    ``Content-Length``. Transient failures raise :class:`_Transient`; so does a stall: fewer than ``stall[1]``
+    bytes per second over a window of ``stall[0]`` seconds (0: no such check)."""
     try:
         request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
     except ValueError as exc:
@@ -471,11 +487,22 @@ def _download_once(url: str, tmp: Path, *, timeout: float, desc: str) -> tuple[s
         with tqdm(total=expected, unit="B", unit_scale=True, desc=desc, leave=False,
                   disable=not sys.stderr.isatty()) as bar, open(tmp, "wb") as out:
 
+            window, min_rate = stall
+            since, got = time.monotonic(), 0
+
             def read(n: int) -> bytes:
-                try:
-                    return resp.read(n)
+                nonlocal since, got
+                try:   # read1: what one receive brings, so that a trickle is seen between its bytes
+                    chunk = resp.read1(n)
                 except (OSError, http.client.HTTPException) as exc:
                     raise _Transient(_reason(exc, timeout)) from None
+                got += len(chunk)
+                elapsed = time.monotonic() - since
+                if window > 0 and elapsed >= window:
+                    if got < min_rate * elapsed:
+                        raise _Transient(f"stalled: {got} bytes in {elapsed:.3g} s, under {min_rate:g} bytes/s")
+                    since, got = time.monotonic(), 0
+                return chunk
 
             digest, size = _stream(read, out, bar.update)
     if expected is not None and size != expected:
