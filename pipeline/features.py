@@ -27,6 +27,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.messages import brief
+from pipeline.train_config import SEED_LIMIT
+
 
 #: The random sources of one layer's 2SR, each with its own stream :func:`seed_sequence` (seed, source, index):
 #: the median subsample and the RFF map of feature family k (obs, past, future), the range finder of the
@@ -36,9 +39,20 @@ MEDIAN_SAMPLE, RFF_MAP, RANGE_FINDER, UPPER_LAYER = 1, 2, 3, 4
 
 
 def seed_sequence(seed: int, source: int, index: int = 0) -> np.random.SeedSequence:
-    """The stream of one random source of a run of seed ``seed``: distinct (seed, source, index) give
-    statistically independent streams, so neither two sources of a run nor two runs' sources share draws."""
-    return np.random.SeedSequence([int(seed), source, index])
+    """The stream of one random source of a run of seed ``seed`` (an integer, 0 <= seed < 2**32): numpy's
+    ``SeedSequence(seed, spawn_key=(source, index))``, so distinct (seed, source, index) give statistically
+    independent streams: neither two sources of a run nor two runs' sources share draws. (An entropy list
+    [seed, source, index] would not do: numpy splits a seed of 2**32 or more into two words, so [a + 2**33, 1, 0]
+    was [a, 2, 1].)"""
+    import operator
+
+    try:
+        value = operator.index(seed)   # 1.7 and True are no seeds
+    except TypeError:
+        value = None
+    if value is None or isinstance(seed, bool) or not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"seed {brief(seed)}: expected an integer with 0 <= seed < 2**32")
+    return np.random.SeedSequence(value, spawn_key=(source, index))
 
 
 def layer_seed(seed: int, level: int) -> int:

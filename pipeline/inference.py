@@ -1,8 +1,9 @@
 """A trained run on new data: :func:`load_run` in Python, ``python -m pipeline.cli predict`` on a Parquet file.
 
 A run of the pipeline (dataset ``ds``, variant ``v``, seed ``s``) leaves everything needed to use it later: the
-prepared dataset's metadata (the vocabulary, or the feature names and the train mean/std that continuous features
-were standardised with), the initial weights ``artifacts/<ds>/s<s>/init/<v>.npz`` and the trained checkpoint
+data units it was trained in (the vocabulary, or the feature names and the train mean/std that continuous features
+were standardised with: ``data_units`` in ``models/<ds>/<v>/s<s>/history.json``, else the prepared dataset's
+metadata), the initial weights ``artifacts/<ds>/s<s>/init/<v>.npz`` and the trained checkpoint
 ``models/<ds>/<v>/s<s>/checkpoint.pt``. :func:`load_run` rebuilds the model from them; :class:`TrainedRun` takes
 trajectories in the units of the original data (raw symbols; unstandardised features) and gives one-step
 predictions in those units, so the standardisation is never the user's business.
@@ -628,9 +629,28 @@ def run_units(run_dir: Path) -> dict[str, Any] | None:
     preprocess (another split, a renamed symbol) changes the prepared file's without retraining the run."""
     from pipeline.io import read_json
 
-    history = run_dir / "history.json"
-    units = read_json(history).get("data_units") if history.is_file() else None
-    return units if isinstance(units, dict) else None
+    path = run_dir / "history.json"
+    if not path.is_file():
+        return None
+    history = read_json(path)   # a damaged file: a one-line error naming it
+    units = history.get("data_units") if isinstance(history, dict) else None
+    if isinstance(history, dict) and units is None:
+        return None
+    if not _units_ok(units):
+        raise ValueError(f"{path}: damaged: expected a JSON object whose data_units has kind 'discrete' with a vocab "
+                         "list, or kind 'continuous' with features, mean and std lists of one length (rerun refine: "
+                         "PSRNN_RETRAIN=1 psrnn refine ...)")
+    return units
+
+
+def _units_ok(units: Any) -> bool:
+    if not isinstance(units, dict):
+        return False
+    if units.get("kind") == "discrete":
+        return isinstance(units.get("vocab"), list) and len(units["vocab"]) > 0
+    parts = [units.get(k) for k in ("features", "mean", "std")]
+    return (units.get("kind") == "continuous" and all(isinstance(p, list) for p in parts)
+            and len({len(p) for p in parts}) == 1 and len(parts[0]) > 0)
 
 
 def _check_variant(path: Path, config: Any, wanted: Any) -> None:

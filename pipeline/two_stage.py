@@ -122,7 +122,7 @@ class TwoStageConfig:
             raise ValueError(f"two_stage.feature_dtype: expected 'float32' or 'float64', got {self.feature_dtype!r}")
         if not isinstance(self.obs_inverse, bool):
             raise ValueError(f"two_stage.obs_inverse: expected true or false, got {self.obs_inverse!r}")
-        # the random features are drawn by np.random.default_rng(seed): "a", 2.5 and -1 failed deep inside 2SR;
+        # every draw of the 2SR derives from the seed (features.seed_sequence): "a", 2.5 and -1 failed deep inside 2SR;
         # the bound is that of the seeds of training and params.yaml
         if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) \
                 or not 0 <= self.seed < SEED_LIMIT:

@@ -35,8 +35,9 @@ def continuous():
 
 DISCRETE = {
     "psrnn": dict(model="psrnn"),
-    # at lr 1 this toy 2-layer run is chaotic: float32 rounding alone (C vs torch on one CPU) moves epoch 1 by 10%
-    "psrnn_2layer": dict(model="psrnn", n_layers=2, lr=0.1),
+    # this toy 2-layer run is chaotic at a high rate: float32 rounding alone (C vs torch ops on one CPU) moves
+    # epoch 1 by 10% at lr 1 and epoch 2 by 3% at lr 0.1 (with the 2SR draws of f7e4e77); at 0.03 they agree to 1e-6
+    "psrnn_2layer": dict(model="psrnn", n_layers=2, lr=0.03),
     "factorized_psrnn": dict(model="factorized_psrnn", rank=8),
     "lstm": dict(model="lstm", lr=0.5),
     "gru": dict(model="gru", lr=0.5),
@@ -272,6 +273,20 @@ def test_the_triton_kernels_run_on_their_tensors_device_not_the_current_one():
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12, msg=name)
 
 
+def _require_triton(case):
+    """Skip without triton (CUDA then runs the torch ops, which tests/test_native.py holds to the C loops); with
+    it, the cells below must run in the Triton kernels, not silently in the torch ops."""
+    import importlib.util
+
+    from pipeline import native
+    from pipeline.models.psrnn import _compiled_kernels
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed: CUDA runs the torch ops")
+    cuda = {k: case[k].to("cuda") for k in ("G", "b", "q", "qi")}
+    assert _compiled_kernels(cuda["G"], cuda["b"], cuda["q"], cuda["qi"]) is native.gpu_kernels() is not None
+
+
 @pytest.mark.parametrize("core", ["full", "symbols", "factorized", "factorized_symbols"])
 @pytest.mark.parametrize("degenerate", [False, True])
 def test_every_cell_on_cuda_equals_the_cpu_in_float64(core, degenerate):
@@ -280,6 +295,7 @@ def test_every_cell_on_cuda_equals_the_cpu_in_float64(core, degenerate):
     degenerate step (z = 0: q_init) on both devices."""
     from test_native import CORES, _case
 
+    _require_triton(_case(torch.float64))
     case = _case(torch.float64, degenerate=degenerate)
     fn, names = CORES[core]
     results = []
@@ -306,6 +322,7 @@ def test_a_nan_state_propagates_on_cuda(core, grad):
     from test_native import CORES, _case
 
     case = {k: v.to("cuda") for k, v in _case(torch.float64).items()}
+    _require_triton(case)
     case["b"][0] = math.nan
     fn, names = CORES[core]
     extra = {"symbols": case["symbols"]} if core.endswith("symbols") else {}
@@ -320,6 +337,7 @@ def test_second_order_gradients_on_cuda_equal_the_cpu():
     from test_native import CORES, _case
 
     case = _case(torch.float64)
+    _require_triton(case)
     fn, names = CORES["symbols"]
     grads = []
     for device in ("cpu", "cuda"):

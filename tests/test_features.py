@@ -118,3 +118,26 @@ def test_every_random_source_of_every_seed_draws_its_own_stream():
     np.testing.assert_array_equal(again.past.frequencies, omegas[2 * 3 + 1])     # and each is reproducible
     uppers = {layer_seed(s, level) for s in seeds for level in (1, 2)}
     assert len(uppers) == 8 and not uppers & set(seeds) and all(0 <= u < 2 ** 32 for u in uppers)
+
+
+def test_the_median_subsample_and_the_range_finder_draw_from_their_own_streams():
+    """The median width of a family is taken on the subsample drawn from seed_sequence(seed, MEDIAN_SAMPLE, k) (it
+    was seed + 7k: seed 7's obs subsample was seed 0's past one); the range finder's stream is none of the others;
+    every stream of seeds 0, 1, 7, 17, 101, 1000 (the old offsets' collisions) is distinct; a seed that is no
+    integer in [0, 2**32) is refused (an entropy list took 2**33 + a as two words, colliding with other streams)."""
+    from pipeline.features import MEDIAN_SAMPLE, RANGE_FINDER, RFF_MAP, seed_sequence
+
+    traj = np.random.default_rng(1).standard_normal((400, 2))
+    w = make_windows([traj], past=2, future=2, discrete=False)
+    for seed in (0, 7):
+        maps = fit_feature_maps(w, n_features=8, obs_dim=2, seed=seed, max_points=50)
+        for k, name in enumerate(("obs", "past", "future")):
+            rows = np.sort(np.random.default_rng(seed_sequence(seed, MEDIAN_SAMPLE, k)).choice(len(w), 50,
+                                                                                               replace=False))
+            assert getattr(maps, name).width == median_pairwise_distance(w.rows(name, rows), max_points=50)
+    states = [tuple(seed_sequence(s, src, k).generate_state(4)) for s in (0, 1, 7, 17, 101, 1000)
+              for src in (MEDIAN_SAMPLE, RFF_MAP, RANGE_FINDER) for k in range(3)]
+    assert len(set(states)) == len(states)
+    for bad in (-1, 2 ** 32, 2 ** 33 + 5, 1.7, True, "3"):
+        with pytest.raises(ValueError, match=r"expected an integer with 0 <= seed < 2\*\*32"):
+            seed_sequence(bad, RFF_MAP)

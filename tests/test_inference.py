@@ -931,3 +931,14 @@ def test_a_trained_run_keeps_the_units_it_was_trained_in(tmp_path, continuous_ru
     write_json(mdir / "history.json", {"history": []})             # trained before runs kept their units
     with pytest.raises(FileNotFoundError, match="prepared dataset not found"):
         load_run(tmp_path, "lgssm", "psrnn", 0)
+    # a damaged history.json is one line naming it, not an AttributeError or a bare KeyError
+    damaged = f"{mdir / 'history.json'}: damaged: expected a JSON object whose data_units has kind 'discrete' with "
+    for content in ("[]", '"x"', '{"data_units": {}}', json.dumps({"data_units": {**units, "std": [1.0]}}),
+                    json.dumps({"data_units": {"kind": "discrete", "vocab": []}})):
+        (mdir / "history.json").write_text(content)
+        with pytest.raises(ValueError) as err:
+            load_run(tmp_path, "lgssm", "psrnn", 0)
+        assert str(err.value).startswith(damaged), str(err.value)
+    (mdir / "history.json").write_text('{"data_units": ')
+    with pytest.raises(ValueError, match=r"history\.json"):
+        load_run(tmp_path, "lgssm", "psrnn", 0)
