@@ -248,14 +248,17 @@ def git_commit(root: str | os.PathLike) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-#: tracked files whose changes do not change what a run computes: DVC rewrites dvc.lock at every stage
+#: tracked files whose changes do not change what a run computes: DVC rewrites dvc.lock at every stage, and the
+#: outputs that dvc.yaml keeps out of DVC's cache (plots/, metrics/, reports/results.md and summary.json) are meant
+#: to be committed to git, so the stages rewrite (or DVC removes, before a stage runs) files git tracks
 _NOT_DIRTYING = ("dvc.lock",)
+_NOT_DIRTYING_DIRS = ("plots/", "metrics/", "reports/")
 
 
 def git_dirty(root: str | os.PathLike) -> str | None:
     """The tracked files of the git work tree at ``root`` that differ from HEAD (staged or not), comma-separated
-    (at most 500 characters), "" when none; None outside git. ``dvc.lock`` does not count (DVC rewrites it); DVC
-    outputs are not tracked by git. A run's ``mlflow.source.git.commit`` says what trained it only when this is
+    (at most 500 characters), "" when none; None outside git. ``dvc.lock`` and the pipeline's uncached outputs
+    (``plots/``, ``metrics/``, ``reports/``), which git may track, do not count: the stages rewrite them. A run's ``mlflow.source.git.commit`` says what trained it only when this is
     empty: an uncommitted ``params.yaml`` or code change is named in the run's ``git_dirty`` tag."""
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--no-renames"], cwd=root,
@@ -264,8 +267,8 @@ def git_dirty(root: str | os.PathLike) -> str | None:
         return None
     if out.returncode != 0:
         return None
-    changed = sorted({line[3:].strip().strip('"') for line in out.stdout.splitlines() if len(line) > 3}
-                     - set(_NOT_DIRTYING))
+    changed = sorted(path for path in {line[3:].strip().strip('"') for line in out.stdout.splitlines() if len(line) > 3}
+                     if path not in _NOT_DIRTYING and not path.startswith(_NOT_DIRTYING_DIRS))
     shown = ", ".join(changed)
     return shown if len(shown) <= 500 else shown[:497] + "..."
 

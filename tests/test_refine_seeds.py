@@ -540,7 +540,8 @@ def test_a_run_continued_to_more_epochs_logs_its_model_again_and_the_run_says_wh
 
 def test_runs_are_tagged_with_the_commit_and_the_uncommitted_changes_that_trained_them(tmp_path, clean_env):
     """mlflow.source.git.commit alone would credit HEAD with an uncommitted params.yaml: `git_dirty` names the
-    tracked files that differ (dvc.lock, which DVC rewrites, does not count). A run only logged again keeps the
+    tracked files that differ (dvc.lock, which DVC rewrites, and the uncached outputs plots/, metrics/ and reports/,
+    which the stages rewrite, do not count). A run only logged again keeps the
     commit and changes it was trained with (from its history), not the work tree's of the day."""
     import subprocess
 
@@ -559,10 +560,16 @@ def test_runs_are_tagged_with_the_commit_and_the_uncommitted_changes_that_traine
     git("config", "user.name", "t")
     _params(root, [0])
     (root / "dvc.lock").write_text("schema: '2.0'\n")
-    git("add", "params.yaml", "dvc.lock")
+    # the uncached outputs of dvc.yaml, committed as DVC means them to be
+    for out in ("plots/hmm/psrnn/s0.json", "metrics/hmm/psrnn_s0.json", "reports/results.md", "reports/summary.json"):
+        (root / out).parent.mkdir(parents=True, exist_ok=True)
+        (root / out).write_text("{}\n")
+    git("add", "params.yaml", "dvc.lock", "plots", "metrics", "reports")
     git("commit", "-qm", "params")
     head = git("rev-parse", "HEAD")
     (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    (root / "reports" / "results.md").write_text("new table\n")   # rewritten by the stages: no change of the code
+    (root / "metrics" / "hmm" / "psrnn_s0.json").unlink()          # DVC removes an output before its stage runs
     assert git_dirty(root) == ""
     refine.refine(_params(root, [0]), root, "hmm")
     ((_, _, run_id, _),) = _runs(root)
@@ -661,3 +668,32 @@ def test_the_resumable_fingerprint_leaves_out_what_fit_resumes_with(tmp_path, cl
     full, resumable = refine.run_fingerprints(_params(tmp_path, [0], overrides={"psrnn": {"lr": 0.5}}), tmp_path,
                                               "hmm", "psrnn", 0)
     assert full != base[0] and resumable != base[1]
+
+
+def test_a_psrnn_knob_leaves_the_baselines_initial_weights_byte_for_byte(tmp_path):
+    """The initial-weights file holds the model config and is part of every run's fingerprint: the PSRNN bias and
+    the RFF count written into a GRU's config retrained it with the very same weights whenever they changed. Now a
+    GRU's file (config and weights) keeps its bytes under both; the PSRNN's changes."""
+    from pipeline.workflow.paths import artifact_dir
+
+    root = tmp_path
+    p = copy.deepcopy(PARAMS)
+    p["hmm"]["variants"] = ["psrnn", "gru"]
+    p["hmm"]["model"]["psrnn_bias_scale"] = 0.2
+
+    def init_bytes(raw):
+        params = _write_params(root, raw)
+        if not prepared_path(root, "hmm").exists():
+            data.prepare(params, root, "hmm")
+        for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
+            stage(params, root, "hmm", 0)
+        init = artifact_dir(root, "hmm", 0) / "init"
+        return {v: (init / f"{v}.npz").read_bytes() for v in ("psrnn", "gru")}
+
+    before = init_bytes(p)
+    p["hmm"]["model"]["psrnn_bias_scale"] = 0.1
+    p["hmm"]["two_stage"]["n_features"] = 40
+    after = init_bytes(p)
+    assert after["gru"] == before["gru"] and after["psrnn"] != before["psrnn"]
+    config = initialise.load_initial(root, "hmm", "gru", 0).config
+    assert (config.n_rff, config.bias_scale, config.obs_dim) == (2000, 0.0, 4)   # defaults; d_o is the embedding's

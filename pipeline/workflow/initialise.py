@@ -18,11 +18,21 @@ def model_config(dp: DatasetParams, ds: SequenceDataset, variant: Variant, kf_st
     ts = dp.two_stage
     if variant.family == "kf" and kf_state_dim is None:
         raise ValueError("model_config: a Kalman filter needs the state size of its 2SR artifact")
-    bias = dp.model.factorized_bias_scale if variant.family == "factorized_psrnn" else dp.model.psrnn_bias_scale
+    # Only the fields a model reads: the config is in the initial weights' file, whose bytes are part of every run's
+    # fingerprint, so a 2SR size or a PSRNN bias written into a GRU's or the Kalman filter's config retrained them
+    # with the very same weights (the RFF count and bias are the PSRNNs', the encoder size d_o not the KF's).
+    shape: dict = {}
+    if variant.family in ("psrnn", "factorized_psrnn"):
+        shape["n_rff"] = ts.n_features
+        if variant.init == "2sr":
+            shape["bias_scale"] = (dp.model.factorized_bias_scale if variant.family == "factorized_psrnn"
+                                   else dp.model.psrnn_bias_scale)
+    if variant.family != "kf":
+        shape["obs_dim"] = ts.obs_dim
     return ModelConfig(model=variant.family, discrete=ds.discrete, input_dim=ds.obs_dim, output_dim=ds.obs_dim,
-                       state_dim=kf_state_dim if variant.family == "kf" else ts.state_dim, obs_dim=ts.obs_dim,
-                       n_layers=variant.n_layers, rank=variant.rank, n_rff=ts.n_features, init=variant.init,
-                       bias_scale=bias, decoder_input="all" if variant.skip else "top", delta=variant.delta)
+                       state_dim=kf_state_dim if variant.family == "kf" else ts.state_dim, n_layers=variant.n_layers,
+                       rank=variant.rank, init=variant.init, decoder_input="all" if variant.skip else "top",
+                       delta=variant.delta, **shape)
 
 
 def initial_model(params: Params, root: Path, dataset: str, variant_name: str, seed: int):

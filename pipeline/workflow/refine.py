@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 #: The code that decides a trained model, relative to the repository root. The ``refine`` stages of dvc.yaml list
 #: the same paths as dependencies (``tests/test_pipeline_e2e.py`` checks that they cover every module refine imports).
 TRAINING_CODE = ("pipeline/train.py", "pipeline/train_config.py", "pipeline/optim.py", "pipeline/batching.py",
-                 "pipeline/metrics.py", "pipeline/models", "pipeline/native")
+                 "pipeline/metrics.py", "pipeline/models", "pipeline/native", "pipeline/data/schema.py")
 _CODE_SUFFIXES = (".py", ".c", ".h")
 
 
