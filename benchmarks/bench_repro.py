@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     mirror = args.mirror or default_mirror()
     if not mirror.is_dir():
         p.error(f"--mirror: {mirror} is not a folder (the raw-data mirror; set PSRNN_DATA_MIRROR or pass --mirror)")
+    if args.workdir is not None and not args.workdir.is_dir():
+        p.error(f"--workdir: {args.workdir} is not a folder (the copy is made in an existing folder)")
     settings = [*(QUICK_SETTINGS if args.quick else ()), *args.set]
     targets = args.target or (list(QUICK_TARGETS) if args.quick else [])
     reasons = claim_reasons(args.quick, {"--set": args.set, "--target": args.target}, CLAIM)
