@@ -211,3 +211,20 @@ def test_the_loss_of_a_fully_scored_window_taken_whole_has_the_same_bits_and_gra
     assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
     mask[2, 1] = False   # a step without a target: the masked path differs, as it must
     assert not torch.equal(masked_loss(out, y, mask, discrete), losses[0])
+
+
+def test_the_continuous_training_loss_is_the_mean_over_every_scored_element():
+    """The MSE objective averages over steps and features alike (as the MSE metric does): summing the features
+    and averaging over steps scales the gradients by the width, which no other test saw (a mutation survived)."""
+    from pipeline.metrics import MetricSums, masked_loss
+
+    g = torch.Generator().manual_seed(1)
+    L, B, m = 6, 2, 3
+    out, y = torch.randn(L, B, m, generator=g, dtype=torch.float64), torch.randn(L, B, m, generator=g, dtype=torch.float64)
+    mask = torch.ones(L, B, dtype=torch.bool)
+    mask[4, 1] = False
+    want = ((out - y) ** 2)[mask].sum() / (int(mask.sum()) * m)
+    assert torch.allclose(masked_loss(out, y, mask, False), want, rtol=1e-14, atol=0)
+    sums = MetricSums(discrete=False)
+    sums.add(out, y, mask)
+    assert sums.result()["mse"] == pytest.approx(float(want), rel=1e-12)

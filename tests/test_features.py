@@ -93,6 +93,9 @@ def test_feature_maps_use_median_widths_unless_given():
     w = make_windows([traj], past=2, future=3, discrete=False)
     maps = fit_feature_maps(w, n_features=16, obs_dim=2, seed=0)
     assert maps.obs.width == pytest.approx(median_pairwise_distance(w.obs, seed=0))
+    scaled = fit_feature_maps(w, n_features=16, obs_dim=2, width_scale=2.0, seed=0)   # every median width, scaled
+    for name in ("obs", "past", "future"):
+        assert getattr(scaled, name).width == pytest.approx(2.0 * getattr(maps, name).width, rel=1e-12)
     fixed = fit_feature_maps(w, n_features=16, obs_dim=2, widths={"obs": 0.5}, seed=0)
     assert fixed.obs.width == 0.5
     assert fixed.past.input_dim == 4 and fixed.future.input_dim == 6

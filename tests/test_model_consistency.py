@@ -111,6 +111,16 @@ def test_two_stage_regression_alone_gives_the_mean_state(hmm):
     _, mean_z = filter_states(layer, hmm.train, return_unnormalised_mean=True)
     assert np.linalg.norm(layer.mean_state) > 0.1
     assert np.array_equal(layer.mean_state, mean_z)
+    # written out: the mean over every step of z_t = W ×₂ o_t ×₃ q_t before it is normalised (not of the states)
+    zs = []
+    for traj in hmm.train:
+        q = layer.q1
+        for o in layer.encode(traj):
+            z = np.einsum("ijk,j,k->i", layer.W, o, q)
+            zs.append(z)
+            q = z / np.linalg.norm(z)
+    np.testing.assert_allclose(layer.mean_state, np.mean(zs, axis=0), rtol=1e-9, atol=1e-12)
+    assert abs(np.linalg.norm(layer.mean_state) - 1.0) > 1e-3
     via_stack = multilayer_two_stage(hmm.train, _ts_cfg(), discrete=True, vocab_size=6).layers[0]
     for k, v in via_stack.to_arrays().items():
         assert np.array_equal(v, layer.to_arrays()[k]), k
@@ -191,11 +201,18 @@ def test_evaluation_in_small_chunks_equals_one_chunk(float64):
 # ------------------------------------------------------------------- state carried across BPTT windows
 
 
-def _bptt_by_hand(model, train, cfg, *, carry: bool):
+def _bptt_by_hand(model, train, cfg, *, carry: bool, orders=(None,)):
     """Truncated BPTT written out: windows of ``cfg.bptt`` steps, the state detached between windows and either
-    carried (``carry``) or restarted from the initial state at every window."""
-    streams = make_streams(train, cfg.batch_size, discrete=model.config.discrete)
+    carried (``carry``) or restarted from the initial state at every window; one epoch per entry of ``orders``
+    (the trajectories' order in that epoch's streams, None: as given)."""
     opt = SGD(model.parameters(), lr=cfg.lr)
+    for order in orders:
+        _bptt_epoch(model, make_streams(train, cfg.batch_size, discrete=model.config.discrete, order=order), cfg,
+                    opt, carry=carry)
+    return model
+
+
+def _bptt_epoch(model, streams, cfg, opt, *, carry: bool):
     state = model.init_state(streams.batch_size)
     for x, y, mask, reset in streams.windows(cfg.bptt):
         if not bool(mask.any()):
@@ -207,7 +224,6 @@ def _bptt_by_hand(model, train, cfg, *, carry: bool):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
-    return model
 
 
 def test_truncated_bptt_carries_the_state_across_windows(float64):
@@ -224,3 +240,22 @@ def test_truncated_bptt_carries_the_state_across_windows(float64):
     flat = [torch.cat([p.detach().ravel() for p in m.parameters()]) for m in (model, carried, restarted)]
     assert torch.allclose(flat[0], flat[1], rtol=0, atol=1e-12), "fit differs from BPTT with the state carried"
     assert (flat[0] - flat[2]).abs().max() > 1e-3, "restarting the state per window must change the result"
+
+
+def test_each_epoch_shuffles_the_trajectories_by_its_own_permutation(float64):
+    """With train.shuffle, epoch e streams the trajectories in the order default_rng([seed, e]).permutation(n): fit
+    equals BPTT written out with those orders, and differs from the same loop without shuffling and from one that
+    reuses the first epoch's order (no other test saw shuffling removed or frozen)."""
+    ds, _ = make_hmm_dataset(n_states=4, n_symbols=6, n_train=5, n_test=1, length=40, seed=3)
+    model = initialise_model(ModelConfig(model="psrnn", discrete=True, input_dim=6, output_dim=6, state_dim=5,
+                                         obs_dim=4, init="random"), seed=0)
+    cfg = TrainConfig(epochs=2, lr=0.5, bptt=10, batch_size=2, clip=0.25, shuffle=True, eval_train=False,
+                      device="cpu", seed=4)
+    orders = [np.random.default_rng([cfg.seed, e]).permutation(len(ds.train)) for e in (1, 2)]
+    assert not np.array_equal(orders[0], orders[1])
+    runs = [_bptt_by_hand(copy.deepcopy(model), ds.train, cfg, carry=True, orders=o)
+            for o in (orders, (None, None), (orders[0], orders[0]))]
+    fit(model, ds.train, ds.test, cfg)
+    flat = [torch.cat([p.detach().ravel() for p in m.parameters()]) for m in (model, *runs)]
+    assert torch.allclose(flat[0], flat[1], rtol=0, atol=1e-12), "fit differs from BPTT in the shuffled orders"
+    assert (flat[0] - flat[2]).abs().max() > 1e-4 and (flat[0] - flat[3]).abs().max() > 1e-4
