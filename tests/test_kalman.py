@@ -149,3 +149,25 @@ def test_the_parameter_count_is_what_training_can_change():
     ((out[:-1] - x[1:]) ** 2).sum().backward()
     moved = sum(int((p.grad != 0).sum()) for p in model.parameters())
     assert model.n_parameters() == moved == 3 * 3 + 2 * 3 + 2 + 5 * 6 // 2 + 3 + 3 * 4 // 2
+
+
+def test_the_linear_2sr_regressions_and_start_written_out():
+    """Stage 2 of the Kalman filter's 2SR, written out from stage 1's states: A and C are ridge regressions of the
+    shifted states and of the observations on the states with λ = ridge · tr(XᵀX) / state_dim (the scale by the
+    state size, which the ridge-ratio test cannot see: duplicated data double either form), and the filter
+    starts from the states' mean and covariance (P0 = I went unseen)."""
+    from pipeline.two_stage import linear_stage_one
+
+    ds, _ = make_lgssm_dataset(state_dim=3, obs_dim=2, n_train=10, n_test=1, length=80, seed=5)
+    trajs = [np.asarray(t, dtype=np.float64) for t in ds.train]
+    kw = dict(state_dim=4, past_window=3, future_window=3, ridge=0.05)
+    lss = linear_two_stage(trajs, **kw)
+    s1 = linear_stage_one(trajs, **kw)
+    X = s1.states
+    lam = kw["ridge"] * np.trace(X.T @ X) / kw["state_dim"]
+    reg = np.linalg.solve(X.T @ X + lam * np.eye(kw["state_dim"]), X.T @ np.c_[s1.shifted_states, s1.windows.obs])
+    np.testing.assert_allclose(lss.A, reg[:, :4].T, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(lss.C, reg[:, 4:].T, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(lss.x0, X.mean(0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lss.P0, np.cov(X.T), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(lss.P0, np.eye(4))

@@ -252,3 +252,19 @@ def test_the_2sr_filter_falls_back_to_q1_where_the_cells_do():
     want = filter_states(tsm.layers[0], [ds.train[0]])[0]
     np.testing.assert_array_equal(want, np.broadcast_to(tsm.layers[0].q1, want.shape))
     np.testing.assert_allclose(states[:, 0].numpy(), want, rtol=0, atol=1e-12)
+
+
+def test_the_observation_inverse_is_regularised_relative_to_the_mean_eigenvalue():
+    """W ×₂ (C_oo + r·tr(C_oo)/d_o·I)⁻¹ (README, "Choices the paper leaves open"): the ridge is relative to the mean
+    eigenvalue of C_oo, so it does not depend on the features' scale; the naive benchmark shares this function, so
+    a change of the scaling went unseen. Scaling C_oo by 100 scales the result by 1/100 exactly when relative."""
+    from pipeline.two_stage import apply_observation_inverse
+
+    rng = np.random.default_rng(0)
+    d, d_o = 3, 5
+    W = rng.standard_normal((d, d_o, d))
+    F = rng.standard_normal((40, d_o)) * np.array([3.0, 1.0, 0.3, 0.1, 0.01])
+    Coo = F.T @ F / 40
+    want = np.einsum("ijk,jl->ilk", W, np.linalg.inv(Coo + 0.01 * np.trace(Coo) / d_o * np.eye(d_o)))
+    np.testing.assert_allclose(apply_observation_inverse(W, Coo, 0.01), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(apply_observation_inverse(W, 100 * Coo, 0.01), want / 100, rtol=1e-10, atol=1e-14)
