@@ -551,15 +551,15 @@ def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | N
     mean, std = x.mean(axis=0), x.std(axis=0)
     large = np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))
     if large.size:
-        warnings.warn(f"train: {_features_shown(large, mean, std, columns)} in large units; fit_model takes features as they "
-                      "are (the pipeline standardises them): subtract the training mean and divide by the std first, "
-                      "and scale predictions back, or SGD may diverge", UserWarning, stacklevel=4)
+        warnings.warn(f"train: {_features_shown(large, mean, std, columns)} in large units; fit_model takes features "
+                      "as they are (the pipeline standardises them): subtract the training mean and divide by the "
+                      "std first, and scale predictions back, or SGD may diverge", UserWarning, stacklevel=4)
     small = np.flatnonzero((std > 0) & (std < SMALL_SCALE))
     if small.size:
-        warnings.warn(f"train: {_features_shown(small, mean, std, columns)} in small units; fit_model takes features as they "
-                      "are (the pipeline standardises them): the loss and its gradients scale with the square of the "
-                      "units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): divide by the "
-                      "training std first, and scale predictions back", UserWarning, stacklevel=4)
+        warnings.warn(f"train: {_features_shown(small, mean, std, columns)} in small units; fit_model takes features "
+                      "as they are (the pipeline standardises them): the loss and its gradients scale with the square "
+                      "of the units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): divide "
+                      "by the training std first, and scale predictions back", UserWarning, stacklevel=4)
 
 
 def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names: Sequence[str] | None) -> str:
@@ -650,7 +650,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     if a["delta"] and discrete:
         raise ValueError(f"delta=True: predicts the change o_{{t+1}} - o_t of continuous observations, and train holds "
                          f"discrete symbols ({how}); leave it out"
-                         + (", or pass kind='continuous' for integer measurements" if how.startswith("integer") else ""))
+                         + (", or pass kind='continuous' for integer measurements" if how.startswith("integer")
+                            else ""))
     if model == "kf" and discrete:
         raise ValueError(f"model='kf': the Kalman filter is for continuous data, and train holds discrete symbols "
                          f"({how}); expected psrnn, factorized_psrnn, lstm, gru or rnn for symbols")

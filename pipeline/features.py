@@ -27,8 +27,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.messages import brief
-from pipeline.train_config import SEED_LIMIT
+from pipeline.train_config import check_seed
 
 
 #: The random sources of one layer's 2SR, each with its own stream :func:`seed_sequence` (seed, source, index):
@@ -44,15 +43,8 @@ def seed_sequence(seed: int, source: int, index: int = 0) -> np.random.SeedSeque
     independent streams: neither two sources of a run nor two runs' sources share draws. (An entropy list
     [seed, source, index] would not do: numpy splits a seed of 2**32 or more into two words, so [a + 2**33, 1, 0]
     was [a, 2, 1].)"""
-    import operator
-
-    try:
-        value = operator.index(seed)   # 1.7 and True are no seeds
-    except TypeError:
-        value = None
-    if value is None or isinstance(seed, bool) or not 0 <= value < SEED_LIMIT:
-        raise ValueError(f"seed {brief(seed)}: expected an integer with 0 <= seed < 2**32")
-    return np.random.SeedSequence(value, spawn_key=(source, index))
+    check_seed(seed)   # 1.7 and True are no seeds
+    return np.random.SeedSequence(int(seed), spawn_key=(source, index))
 
 
 def layer_seed(seed: int, level: int) -> int:

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from pipeline.messages import brief, brief_list
-from pipeline.train_config import SEED_LIMIT, option_value
+from pipeline.train_config import check_seed, option_value
 
 UNKNOWN_RULES = ("error", "drop", "map")
 UNK_SYMBOL = "<unk>"   # the symbol PTB's unknown: map appends to its vocabulary
@@ -48,12 +48,6 @@ def check_steps(steps: Any, option: str = "steps=") -> None:
     """Forecast horizons: a positive integer up to :data:`MAX_FORECAST_STEPS`."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_FORECAST_STEPS:
         raise ValueError(f"{option_value(option, steps)}: expected a positive integer up to {MAX_FORECAST_STEPS}")
-
-
-def check_seed(seed: Any, option: str = "seed=") -> None:
-    """A forecast's sampling seed: an integer in [0, 2³²)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"{option_value(option, seed)}: expected an integer with 0 <= seed < 2**32")
 
 
 def check_sample(sample: Any, discrete: bool, option: str = "sample=") -> None:
@@ -295,7 +289,8 @@ class TrainedRun:
             if unknown == "map":
                 if UNK_SYMBOL not in lookup:
                     raise ValueError(f"unknown='map': the vocabulary of {self.dataset} has no {UNK_SYMBOL!r} symbol "
-                                     f"to map {shown} to; use unknown 'drop' (psrnn predict / forecast: --unknown drop)")
+                                     f"to map {shown} to; use unknown 'drop' (psrnn predict / forecast: --unknown "
+                                     "drop)")
                 index[~keep] = lookup[UNK_SYMBOL]
                 keep[:] = True
         return index, keep
@@ -592,9 +587,10 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     wanted = Variant.parse(variant, key="variant")
     init = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
     prepared = prepared_path(root, dataset)
-    if not init.is_file() and not prepared.is_file():
-        raise FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this project, "
+    missing = FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this project, "
                                 "and has `dvc repro` run?)")
+    if not init.is_file() and not prepared.is_file():
+        raise missing
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
         raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "
@@ -614,10 +610,9 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
             detail = " ".join(str(exc).split())[:200]
             raise ValueError(f"{path}: its weights do not fit the {variant} model of {init} ({detail})") from None
         epoch = trained_epoch(ck)
-    if units is None:
+    if units is None:   # the initial weights, or a run trained before runs kept their units
         if not prepared.is_file():
-            raise FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this "
-                                    "project, and has `dvc repro` run?)")
+            raise missing
         units = read_dataset(prepared).units()
     return TrainedRun.from_units(model, units, dataset=dataset, variant=variant, seed=seed, epoch=epoch, root=root)
 

@@ -258,7 +258,8 @@ _NOT_DIRTYING_DIRS = ("plots/", "metrics/", "reports/")
 def git_dirty(root: str | os.PathLike) -> str | None:
     """The tracked files of the git work tree at ``root`` that differ from HEAD (staged or not), comma-separated
     (at most 500 characters), "" when none; None outside git. ``dvc.lock`` and the pipeline's uncached outputs
-    (``plots/``, ``metrics/``, ``reports/``), which git may track, do not count: the stages rewrite them. A run's ``mlflow.source.git.commit`` says what trained it only when this is
+    (``plots/``, ``metrics/``, ``reports/``), which git may track, do not count: the stages rewrite them. A run's
+    ``mlflow.source.git.commit`` says what trained it only when this is
     empty: an uncommitted ``params.yaml`` or code change is named in the run's ``git_dirty`` tag."""
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--no-renames"], cwd=root,
@@ -267,8 +268,8 @@ def git_dirty(root: str | os.PathLike) -> str | None:
         return None
     if out.returncode != 0:
         return None
-    changed = sorted(path for path in {line[3:].strip().strip('"') for line in out.stdout.splitlines() if len(line) > 3}
-                     if path not in _NOT_DIRTYING and not path.startswith(_NOT_DIRTYING_DIRS))
+    paths = {line[3:].strip().strip('"') for line in out.stdout.splitlines() if len(line) > 3}
+    changed = sorted(p for p in paths if p not in _NOT_DIRTYING and not p.startswith(_NOT_DIRTYING_DIRS))
     shown = ", ".join(changed)
     return shown if len(shown) <= 500 else shown[:497] + "..."
 

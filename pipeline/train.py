@@ -63,8 +63,9 @@ def resolve_device(name: Any, option: str = "train.device=") -> torch.device:
     index = int(name[5:]) if ":" in name else None
     count = torch.cuda.device_count()
     if index is not None and index >= count:
-        raise ValueError(f"{option_value(option, name)}: this machine has {count} CUDA device{'' if count == 1 else 's'} "
-                         f"(cuda:0 to cuda:{count - 1}); expected one of them, cuda, auto or cpu")
+        devices = f"{count} CUDA device{'' if count == 1 else 's'}"
+        raise ValueError(f"{option_value(option, name)}: this machine has {devices} (cuda:0 to cuda:{count - 1}); "
+                         "expected one of them, cuda, auto or cpu")
     # by index, not by name: DEVICE accepts cuda:01, which torch.device's parser refuses ("Invalid device string")
     return torch.device("cuda") if index is None else torch.device("cuda", index)
 

@@ -17,6 +17,13 @@ DEVICE = re.compile(r"auto|cpu|cuda(?::[0-9]+)?", re.ASCII)
 SEED_LIMIT = 2 ** 32
 
 
+def check_seed(seed: object, option: str = "seed=") -> None:
+    """A seed: an integer in [0, 2³²) (``SEED_LIMIT``), not a bool, a float or text; ``option`` names it in the
+    error (:func:`option_value`)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{option_value(option, seed)}: expected an integer with 0 <= seed < 2**32")
+
+
 def option_value(option: str, value: object) -> str:
     """How an error names an option and its value: ``--steps 0`` (command line) or ``steps=0`` (Python, params)."""
     if option.endswith("="):

@@ -444,7 +444,8 @@ def test_a_fit_worse_than_its_2sr_start_warns(features, symbols):
         kept = fit_model(features.train, features.test, valid=features.test,
                          train_options={"restore_best": True}, **args)
         valid = [h["valid"]["mse"] for h in kept.history]
-        assert kept.epoch == valid.index(min(valid)) < len(valid) - 1   # not the last epoch, which the run above warned of
+        # not the last epoch, which the run above warned of
+        assert kept.epoch == valid.index(min(valid)) < len(valid) - 1
         # an LSTM's epoch 0 is Xavier noise, not a model to compare with
         fit_model(features.train, features.test, model="lstm", **args)
         fit_model(features.train, features.test, init="random", **args)

@@ -220,7 +220,8 @@ def test_the_continuous_training_loss_is_the_mean_over_every_scored_element():
 
     g = torch.Generator().manual_seed(1)
     L, B, m = 6, 2, 3
-    out, y = torch.randn(L, B, m, generator=g, dtype=torch.float64), torch.randn(L, B, m, generator=g, dtype=torch.float64)
+    out = torch.randn(L, B, m, generator=g, dtype=torch.float64)
+    y = torch.randn(L, B, m, generator=g, dtype=torch.float64)
     mask = torch.ones(L, B, dtype=torch.bool)
     mask[4, 1] = False
     want = ((out - y) ** 2)[mask].sum() / (int(mask.sum()) * m)

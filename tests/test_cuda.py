@@ -166,7 +166,8 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(tmp_path, continuous):
 
 @pytest.mark.parametrize("model", ["factorized_psrnn", "kf"])
 def test_a_model_fitted_on_cuda_saves_and_loads_on_either_device(model, continuous, tmp_path):
-    fitted = fit_model(continuous.train, continuous.test, model=model, **({"rank": 5} if model == "factorized_psrnn" else {}),
+    rank = {"rank": 5} if model == "factorized_psrnn" else {}
+    fitted = fit_model(continuous.train, continuous.test, model=model, **rank,
                        state_dim=2 if model == "kf" else 5,
                        obs_dim=5, n_features=100, horizon=3, epochs=1, lr=0.05, batch_size=4, device="cuda")
     path = tmp_path / "fitted.pt"

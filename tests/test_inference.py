@@ -564,8 +564,8 @@ def test_inputs_that_overflow_when_standardised_are_refused(continuous_run, tmp_
                               "train mean/std of lgssm for float32; first: row 3, trajectory 'v'); expected values "
                               "of a representable spread")
     assert not (tmp_path / "out.parquet").exists()
-    with pytest.raises(ValueError, match=r"^trajectories\[0\]: feature 'b' overflows when standardised \(first at row 1 "
-                                         r"of the "):
+    with pytest.raises(ValueError,
+                       match=r"^trajectories\[0\]: feature 'b' overflows when standardised \(first at row 1 of the "):
         run.predict([np.array([[1.0, 0.0], [1.0, -1e38 * 4]])])
 
 

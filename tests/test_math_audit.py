@@ -152,8 +152,8 @@ def test_ridge_is_a_ratio_times_n_so_duplicated_data_learn_the_same_model():
 
 def test_layer_two_is_2sr_on_the_states_filtered_by_layer_one():
     """Layer 2 is one more 2SR with layer 1's filtered states (the state after each observation, b = 0, not
-    starting with q₁) in place of the observations, its own median widths and its own seed (features.layer_seed); the top decoder regresses
-    o_{t+1} on layer 2's states, the skip decoder on both layers' side by side."""
+    starting with q₁) in place of the observations, its own median widths and its own seed (features.layer_seed);
+    the top decoder regresses o_{t+1} on layer 2's states, the skip decoder on both layers' side by side."""
     ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=8, n_test=2, length=60, seed=1)
     cfg = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=4, n_features=150, past_window=2, future_window=2,
                          seed=5)

@@ -257,7 +257,8 @@ def read_rows(
     if not isinstance(symbol_column, str):
         raise ValueError(f"symbol_column={brief(symbol_column)}: expected a column name (a string)")
     if kind == "discrete" and features is not None:
-        raise ValueError(f"features={brief(features)}: only used with kind='continuous' (discrete data uses symbol_column)")
+        raise ValueError(f"features={brief(features)}: only used with kind='continuous' (discrete data uses "
+                         "symbol_column)")
     if features is not None:
         if not isinstance(features, (list, tuple)) or not all(isinstance(f, str) for f in features):
             raise ValueError(f"features={brief(features)}: expected a list of column names (strings), or None for all "

@@ -339,7 +339,7 @@ def fetch(
 
 
 def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeout: float, backoff: float,
-            stall: tuple[float, float] = (0.0, 0.0)) -> str:
+            stall: tuple[float, float]) -> str:
     """Make one file present and verified under ``dest`` (steps 1-3 of the module docstring); its sha256."""
     target = dest / f.path
     if target.is_file():
@@ -430,7 +430,7 @@ MAX_RETRY_AFTER = 60.0
 
 
 def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float, backoff: float,
-                       stall: tuple[float, float] = (0.0, 0.0)) -> str:
+                       stall: tuple[float, float]) -> str:
     last, wait = "", 0.0
     for attempt in range(retries + 1):
         if attempt:
@@ -456,7 +456,7 @@ def _download_verified(f: RawFile, target: Path, *, retries: int, timeout: float
     raise DownloadError(f"{f.path}: download from {f.url} failed after {retries + 1} attempts: {last}")
 
 
-def _download_once(url: str, tmp: Path, *, timeout: float, desc: str, stall: tuple[float, float] = (0.0, 0.0)
+def _download_once(url: str, tmp: Path, *, timeout: float, desc: str, stall: tuple[float, float]
                    ) -> tuple[str, bool]:
     """One GET of ``url`` into ``tmp``; returns the sha256 and whether its length was checked against a
     ``Content-Length``. Transient failures raise :class:`_Transient`; so does a stall: fewer than ``stall[1]``

@@ -13,6 +13,7 @@ from pipeline.workflow.paths import artifact_dir, load_prepared
 def model_config(dp: DatasetParams, ds: SequenceDataset, variant: Variant, kf_state_dim: int | None = None):
     """The model of ``variant``; a Kalman filter's state size is that of its 2SR artifact (``kf_state_dim``), so
     this stage reads no ``kf`` params (the ``two_stage`` stage does)."""
+    from pipeline.api import PSRNN_MODELS
     from pipeline.models.common import ModelConfig
 
     ts = dp.two_stage
@@ -22,7 +23,7 @@ def model_config(dp: DatasetParams, ds: SequenceDataset, variant: Variant, kf_st
     # fingerprint, so a 2SR size or a PSRNN bias written into a GRU's or the Kalman filter's config retrained them
     # with the very same weights (the RFF count and bias are the PSRNNs', the encoder size d_o not the KF's).
     shape: dict = {}
-    if variant.family in ("psrnn", "factorized_psrnn"):
+    if variant.family in PSRNN_MODELS:
         shape["n_rff"] = ts.n_features
         if variant.init == "2sr":
             shape["bias_scale"] = (dp.model.factorized_bias_scale if variant.family == "factorized_psrnn"

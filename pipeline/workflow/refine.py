@@ -148,8 +148,9 @@ def summary_line(history: dict[str, Any]) -> str:
     first, last = epochs[0]["test"].get(key), epochs[-1]["test"].get(key)
     stopped = f", stopped early: {history['stopped_early']}" if history.get("stopped_early") else ""
     on = f"{history['monitor']} " if history.get("monitor") else ""   # not the test numbers beside it
+    n = len(epochs) - 1
     return (f"refine {history['dataset']}: {run_name(history['variant'], history['seed'])} "
-            f"{len(epochs) - 1} epoch{'' if len(epochs) == 2 else 's'}, test {key} {first:.4g} -> {last:.4g} (epoch 0 -> {len(epochs) - 1}); "
+            f"{n} epoch{'' if n == 1 else 's'}, test {key} {first:.4g} -> {last:.4g} (epoch 0 -> {n}); "
             f"lowest {on}{key} at epoch {history['best_epoch']}{stopped}")
 
 
