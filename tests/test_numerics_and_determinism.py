@@ -187,6 +187,60 @@ def test_statistics_rotated_from_the_range_bases_equal_direct_ones(discrete):
     np.testing.assert_allclose(direct.HE, HE, rtol=1e-9, atol=1e-9 * np.abs(HE).max())
 
 
+@pytest.mark.parametrize("discrete", [True, False])
+@pytest.mark.parametrize("power_iterations", [1, 3])
+def test_randomised_projections_are_the_range_finder_written_out(discrete, power_iterations):
+    """The randomised projections written out on the materialised features Φ: Q₀ = orth(G) with G drawn from the
+    range finder's own stream (SeedSequence(seed, spawn_key=(RANGE_FINDER, 0))), ``power_iterations`` times
+    Q = orth(ΦᵀΦQ), then U = Q·V from the top eigenvectors V of QᵀΦᵀΦQ. Far from convergence (D = 64 features, 3
+    power iterations at most), so one iteration more or less, or another draw of G, moves U well beyond the
+    tolerance (checked below); discrete data run the counted distinct-window path."""
+    from pipeline.features import RANGE_FINDER, fit_feature_maps, make_windows, seed_sequence
+    from pipeline.two_stage import top_projections
+
+    rng = np.random.default_rng(4)
+    V = 6
+    if discrete:
+        trajs = [rng.integers(0, V, size=n) for n in (150, 97)]
+    else:
+        trajs = [rng.standard_normal((n, 2)).cumsum(0) * 0.2 for n in (150, 97)]
+    cfg = _cfg(feature_dtype="float64", power_iterations=power_iterations, chunk_size=41, seed=11, oversample=3)
+    windows = make_windows(trajs, cfg.past_window, cfg.future_window, discrete=discrete,
+                           vocab_size=V if discrete else None)
+    maps = fit_feature_maps(windows, n_features=cfg.n_features, obs_dim=V if discrete else 2,
+                            vocab_size=V if discrete else 0, seed=cfg.seed)
+    dims = {"obs": 3, "past": 4, "future": 4}
+    got, sv, _ = top_projections(windows, maps, dims, cfg)
+    phis = {"obs": maps.apply("obs", windows.obs, np.float64), "past": maps.apply("past", windows.past, np.float64),
+            "future": maps.apply("future", windows.future, np.float64)}
+
+    def written_out(family, iterations, stream_seed=cfg.seed):
+        phi = phis[family]
+        q = dims[family] + cfg.oversample
+        draw = np.random.default_rng(seed_sequence(stream_seed, RANGE_FINDER))
+        # the range finder draws every family's start in this order from one generator
+        starts = {f: draw.standard_normal((cfg.n_features, dims[f] + cfg.oversample)) for f in ("obs", "past", "future")}
+        Q = np.linalg.qr(starts[family])[0]
+        assert Q.shape == (cfg.n_features, q)
+        for _ in range(iterations):
+            Q = np.linalg.qr(phi.T @ (phi @ Q))[0]
+        P = phi @ Q
+        evals, evecs = np.linalg.eigh(P.T @ P)
+        order = np.argsort(evals)[::-1][:dims[family]]
+        return Q @ evecs[:, order], np.sqrt(evals[order])
+
+    def aligned_gap(U, ref):   # columns compared up to sign (the sign rule has a test of its own)
+        return np.abs(U - ref * np.sign(np.sum(U * ref, axis=0))).max()
+
+    for family in ("obs", "past", "future"):
+        ref, ref_sv = written_out(family, power_iterations)
+        assert aligned_gap(got[family], ref) < 1e-8, family
+        np.testing.assert_allclose(sv[family], ref_sv, rtol=1e-9)
+    # the comparison can fail: one iteration fewer or another seed's start lands far off for some family
+    assert max(aligned_gap(got[f], written_out(f, power_iterations - 1)[0]) for f in got) > 1e-4
+    assert max(aligned_gap(got[f], written_out(f, power_iterations, stream_seed=12)[0]) for f in got) > 1e-4
+
+
 def test_observation_inverse_without_ridge_stays_bounded_when_c_oo_is_singular():
     """obs_dim above the number of symbols makes C_oo singular: with obs_ridge 0 the pseudo-inverse keeps W at the
     scale of the regularised one (the plain inverse gave max|W| ~ 1e7 against ~1.4) and the same epoch-0 model."""
