@@ -1208,7 +1208,7 @@ def fit_model(
     try:
         result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
     except TrainingDiverged as exc:
-        stopped = TrainingDiverged(_in_api_terms(str(exc), tcfg))
+        stopped = TrainingDiverged(_divergence_in_api_terms(str(exc), tcfg))
         stopped.history = completed   # the epochs completed, epoch 0 (the initialisation) included
         stopped.model = net           # as it stood: the last good step's weights (a loss or gradient stop)
         raise stopped from None
@@ -1257,7 +1257,7 @@ def _worse_by(initial: float, final: float) -> str:
     return f"{100 * (final - initial) / abs(initial):.0f}% worse" if initial else "worse"
 
 
-def _in_api_terms(message: str, tcfg: Any) -> str:
+def _divergence_in_api_terms(message: str, tcfg: Any) -> str:
     """A :class:`pipeline.train.TrainingDiverged` message, which names params.yaml keys (train.lr, ...), in the
     terms of :func:`fit_model`'s arguments (the pipeline's own message stays as it is)."""
     import re

@@ -415,10 +415,10 @@ def test_every_divergence_message_is_translated():
                                "train.max_loss"),
                      epoch0):
         assert "train." in original or "model.*" in original
-        translated = pipeline.api._in_api_terms(original, cfg)
+        translated = pipeline.api._divergence_in_api_terms(original, cfg)
         assert not re.search(r"train\.|model\.\*", translated), translated
         assert "lr=" in translated or "bias_scale=" in translated
-    assert pipeline.api._in_api_terms(_diverged(2, 5, "gradient norm", math.inf, None, clip=0.0), cfg).endswith(
+    assert pipeline.api._divergence_in_api_terms(_diverged(2, 5, "gradient norm", math.inf, None, clip=0.0), cfg).endswith(
         "Lower lr= (now 0.5) or turn gradient-norm clipping on (clip=0.25, say).")
 
 
