@@ -221,6 +221,10 @@ class DatasetParams:
         if self.layers > max(deepest, 1):
             notes.append(f"{self.name}.two_stage.layers is {self.layers} but the deepest 2SR-initialised PSRNN variant "
                          f"has {deepest or 1} layer(s): the 2SR of the deeper layers is learned for nothing")
+        upper = [k for k in ("upper_past_window", "upper_future_window") if getattr(self.two_stage, k) is not None]
+        if upper and self.layers < 2:
+            notes.append(f"{self.name}.two_stage.{upper[0]} is set but two_stage.layers is 1: only layers 2 and up "
+                         "read it")
         if self.kf is not None and not any(v.family == "kf" for v in self.variants):
             notes.append(f"{self.name}.kf is set but no variant is kf: its linear 2SR is learned for nothing "
                          f"({self.name}.kf: null skips it)")
@@ -669,6 +673,12 @@ def _choice(*choices: str) -> Callable[[str, Any], None]:
     return lambda key, v: _check_choice(key, v, choices)
 
 
+def _optional_positive_int(key: str, v: Any) -> None:
+    if v is None:
+        return
+    if not _is_int(v) or v < 1:
+        raise ParamsError(f"{key}: expected a positive integer or null, got {_describe(v)}")
+    _check_int_ceiling(key, v)
 
 
 def _widths(key: str, v: Any) -> None:
@@ -694,6 +704,7 @@ _FIELD_RULES[TwoStageConfig] = {
     "oversample": _non_negative_int,
     "ridge": _non_negative, "decoder_ridge": _non_negative, "obs_ridge": _non_negative,
     "width_scale": _positive, "widths": _widths,
+    "upper_past_window": _optional_positive_int, "upper_future_window": _optional_positive_int,
     "svd": _choice("randomized", "exact"), "feature_dtype": _choice("float32", "float64"),
 }
 _FIELD_RULES[TrainConfig] = {
@@ -817,11 +828,20 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 # ----------------------------------------------------------------------------------------------- windows
 
 
-def _window_checks(dp: DatasetParams) -> list[tuple[str, int, int]]:
-    """(section key, past_window, future_window) of every 2SR that cuts windows out of the trajectories."""
-    checks = [(f"{dp.name}.two_stage", dp.two_stage.past_window, dp.two_stage.future_window)]
+def _window_checks(dp: DatasetParams) -> list[tuple[str, str, int, int]]:
+    """(past key, future key, past window, future window) of every 2SR that cuts windows out of the trajectories:
+    layer 1's, the upper layers' when they have windows of their own (their inputs, the states of the layer below,
+    are as long as the trajectories), the Kalman filter's."""
+    ts = dp.two_stage
+    key = f"{dp.name}.two_stage"
+    checks = [(f"{key}.past_window", f"{key}.future_window", ts.past_window, ts.future_window)]
+    if dp.layers >= 2 and (ts.upper_past_window is not None or ts.upper_future_window is not None):
+        checks.append((f"{key}.upper_past_window" if ts.upper_past_window is not None else f"{key}.past_window",
+                       f"{key}.upper_future_window" if ts.upper_future_window is not None else f"{key}.future_window",
+                       ts.upper_past_window or ts.past_window, ts.upper_future_window or ts.future_window))
     if dp.kf is not None:
-        checks.append((f"{dp.name}.kf", dp.kf.past_window, dp.kf.future_window))
+        checks.append((f"{dp.name}.kf.past_window", f"{dp.name}.kf.future_window", dp.kf.past_window,
+                       dp.kf.future_window))
     return checks
 
 
@@ -831,7 +851,7 @@ def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: st
     ``lengths`` and ``ids`` (a custom file's trajectory ids, in the same order): name the short trajectories."""
     # pipeline.features.make_windows: a trajectory of T steps gives the windows t = past .. T-future-1 (the
     # shifted future needs o_{t+future}), so it contributes one only if T >= past + future + 1.
-    for key, past, future in _window_checks(dp):
+    for past_key, future_key, past, future in _window_checks(dp):
         need = past + future + 1
         if need > shortest:
             where, fix = f"the shortest training trajectory ({shortest} steps)", ""
@@ -843,8 +863,9 @@ def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: st
                 where += f", trajectory {ids[first]!r} of the file" + (
                     f" (one of {len(short)} training trajectories shorter than {need} steps)" if len(short) > 1 else "")
                 fix = f", or drop the trajectories shorter than {need} steps from the file"
-            raise ParamsError(f"{key}.past_window + {key}.future_window + 1 = {past} + {future} + 1 = {need} exceeds "
-                              f"{where}; expected past_window + future_window <= {shortest - 1}{fix}")
+            short = f"{past_key.rsplit('.', 1)[1]} + {future_key.rsplit('.', 1)[1]}"
+            raise ParamsError(f"{past_key} + {future_key} + 1 = {past} + {future} + 1 = {need} exceeds "
+                              f"{where}; expected {short} <= {shortest - 1}{fix}")
     if dp.kf is not None:
         # pipeline.two_stage.linear_two_stage estimates the Kalman gain from consecutive windows of a trajectory
         need = dp.kf.past_window + dp.kf.future_window + 2

@@ -78,6 +78,13 @@ class TwoStageConfig:
     decoder_ridge: float = 1e-3  # decoder regression: λ = decoder_ridge · n
     obs_inverse: bool = True     # fold C_oo⁻¹ into the observation mode of W (the PSR's Z, see below)
     obs_ridge: float = 1e-3      # C_oo⁻¹ ≈ (C_oo + obs_ridge · tr(C_oo)/d_o · I)⁻¹
+    # layers >= 2 (their observations are the states of the layer below): history and future windows of states;
+    # None = past_window / future_window. A state already summarises the history, and a window of p states leaves
+    # the first p states of every trajectory (the lower layer's transient from q₁) out of the observations the
+    # upper layer is regressed on, though the model feeds it them: on Swimmer (p = k = 10) that left layer 2's
+    # update near zero there and its state flipped sign (q and -q filter alike at b = 0) in 5 of 6 seeds.
+    upper_past_window: int | None = None
+    upper_future_window: int | None = None
     seed: int = 0
 
     def validate(self) -> None:
@@ -92,6 +99,11 @@ class TwoStageConfig:
             if v > bound:
                 shown = "2**31 - 1" if bound == MAX_SIZE else bound
                 raise ValueError(f"two_stage.{key}: expected an integer <= {shown}, got {brief(v)}")
+        for key in ("upper_past_window", "upper_future_window"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
+                                  or not 1 <= v <= MAX_SIZE):
+                raise ValueError(f"two_stage.{key}: expected a positive integer or null, got {brief(v)}")
         if not isinstance(self.oversample, (int, np.integer)) or isinstance(self.oversample, bool) \
                 or self.oversample < 0:
             raise ValueError(f"two_stage.oversample: expected an integer >= 0, got {brief(self.oversample)}")
@@ -765,6 +777,15 @@ def multilayer_two_stage(
     return last
 
 
+def upper_layer_config(cfg: TwoStageConfig, level: int) -> TwoStageConfig:
+    """The 2SR config of layer ``level`` (0-based, >= 1): ``cfg`` with median widths of its own inputs, its own
+    seed (:func:`pipeline.features.layer_seed`) and the windows ``upper_past_window`` / ``upper_future_window``
+    (None: layer 1's)."""
+    return TwoStageConfig(**{**asdict(cfg), "widths": None, "seed": layer_seed(cfg.seed, level),
+                             "past_window": cfg.upper_past_window or cfg.past_window,
+                             "future_window": cfg.upper_future_window or cfg.future_window})
+
+
 def two_stage_depths(
     trajectories: Sequence[np.ndarray],
     cfg: TwoStageConfig,
@@ -788,8 +809,7 @@ def two_stage_depths(
     inputs: Sequence[np.ndarray] = trajectories
     for level in range(n_layers):
         is_first = level == 0
-        lcfg = cfg if is_first else (upper_cfg or TwoStageConfig(**{**asdict(cfg), "widths": None,
-                                                                     "seed": layer_seed(cfg.seed, level)}))
+        lcfg = cfg if is_first else (upper_cfg or upper_layer_config(cfg, level))
         layer = regress_layer(inputs, lcfg, discrete=discrete and is_first,
                                vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
         states, mean_z = filter_states(layer, inputs, return_unnormalised_mean=True)

@@ -206,6 +206,18 @@ def _custom(**source):
     (lambda p: p["ptb"]["two_stage"].update(widths=[2.0]), r"^ptb\.two_stage\.widths: expected a mapping"),
     (lambda p: p["ptb"]["two_stage"].update(width_scale=0), r"^ptb\.two_stage\.width_scale: expected a finite "
                                                             r"number > 0"),
+    (lambda p: p["ptb"]["two_stage"].update(upper_past_window=0), r"^ptb\.two_stage\.upper_past_window: expected a "
+                                                                  r"positive integer or null, got an integer 0$"),
+    (lambda p: p["ptb"]["two_stage"].update(upper_future_window=True), r"^ptb\.two_stage\.upper_future_window: "
+                                                                       r"expected an integer, got a boolean true$"),
+    (lambda p: p["ptb"]["two_stage"].update(upper_future_window=1.5), r"^ptb\.two_stage\.upper_future_window: "
+                                                                      r"expected an integer, got a number 1\.5$"),
+    # the upper layers' windows must fit the trajectories as layer 1's do (hmm: length 200)
+    (lambda p: p["hmm"]["two_stage"].update(upper_past_window=197), r"^hmm\.two_stage\.upper_past_window \+ "
+                                                                    r"hmm\.two_stage\.future_window \+ 1 = 197 \+ 3 "
+                                                                    r"\+ 1 = 201 exceeds the trajectory length "
+                                                                    r"\(hmm\.source\.length = 200\); expected "
+                                                                    r"upper_past_window \+ future_window <= 199$"),
     (lambda p: p.update(seeds=[-1]), r"^seeds: expected a non-empty list of integers in \[0, 2\*\*32\)"),
     (lambda p: p.update(seeds=[2 ** 64]), r"^seeds: expected a non-empty list of integers in \[0, 2\*\*32\), got a "
                                           r"list \[18446744073709551616\]$"),   # torch.manual_seed refuses it
@@ -697,15 +709,18 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     del raw["custom"]   # its file, the shipped example, is not in tmp_path (the test below reads it)
     raw["ptb"]["two_stage"]["layers"] = 3
     raw["mocap"]["variants"] = ["psrnn", "psrnn_2layer", "lstm"]  # its kf section stays
+    raw["lgssm"]["two_stage"].update(layers=1, upper_future_window=1)
+    raw["lgssm"]["variants"] = [v for v in raw["lgssm"]["variants"] if "layer" not in v]
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 49 model variants, "
+    assert out[0].endswith(": valid (6 datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm; 48 model variants, "
                            "seeds [0, 1])")
     assert out[1:] == [
         "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "
         "the deeper layers is learned for nothing",
-        "note: mocap.kf is set but no variant is kf: its linear 2SR is learned for nothing (mocap.kf: null skips it)"]
+        "note: mocap.kf is set but no variant is kf: its linear 2SR is learned for nothing (mocap.kf: null skips it)",
+        "note: lgssm.two_stage.upper_future_window is set but two_stage.layers is 1: only layers 2 and up read it"]
     assert parse_params(copy.deepcopy(defaults)).dataset("ptb").unused_spectral_work() == []
 
 
