@@ -1,7 +1,10 @@
 """Atomic artifact I/O: every file is written to a temporary sibling and renamed into place.
 
-A reader (or DVC's cache) therefore never sees half a file, and a crash leaves the previous version intact (and
-no temporary file behind). The file gets the mode a plain ``open(path, "w")`` would give it (``0o666 & ~umask``),
+A reader (or DVC's cache) therefore never sees half a file, and a crash leaves the previous version intact. A
+temporary file is named ``.<name>.psrnn-tmp-<pid>-<random><suffix>`` (:data:`TEMP_MARK`): one stranded by a
+SIGKILL is removed by the next write of the same file once its process is gone, and until then ``.dvcignore`` keeps
+it out of the hash of a directory that a stage reads (``artifacts/<ds>`` holds single-file outputs) and
+``.gitignore`` out of ``git status``. The file gets the mode a plain ``open(path, "w")`` would give it (``0o666 & ~umask``),
 not the private ``0o600`` of the temporary file. Tensors are stored as ``.npz`` without pickle; JSON is written
 sorted and indented so that DVC hashes are stable. A truncated or corrupt ``.npz`` is one ``ValueError`` naming the
 file and the stage to rerun.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import tempfile
@@ -67,16 +71,53 @@ def _umask() -> int:
     return mask
 
 
+#: marks the temporary files of :func:`atomic_path` (``.dvcignore`` and ``.gitignore`` name the pattern)
+TEMP_MARK = ".psrnn-tmp-"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):   # another user's process: alive
+        return True
+    return True
+
+
+def remove_stranded_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of earlier writes of ``path`` whose process is gone (a SIGKILL between the
+    temporary file's creation and its rename strands it); a live writer's, this process's, and names that do not
+    parse are left alone. Returns the removed paths."""
+    path = Path(path)
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f".{glob.escape(path.name)}{TEMP_MARK}*"))
+    except OSError:
+        return removed
+    for tmp in candidates:
+        pid_text = tmp.name[len(path.name) + 1 + len(TEMP_MARK):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _process_alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
 
     The temporary file is created private (``mkstemp``: mode 0600); before the rename it gets the ordinary mode of
-    a new file, ``0o666 & ~umask``, so that artifacts are as readable as any other output."""
+    a new file, ``0o666 & ~umask``, so that artifacts are as readable as any other output. Temporary files of
+    earlier writes of ``path`` that a killed process left are removed first (:func:`remove_stranded_temporaries`)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
+        remove_stranded_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}{os.getpid()}-", suffix=suffix or ".tmp",
+                                   dir=path.parent)
     except OSError as exc:   # the error would name the random temporary file, not the output asked for
         raise OSError(exc.errno, f"cannot write {path} (a temporary file in {path.parent} is needed first): "
                                  f"{exc.strerror or exc}") from None

@@ -78,6 +78,50 @@ def test_failure_inside_atomic_path_keeps_the_previous_file(tmp_path: Path) -> N
         assert _leftovers(tmp_path) == []
 
 
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """SIGKILL between the temporary file's creation and its rename strands it (no ``finally`` runs): the next
+    write of the same file removes it once its process is gone, and leaves a live writer's and other files' alone.
+    (A stranded temporary inside ``artifacts/<ds>``, a directory refine reads, had entered its DVC hash.)"""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "features.npz"
+    code = ("import os, sys, signal; from pipeline import io\n"
+            "with io.atomic_path(sys.argv[1], suffix='.npz') as tmp:\n"
+            "    tmp.write_bytes(b'half'); print(tmp.name, flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL
+    stranded = proc.stdout.strip()
+    assert stranded.startswith(f".features.npz{io.TEMP_MARK}") and stranded.endswith(".npz")
+    live = tmp_path / f".features.npz{io.TEMP_MARK}{os.getpid()}-abc.npz"   # this process: alive
+    live.write_bytes(b"in progress")
+    other = tmp_path / f".other.npz{io.TEMP_MARK}999999999-abc.npz"         # another file's
+    other.write_bytes(b"x")
+    assert _leftovers(tmp_path) == sorted([stranded, live.name, other.name])
+    io.save_npz(path, {"x": np.arange(3)}, meta={})
+    assert _leftovers(tmp_path) == sorted([live.name, other.name])
+    assert not path.with_name(stranded).exists() and io.load_npz(path)[0]["x"].tolist() == [0, 1, 2]
+
+
+def test_dvc_and_git_ignore_the_temporary_files() -> None:
+    """The real ``dvc check-ignore`` and ``git check-ignore`` on the project: a temporary file is outside the hash of
+    a directory dependency and out of ``git status``; the artifact itself is not ignored by DVC."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    temps = [f"artifacts/hmm/s0/.features.npz{io.TEMP_MARK}123-abc.npz", f"reports/.results.md{io.TEMP_MARK}9-x.tmp"]
+    dvc = shutil.which("dvc")
+    assert dvc, "dvc is installed with the project"
+    for tool in ([dvc], ["git"]):
+        if tool == ["git"] and not (root / ".git").exists():
+            continue
+        for rel in temps:
+            assert subprocess.run([*tool, "check-ignore", "-q", rel], cwd=root).returncode == 0, (tool, rel)
+    assert subprocess.run([dvc, "check-ignore", "-q", "artifacts/hmm/s0/features.npz"], cwd=root).returncode == 1
+
+
 def test_npz_write_interrupted_midway(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "W.npz"
     io.save_npz(path, {"W": np.ones((4, 4))}, meta={"v": 1})
