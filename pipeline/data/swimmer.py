@@ -344,7 +344,8 @@ def simulate_swimmer(
             "history": history,
             "policy_K": policy.K.tolist(),
             "policy_k0": policy.k0.tolist(),
-            "seconds": elapsed,
+            # no wall time here: the prepared file is a DVC output, and the same seed must give the same bytes
+            # (its digest is in every Swimmer run's fingerprint); the log line above has it
         },
         "normalization": norm,
     }
