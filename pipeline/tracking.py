@@ -313,7 +313,9 @@ class RunTracker:
         ``tags`` (or none, like ``tags``) for every key of ``owner_tags``; else, with ``same_as``, the latest run of
         the experiment that has ``tags``' values for every key of ``same_as`` and ``owner_tags`` (``run_id`` is
         another store's: runs logged here before the tracking URI moved away and back are continued, not
-        duplicated); else create a new run. ``continued`` says which; ``foreign`` is True when ``run_id`` exists
+        duplicated); with no ``run_id`` and ``same_as``, the latest RUNNING run with those tag values (one that a
+        kill left between its creation and the caller's record of its id); else create a new run. ``continued``
+        says which; ``foreign`` is True when ``run_id`` exists
         but belongs to another owner (left as it is). A deleted ``experiment`` (its name stays taken) is a
         :class:`TrackingError` saying how to restore or purge it."""
         self.continued = self.foreign = False
@@ -363,6 +365,10 @@ class RunTracker:
                 self.foreign, run_id = True, None
             if run_id is None and run is None and same_as and all(tags.get(k) for k in same_as):
                 run_id = self._same_run(exp_id, tags, (*same_as, *owner_tags))
+        elif same_as and all(tags.get(k) for k in same_as):
+            # no id on record: a run that a kill left RUNNING between its creation and the write of its id (the
+            # caller's same_as holds the workspace, which DVC locks: a RUNNING run of it is no live one)
+            run_id = self._same_run(exp_id, tags, (*same_as, *owner_tags), status="RUNNING")
         if run_id is None:
             run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = run.info.run_id
@@ -375,9 +381,10 @@ class RunTracker:
         self.experiment_id = exp_id
         self.tags = tags   # as opened (a continued run's are set to these), without a round trip to the store
 
-    def _same_run(self, exp_id: str, tags: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
-        """The id of the latest active run of ``exp_id`` whose tags equal ``tags`` on ``keys`` (a key missing from
-        ``tags`` must be missing from the run too), or None."""
+    def _same_run(self, exp_id: str, tags: Mapping[str, str], keys: tuple[str, ...],
+                  status: str | None = None) -> str | None:
+        """The id of the latest active run of ``exp_id`` (with ``status``: in that status) whose tags equal ``tags``
+        on ``keys`` (a key missing from ``tags`` must be missing from the run too), or None."""
         first = next(k for k in keys if tags.get(k))
         value = str(tags[first]).replace("'", "")
         if value != tags[first]:   # not expressible in a filter string: no search
@@ -385,7 +392,8 @@ class RunTracker:
         runs = self.client.search_runs([exp_id], filter_string=f"tags.`{first}` = '{value}'",
                                        order_by=["attributes.start_time DESC"], max_results=50)
         for run in runs:
-            if run.info.lifecycle_stage == "active" and all(run.data.tags.get(k) == tags.get(k) for k in keys):
+            if run.info.lifecycle_stage == "active" and all(run.data.tags.get(k) == tags.get(k) for k in keys) \
+                    and (status is None or run.info.status == status):
                 return run.info.run_id
         return None
 
@@ -442,6 +450,20 @@ class RunTracker:
     def tag(self, key: str) -> str | None:
         """The run's tag ``key``, or None."""
         return self.client.get_run(self.run_id).data.tags.get(key)
+
+    @_uninterrupted
+    def has_logged_model(self, epoch: int, name: str = "model") -> bool:
+        """Whether the run already holds a complete logged model ``name`` of the weights of ``epoch`` (tag
+        ``epoch``): one that a kill after ``log_model`` but before the run's ``model_epoch`` tag left, which must
+        not be logged twice. A store that cannot search logged models answers False."""
+        try:
+            found = self.client.search_logged_models(
+                experiment_ids=[self.experiment_id],
+                filter_string=f"source_run_id = '{self.run_id}' AND tags.epoch = '{int(epoch)}'")
+        except Exception:
+            return False
+        return any(m.name == name and str(getattr(m.status, "name", m.status)).upper().endswith("READY")
+                   for m in found)
 
     @_uninterrupted
     def logged_steps(self, metric: str) -> set[int]:

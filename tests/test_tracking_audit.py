@@ -92,3 +92,48 @@ def test_a_deleted_experiment_is_named_with_the_way_out(store):
     assert f"MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp.experiment_id}" in msg, msg
     assert "cannot use the tracking store" not in msg, msg
     assert len(client.search_runs([exp.experiment_id], run_view_type=3)) == 1   # nothing was created in it
+
+
+def test_a_run_killed_before_its_id_was_recorded_is_continued_not_duplicated(store):
+    """SIGKILL between ``create_run`` and the write of the run folder's ``run_id`` leaves a RUNNING run that no file
+    names. Opened again without an id but with ``same_as``, the tracker continues that run (same workspace, variant,
+    seed and configuration), so a (variant, seed) has one run; a FINISHED run with those tags, or a RUNNING one of
+    another workspace (a queued experiment's copy, which may be training), is not taken: a new run is created."""
+    from pipeline.tracking import RunTracker
+
+    root, uri, client = store
+    tags = {**TAGS, "run_config": "abc"}
+    same_as = ("run_config", "variant", "seed", "workspace")
+    orphan = RunTracker(root=root, experiment="orphan", run_name="psrnn_s0", tags=tags)   # killed right here
+    elsewhere = RunTracker(root=root, experiment="orphan", run_name="psrnn_s0", tags={**tags, "workspace": "/q"})
+    again = RunTracker(root=root, experiment="orphan", run_name="psrnn_s0", tags=tags, owner_tags=("dvc_exp_name",),
+                       same_as=same_as)
+    assert again.run_id == orphan.run_id and again.continued
+    again.log_epoch({"epoch": 0, "test": {"bpc": 2.0}})
+    again.finish()
+    assert client.get_run(elsewhere.run_id).info.status == "RUNNING"   # left alone
+    retrained = RunTracker(root=root, experiment="orphan", run_name="psrnn_s0", tags=tags,
+                           owner_tags=("dvc_exp_name",), same_as=same_as)
+    assert retrained.run_id not in (orphan.run_id, elsewhere.run_id) and not retrained.continued
+    retrained.finish()
+    # without same_as (a run that starts over), never a search
+    fresh = RunTracker(root=root, experiment="orphan", run_name="psrnn_s0", tags={**tags, "workspace": "/q"})
+    assert fresh.run_id != elsewhere.run_id
+    runs = client.search_runs([orphan.experiment_id], filter_string="tags.workspace = '/w'")
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+
+
+def test_has_logged_model_finds_the_model_of_an_epoch(store):
+    """A kill after ``log_model`` and before the ``model_epoch`` tag: the model of that epoch is found, so that
+    the rerun tags it instead of logging it twice; another epoch's is not."""
+    import torch
+
+    from pipeline.tracking import RunTracker
+
+    root, uri, client = store
+    tracker = RunTracker(root=root, experiment="logged-model", run_name="psrnn_s0", tags=TAGS)
+    assert not tracker.has_logged_model(3)
+    tracker.log_model(torch.nn.Linear(2, 2), pip_requirements=["torch"], epoch=3)
+    assert tracker.has_logged_model(3) and not tracker.has_logged_model(4)
+    assert not tracker.has_logged_model(3, name="other")
+    tracker.finish()

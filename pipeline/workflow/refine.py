@@ -429,8 +429,10 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                       "seed": history["seed"], "epoch": int(last["epoch"])}, "data_units.json")
     epoch = str(int(last["epoch"]))
     if params.tracking.get("log_model", True) and tracker.tag("model_epoch") != epoch:
-        model.load_state_dict(trained_weights(ck))
-        tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"], epoch=int(epoch))
+        if not tracker.has_logged_model(int(epoch)):   # a kill may have come between the model and its tag
+            model.load_state_dict(trained_weights(ck))
+            tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                              epoch=int(epoch))
         tracker.set_tag("model_epoch", epoch)
     tracker.finish()
 
