@@ -671,6 +671,10 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
                                    **options})
         # before _check_long_enough, which reads widths (a list there was an AttributeError)
         _validated(ts_cfg.validate, two_stage_options, train_options)
+        upper = [k for k in ("upper_past_window", "upper_future_window") if options.get(k) is not None]
+        if upper and a["n_layers"] == 1:   # described a model of more layers than the one trained, as rank would
+            raise ValueError(f"two_stage_options[{upper[0]!r}]: the windows of layers 2 and up, and n_layers=1 has "
+                             "one layer; expected n_layers >= 2, or leave it out")
     if spectral:
         _check_long_enough(arrays["train"], windows, model, a, two_stage_options)
     _warn_unseen(checked.unseen, input_dim)
@@ -801,6 +805,17 @@ def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], mod
         raise ValueError(f"train: one window for 2SR ({past_name} {past} + {future_name} {future} + 1 = {need} "
                          f"steps, in train[{i}] of {len(longest)}); 2SR needs two (its kernel widths are median "
                          f"distances between windows): expected one more step or trajectory, or {smaller}")
+    upper = {k: two_stage_options.get(f"upper_{k}") for k in ("past_window", "future_window")}
+    if model != "kf" and a["n_layers"] >= 2 and any(v is not None for v in upper.values()):
+        # layers 2 and up cut their own windows out of the states below, one per step of the trajectory
+        up_past, up_future = upper["past_window"] or past, upper["future_window"] or future
+        up_names = [f"two_stage_options['upper_{k}']" if upper[k] is not None else name
+                    for k, name in (("past_window", past_name), ("future_window", future_name))]
+        if sum(max(0, len(t) - up_past - up_future) for t in train) < 2:
+            raise ValueError(f"train: fewer than two windows for the 2SR of layers 2 and up ({up_names[0]} "
+                             f"{up_past} + {up_names[1]} {up_future} + 1 = {up_past + up_future + 1} steps, and "
+                             f"the longest trajectory, train[{i}], has {len(longest)}); 2SR needs two: expected "
+                             f"longer trajectories or smaller upper windows")
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """Atomic artifact I/O: every file is written to a temporary sibling and renamed into place.
 
 A reader (or DVC's cache) therefore never sees half a file, and a crash leaves the previous version intact. A
-temporary file is named ``.<name>.psrnn-tmp-<pid>-<random><suffix>`` (:data:`TEMP_MARK`): one stranded by a
-SIGKILL is removed by the next write of the same file once its process is gone, and until then ``.dvcignore`` keeps
-it out of the hash of a directory that a stage reads (``artifacts/<ds>`` holds single-file outputs) and
-``.gitignore`` out of ``git status``. The file gets the mode a plain ``open(path, "w")`` would give it (``0o666 & ~umask``),
-not the private ``0o600`` of the temporary file. Tensors are stored as ``.npz`` without pickle; JSON is written
-sorted and indented so that DVC hashes are stable. A truncated or corrupt ``.npz`` is one ``ValueError`` naming the
-file and the stage to rerun.
+temporary file is named ``.<name>.psrnn-tmp-<host>-<pid>-<random><suffix>`` (:data:`TEMP_MARK`): one stranded by
+a SIGKILL is removed by the next write of the same file once its process is gone, and until then ``.dvcignore``
+keeps it out of the hash of a directory that a stage reads (``artifacts/<ds>`` holds single-file outputs) and
+``.gitignore`` out of ``git status``. The file gets the mode a plain ``open(path, "w")`` would give it
+(``0o666 & ~umask``), not the private ``0o600`` of the temporary file. Tensors are stored as ``.npz`` without
+pickle; JSON is written sorted and indented so that DVC hashes are stable. A truncated or corrupt ``.npz`` is one
+``ValueError`` naming the file and the stage to rerun.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -73,32 +74,59 @@ def _umask() -> int:
 
 #: marks the temporary files of :func:`atomic_path` (``.dvcignore`` and ``.gitignore`` name the pattern)
 TEMP_MARK = ".psrnn-tmp-"
+#: a temporary file of another host (a shared file system), whose process cannot be asked, is stale after this long
+FOREIGN_TEMP_AGE_S = 24 * 3600
+_HOST: dict[str, str] = {}
+
+
+def _host_tag() -> str:
+    """8 hex digits of the host name: a temporary file's process id means something on its own host only."""
+    if "tag" not in _HOST:
+        import hashlib
+        import socket
+
+        _HOST["tag"] = hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
+    return _HOST["tag"]
 
 
 def _process_alive(pid: int) -> bool:
+    if os.name == "nt":   # os.kill(pid, 0) would send CTRL_C_EVENT there: never asked, taken as alive
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OSError):   # another user's process: alive
+    except (OSError, OverflowError, ValueError):   # another user's process (EPERM), or no such id at all
         return True
     return True
 
 
 def remove_stranded_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of earlier writes of ``path`` whose process is gone (a SIGKILL between the
-    temporary file's creation and its rename strands it); a live writer's, this process's, and names that do not
-    parse are left alone. Returns the removed paths."""
+    """Remove the temporary files of earlier writes of ``path`` that their writer can no longer rename: on this
+    host, those whose process is gone (a SIGKILL between the temporary file's creation and its rename strands
+    it); of another host (its id in the name) or of no parsable name, those older than
+    :data:`FOREIGN_TEMP_AGE_S`. A live writer's file and this process's are left alone. Returns the removed
+    paths."""
     path = Path(path)
     removed = []
     try:
         candidates = list(path.parent.glob(f".{glob.escape(path.name)}{TEMP_MARK}*"))
     except OSError:
         return removed
+    host = _host_tag()
     for tmp in candidates:
-        pid_text = tmp.name[len(path.name) + 1 + len(TEMP_MARK):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _process_alive(int(pid_text)):
-            continue
+        parts = tmp.name[len(path.name) + 1 + len(TEMP_MARK):].split("-", 2)
+        ours = len(parts) == 3 and parts[0] == host and parts[1].isdigit() and len(parts[1]) <= 10
+        if ours:
+            pid = int(parts[1])
+            if pid == os.getpid() or _process_alive(pid):
+                continue
+        else:
+            try:
+                if time.time() - tmp.stat().st_mtime < FOREIGN_TEMP_AGE_S:
+                    continue
+            except OSError:
+                continue
         with contextlib.suppress(OSError):
             tmp.unlink()
             removed.append(tmp)
@@ -116,8 +144,8 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stranded_temporaries(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}{os.getpid()}-", suffix=suffix or ".tmp",
-                                   dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}{_host_tag()}-{os.getpid()}-",
+                                   suffix=suffix or ".tmp", dir=path.parent)
     except OSError as exc:   # the error would name the random temporary file, not the output asked for
         raise OSError(exc.errno, f"cannot write {path} (a temporary file in {path.parent} is needed first): "
                                  f"{exc.strerror or exc}") from None

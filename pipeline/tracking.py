@@ -367,8 +367,10 @@ class RunTracker:
                 run_id = self._same_run(exp_id, tags, (*same_as, *owner_tags))
         elif same_as and all(tags.get(k) for k in same_as):
             # no id on record: a run that a kill left RUNNING between its creation and the write of its id (the
-            # caller's same_as holds the workspace, which DVC locks: a RUNNING run of it is no live one)
-            run_id = self._same_run(exp_id, tags, (*same_as, *owner_tags), status="RUNNING")
+            # caller's same_as holds the workspace, which DVC locks: a RUNNING run of it is no live one; a tag
+            # "host" tells the same path on two machines that share a tracking server apart)
+            keys = (*same_as, *owner_tags, *(("host",) if tags.get("host") else ()))
+            run_id = self._same_run(exp_id, tags, keys, status="RUNNING")
         if run_id is None:
             run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = run.info.run_id

@@ -777,6 +777,10 @@ def multilayer_two_stage(
     return last
 
 
+#: the TwoStageConfig fields that only layers >= 2 read
+UPPER_LAYER_FIELDS = ("upper_past_window", "upper_future_window")
+
+
 def upper_layer_config(cfg: TwoStageConfig, level: int) -> TwoStageConfig:
     """The 2SR config of layer ``level`` (0-based, >= 1): ``cfg`` with median widths of its own inputs, its own
     seed (:func:`pipeline.features.layer_seed`) and the windows ``upper_past_window`` / ``upper_future_window``
@@ -829,7 +833,10 @@ def two_stage_depths(
                 decoders[f"skip_{prefix}decoder"] = fit_decoder(joined, trajectories, discrete=discrete,
                                                                 vocab_size=vocab_size, ridge=cfg.decoder_ridge,
                                                                 change=change)
-        yield TwoStageModel(layers=list(layers), discrete=discrete, vocab_size=vocab_size, config=asdict(cfg),
+        config = asdict(cfg)
+        if len(layers) == 1:   # what depth 1 is learned from: a change of the upper windows leaves L1.npz as it is
+            config = {k: v for k, v in config.items() if k not in UPPER_LAYER_FIELDS}
+        yield TwoStageModel(layers=list(layers), discrete=discrete, vocab_size=vocab_size, config=config,
                             **decoders)
 
 

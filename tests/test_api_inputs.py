@@ -406,3 +406,18 @@ def test_features_in_large_units_get_one_warning_naming_them(features, recwarn):
     (w,) = [w for w in caught if "small units" in str(w.message)]
     assert str(w.message).startswith("train: feature 0 (mean ") and "feature 1" not in str(w.message)
     assert "divide by the training std first" in str(w.message) and w.filename == __file__
+
+
+def test_upper_layer_windows_are_checked_before_2sr(features, no_work):
+    """The windows of layers 2 and up (two_stage_options upper_past_window / upper_future_window) are checked
+    against the trajectories before any 2SR, naming the option (they failed after layer 1's regression, or deep
+    in it: 'median pairwise distance needs at least 2 points'), and refused for a one-layer model, which reads
+    none of them."""
+    longest = max(len(t) for t in features.train)
+    refused(f"train: fewer than two windows for the 2SR of layers 2 and up (two_stage_options['upper_past_window'] "
+            f"{longest} + horizon 1 + 1 = {longest + 2} steps, and the longest trajectory, train[0], has {longest}); "
+            "2SR needs two: expected longer trajectories or smaller upper windows",
+            fit_model, features.train, **SMALL, n_layers=2, two_stage_options={"upper_past_window": longest})
+    refused("two_stage_options['upper_future_window']: the windows of layers 2 and up, and n_layers=1 has one "
+            "layer; expected n_layers >= 2, or leave it out",
+            fit_model, features.train, **SMALL, two_stage_options={"upper_future_window": 1})

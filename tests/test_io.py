@@ -93,15 +93,23 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path: 
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL
     stranded = proc.stdout.strip()
-    assert stranded.startswith(f".features.npz{io.TEMP_MARK}") and stranded.endswith(".npz")
-    live = tmp_path / f".features.npz{io.TEMP_MARK}{os.getpid()}-abc.npz"   # this process: alive
-    live.write_bytes(b"in progress")
-    other = tmp_path / f".other.npz{io.TEMP_MARK}999999999-abc.npz"         # another file's
-    other.write_bytes(b"x")
-    assert _leftovers(tmp_path) == sorted([stranded, live.name, other.name])
+    host = io._host_tag()
+    assert stranded.startswith(f".features.npz{io.TEMP_MARK}{host}-") and stranded.endswith(".npz")
+    mark = f".features.npz{io.TEMP_MARK}"
+    kept = {
+        "live": tmp_path / f"{mark}{host}-{os.getpid()}-abc.npz",        # this process: alive
+        "other file": tmp_path / f".other.npz{io.TEMP_MARK}{host}-999999999-abc.npz",
+        "other host, recent": tmp_path / f"{mark}0badc0de-1-abc.npz",   # its process cannot be asked
+        "huge id": tmp_path / f"{mark}{host}-99999999999999999999-x.npz",   # no such process id: no OverflowError
+    }
+    stale = tmp_path / f"{mark}0badc0de-2-abc.npz"                       # another host's, a day old
+    for p in [*kept.values(), stale]:
+        p.write_bytes(b"x")
+    day_ago = os.path.getmtime(stale) - io.FOREIGN_TEMP_AGE_S - 60
+    os.utime(stale, (day_ago, day_ago))
     io.save_npz(path, {"x": np.arange(3)}, meta={})
-    assert _leftovers(tmp_path) == sorted([live.name, other.name])
-    assert not path.with_name(stranded).exists() and io.load_npz(path)[0]["x"].tolist() == [0, 1, 2]
+    assert _leftovers(tmp_path) == sorted(p.name for p in kept.values())
+    assert io.load_npz(path)[0]["x"].tolist() == [0, 1, 2]
 
 
 def test_dvc_and_git_ignore_the_temporary_files() -> None:

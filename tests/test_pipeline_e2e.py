@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -170,7 +171,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
                 assert not [k for k in run.data.params if k.startswith(("two_stage.", "kf."))], run.data.params
             else:
                 assert "two_stage.ridge" in run.data.params and "kf.ridge" not in run.data.params
-            assert tags["workspace"] == str(root.resolve())
+            assert tags["workspace"] == str(root.resolve()) and tags["host"] == socket.gethostname()
             assert tags.get("mlflow.source.git.commit") == commit
             key = "bpc" if ds in ("ptb", "hmm") else "mse"
             steps = [m.step for m in client.get_metric_history(run.info.run_id, f"test_{key}")]

@@ -121,6 +121,14 @@ def test_a_run_killed_before_its_id_was_recorded_is_continued_not_duplicated(sto
     assert fresh.run_id != elsewhere.run_id
     runs = client.search_runs([orphan.experiment_id], filter_string="tags.workspace = '/w'")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+    # the same path on another machine that shares the tracking server: its RUNNING run may be live
+    on_a = RunTracker(root=root, experiment="orphan-host", run_name="psrnn_s0", tags={**tags, "host": "a"})
+    on_b = RunTracker(root=root, experiment="orphan-host", run_name="psrnn_s0", tags={**tags, "host": "b"},
+                      owner_tags=("dvc_exp_name",), same_as=same_as)
+    assert on_b.run_id != on_a.run_id and not on_b.continued
+    again_a = RunTracker(root=root, experiment="orphan-host", run_name="psrnn_s0", tags={**tags, "host": "a"},
+                         owner_tags=("dvc_exp_name",), same_as=same_as)
+    assert again_a.run_id == on_a.run_id and again_a.continued
 
 
 def test_has_logged_model_finds_the_model_of_an_epoch(store):

@@ -101,7 +101,8 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = Fal
     training trajectory. The Kalman filter's windows and state size (``kalman``) are checked by ``psrnn check``
     (on a custom file, and on a built-in dataset's prepared file when there is one) and by the two_stage stage,
     which reads the ``kf`` params; the preprocess stage does not: adding or changing a Kalman filter must not rerun
-    preprocessing."""
+    preprocessing. Nor the upper layers' windows (``two_stage.upper_*``), which the preprocess stages do not declare
+    either (DVC refuses a declared key that params.yaml leaves out); the two_stage stage checks them."""
     from dataclasses import replace
 
     for split in ("train", "test"):
@@ -112,7 +113,9 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = Fal
         if which:
             raise ParamsError(f"{dp.name}.source: the {split} split: {which} a single step, so there is no one-step "
                               f"prediction to score; expected at least one {split} trajectory of 2 steps or more")
-    check_windows(dp.name, dp if kalman else replace(dp, kf=None), [len(t) for t in ds.train],
+    if not kalman:
+        dp = replace(dp, kf=None, two_stage=replace(dp.two_stage, upper_past_window=None, upper_future_window=None))
+    check_windows(dp.name, dp, [len(t) for t in ds.train],
                   obs_dim=ds.obs_dim if kalman and not ds.discrete else None,
                   train_ids=(ds.meta.get("trajectory_ids") or {}).get("train"))   # a custom file's own ids
 

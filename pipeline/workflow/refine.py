@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -364,7 +365,7 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
             "seed": str(seed), "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}"),
             # the folder that trains it: a queued experiment's copy of the project has its own, and DVC locks a
             # workspace, so a RUNNING run of this one is a killed run, while one of another may be training
-            "workspace": str(Path(root).resolve())}
+            "workspace": str(Path(root).resolve()), "host": socket.gethostname()}
     if trained_at and trained_at.get("git_commit"):
         commit, dirty = trained_at["git_commit"], trained_at.get("git_dirty")
     else:
