@@ -29,8 +29,8 @@ import numpy as np
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.messages import brief, brief_list
 from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
-from pipeline.two_stage import MAX_SIZE, LinearStateSpace, TwoStageConfig, TwoStageModel, is_finite_number, \
-    linear_two_stage, multilayer_two_stage
+from pipeline.two_stage import MAX_SIZE, UPPER_LAYER_FIELDS, LinearStateSpace, TwoStageConfig, TwoStageModel, \
+    is_finite_number, linear_two_stage, multilayer_two_stage
 
 
 def initialise_model(config: ModelConfig, *, two_stage: TwoStageModel | None = None,
@@ -671,9 +671,9 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
                                    **options})
         # before _check_long_enough, which reads widths (a list there was an AttributeError)
         _validated(ts_cfg.validate, two_stage_options, train_options)
-        upper = [k for k in ("upper_past_window", "upper_future_window") if options.get(k) is not None]
+        upper = [k for k in UPPER_LAYER_FIELDS if options.get(k) is not None]
         if upper and a["n_layers"] == 1:   # described a model of more layers than the one trained, as rank would
-            raise ValueError(f"two_stage_options[{upper[0]!r}]: the windows of layers 2 and up, and n_layers=1 has "
+            raise ValueError(f"two_stage_options[{upper[0]!r}]: a setting of layers 2 and up, and n_layers=1 has "
                              "one layer; expected n_layers >= 2, or leave it out")
     if spectral:
         _check_long_enough(arrays["train"], windows, model, a, two_stage_options)

@@ -46,7 +46,8 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from pipeline.decompose import MAX_RANK_FACTOR
 from pipeline.messages import INT_SHOWN_BITS, brief, brief_list
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
-from pipeline.two_stage import MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, WIDTH_FAMILIES, TwoStageConfig
+from pipeline.two_stage import (MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, UPPER_LAYER_FIELDS, WIDTH_FAMILIES,
+                                 TwoStageConfig)
 
 DATASETS = ("ptb", "swimmer", "mocap", "handwriting", "hmm", "lgssm", "custom")
 DISCRETE_DATASETS = ("ptb", "hmm")
@@ -221,7 +222,7 @@ class DatasetParams:
         if self.layers > max(deepest, 1):
             notes.append(f"{self.name}.two_stage.layers is {self.layers} but the deepest 2SR-initialised PSRNN variant "
                          f"has {deepest or 1} layer(s): the 2SR of the deeper layers is learned for nothing")
-        upper = [k for k in ("upper_past_window", "upper_future_window") if getattr(self.two_stage, k) is not None]
+        upper = [k for k in UPPER_LAYER_FIELDS if getattr(self.two_stage, k) is not None]
         if upper and self.layers < 2:
             notes.append(f"{self.name}.two_stage.{upper[0]} is set but two_stage.layers is 1: only layers 2 and up "
                          "read it")
@@ -705,6 +706,7 @@ _FIELD_RULES[TwoStageConfig] = {
     "ridge": _non_negative, "decoder_ridge": _non_negative, "obs_ridge": _non_negative,
     "width_scale": _positive, "widths": _widths,
     "upper_past_window": _optional_positive_int, "upper_future_window": _optional_positive_int,
+    "upper_obs_ridge": lambda key, v: None if v is None else _non_negative(key, v),
     "svd": _choice("randomized", "exact"), "feature_dtype": _choice("float32", "float64"),
 }
 _FIELD_RULES[TrainConfig] = {

@@ -85,6 +85,10 @@ class TwoStageConfig:
     # update near zero there and its state flipped sign (q and -q filter alike at b = 0) in 5 of 6 seeds.
     upper_past_window: int | None = None
     upper_future_window: int | None = None
+    # layers >= 2: the observation inverse's ridge (None: obs_ridge). The states below, unit vectors, have an
+    # ill-conditioned C_oo; on PTB seed 0 its inverse at 1e-3 left layer 2 bistable (its state at ±one direction,
+    # 36% of steps on the far side: 4.25 BPC at epoch 0 against 3.96 for one layer), at 0.1 3.89.
+    upper_obs_ridge: float | None = None
     seed: int = 0
 
     def validate(self) -> None:
@@ -116,6 +120,10 @@ class TwoStageConfig:
             v = getattr(self, key)
             if not is_finite_number(v) or v < 0:
                 raise ValueError(f"two_stage.{key}: expected a finite number >= 0, got {brief(v)}")
+        if self.upper_obs_ridge is not None and (not is_finite_number(self.upper_obs_ridge)
+                                                 or self.upper_obs_ridge < 0):
+            raise ValueError(f"two_stage.upper_obs_ridge: expected a finite number >= 0 or null, got "
+                             f"{brief(self.upper_obs_ridge)}")
         if not is_finite_number(self.width_scale) or self.width_scale <= 0:
             raise ValueError(f"two_stage.width_scale: expected a finite number > 0, got {brief(self.width_scale)}")
         if self.widths is not None:
@@ -778,16 +786,17 @@ def multilayer_two_stage(
 
 
 #: the TwoStageConfig fields that only layers >= 2 read
-UPPER_LAYER_FIELDS = ("upper_past_window", "upper_future_window")
+UPPER_LAYER_FIELDS = ("upper_past_window", "upper_future_window", "upper_obs_ridge")
 
 
 def upper_layer_config(cfg: TwoStageConfig, level: int) -> TwoStageConfig:
     """The 2SR config of layer ``level`` (0-based, >= 1): ``cfg`` with median widths of its own inputs, its own
-    seed (:func:`pipeline.features.layer_seed`) and the windows ``upper_past_window`` / ``upper_future_window``
-    (None: layer 1's)."""
+    seed (:func:`pipeline.features.layer_seed`), the windows ``upper_past_window`` / ``upper_future_window`` and
+    the observation inverse's ridge ``upper_obs_ridge`` (None: layer 1's)."""
     return TwoStageConfig(**{**asdict(cfg), "widths": None, "seed": layer_seed(cfg.seed, level),
                              "past_window": cfg.upper_past_window or cfg.past_window,
-                             "future_window": cfg.upper_future_window or cfg.future_window})
+                             "future_window": cfg.upper_future_window or cfg.future_window,
+                             "obs_ridge": cfg.obs_ridge if cfg.upper_obs_ridge is None else cfg.upper_obs_ridge})
 
 
 def two_stage_depths(

@@ -418,6 +418,6 @@ def test_upper_layer_windows_are_checked_before_2sr(features, no_work):
             f"{longest} + horizon 1 + 1 = {longest + 2} steps, and the longest trajectory, train[0], has {longest}); "
             "2SR needs two: expected longer trajectories or smaller upper windows",
             fit_model, features.train, **SMALL, n_layers=2, two_stage_options={"upper_past_window": longest})
-    refused("two_stage_options['upper_future_window']: the windows of layers 2 and up, and n_layers=1 has one "
+    refused("two_stage_options['upper_future_window']: a setting of layers 2 and up, and n_layers=1 has one "
             "layer; expected n_layers >= 2, or leave it out",
             fit_model, features.train, **SMALL, two_stage_options={"upper_future_window": 1})

@@ -212,6 +212,8 @@ def _custom(**source):
                                                                        r"expected an integer, got a boolean true$"),
     (lambda p: p["ptb"]["two_stage"].update(upper_future_window=1.5), r"^ptb\.two_stage\.upper_future_window: "
                                                                       r"expected an integer, got a number 1\.5$"),
+    (lambda p: p["ptb"]["two_stage"].update(upper_obs_ridge=-0.1), r"^ptb\.two_stage\.upper_obs_ridge: expected a "
+                                                                   r"finite number >= 0"),
     # the upper layers' windows must fit the trajectories as layer 1's do (hmm: length 200)
     (lambda p: p["hmm"]["two_stage"].update(upper_past_window=197), r"^hmm\.two_stage\.upper_past_window \+ "
                                                                     r"hmm\.two_stage\.future_window \+ 1 = 197 \+ 3 "

@@ -150,25 +150,28 @@ def test_ridge_is_a_ratio_times_n_so_duplicated_data_learn_the_same_model():
 # ------------------------------------------------------------------------------------- multilayer (Sec. 4.2)
 
 
-@pytest.mark.parametrize("upper_windows", [(None, None), (1, None), (1, 3)])
-def test_layer_two_is_2sr_on_the_states_filtered_by_layer_one(upper_windows):
+@pytest.mark.parametrize("upper", [(None, None, None), (1, None, None), (1, 3, None), (None, None, 0.1)])
+def test_layer_two_is_2sr_on_the_states_filtered_by_layer_one(upper):
     """Layer 2 is one more 2SR with layer 1's filtered states (the state after each observation, b = 0, not
     starting with q₁) in place of the observations, its own median widths and its own seed (features.layer_seed),
-    and the windows upper_past_window / upper_future_window where set (else layer 1's); the top decoder regresses
+    and the windows upper_past_window / upper_future_window and the observation inverse's ridge upper_obs_ridge
+    where set (else layer 1's); the top decoder regresses
     o_{t+1} on layer 2's states, the skip decoder on both layers' side by side."""
     ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=8, n_test=2, length=60, seed=1)
-    up_past, up_future = upper_windows
+    up_past, up_future, up_obs_ridge = upper
     cfg = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=4, n_features=150, past_window=2, future_window=2,
-                         upper_past_window=up_past, upper_future_window=up_future, seed=5)
+                         upper_past_window=up_past, upper_future_window=up_future, upper_obs_ridge=up_obs_ridge,
+                         seed=5)
     tsm = multilayer_two_stage(ds.train, cfg, n_layers=2, discrete=False)
     s1 = filter_states(tsm.layers[0], ds.train)
     assert [len(s) for s in s1] == [len(t) for t in ds.train]
-    upper = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=4, n_features=150, past_window=up_past or 2,
-                           future_window=up_future or 2, seed=layer_seed(cfg.seed, 1))
-    alone = regress_layer(s1, upper, discrete=False)
-    if upper_windows != (None, None):   # the windows matter: layer 1's windows give another layer 2
-        other = regress_layer(s1, TwoStageConfig(**{**upper.__dict__, "past_window": 2, "future_window": 2}),
-                              discrete=False)
+    upper_cfg = TwoStageConfig(state_dim=4, obs_dim=4, past_dim=4, n_features=150, past_window=up_past or 2,
+                               future_window=up_future or 2, seed=layer_seed(cfg.seed, 1),
+                               obs_ridge=cfg.obs_ridge if up_obs_ridge is None else up_obs_ridge)
+    alone = regress_layer(s1, upper_cfg, discrete=False)
+    if upper != (None, None, None):   # the settings matter: layer 1's give another layer 2
+        other = regress_layer(s1, TwoStageConfig(**{**upper_cfg.__dict__, "past_window": 2, "future_window": 2,
+                                                    "obs_ridge": cfg.obs_ridge}), discrete=False)
         assert np.abs(other.W - alone.W).max() > 1e-3
     for name in ("W", "q1", "U_obs", "U_past", "U_future"):
         np.testing.assert_array_equal(getattr(tsm.layers[1], name), getattr(alone, name), err_msg=name)

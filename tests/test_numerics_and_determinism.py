@@ -263,12 +263,12 @@ def test_depth_one_does_not_depend_on_the_upper_layers_windows():
     rng = np.random.default_rng(5)
     trajs = [rng.standard_normal((80, 2)).cumsum(0) * 0.1 for _ in range(3)]
     plain = list(two_stage_depths(trajs, _cfg(), discrete=False, n_layers=2))
-    upper = list(two_stage_depths(trajs, _cfg(upper_past_window=1, upper_future_window=1), discrete=False,
-                                  n_layers=2))
+    upper = list(two_stage_depths(trajs, _cfg(upper_past_window=1, upper_future_window=1, upper_obs_ridge=0.1),
+                                  discrete=False, n_layers=2))
     a, b = plain[0].to_arrays(), upper[0].to_arrays()
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert json.dumps(plain[0].meta(), sort_keys=True, default=str) == json.dumps(upper[0].meta(), sort_keys=True,
                                                                                   default=str)
-    assert "upper_past_window" not in plain[0].meta()["config"]
+    assert not {"upper_past_window", "upper_future_window", "upper_obs_ridge"} & set(plain[0].meta()["config"])
     assert upper[1].meta()["config"]["upper_past_window"] == 1
     assert not np.array_equal(plain[1].layers[1].W, upper[1].layers[1].W)
