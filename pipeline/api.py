@@ -676,7 +676,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
             raise ValueError(f"two_stage_options[{upper[0]!r}]: a setting of layers 2 and up, and n_layers=1 has "
                              "one layer; expected n_layers >= 2, or leave it out")
     if spectral:
-        _check_long_enough(arrays["train"], windows, model, a, two_stage_options)
+        _check_long_enough(arrays["train"], windows, model, a, two_stage_options, ts_cfg)
     _warn_unseen(checked.unseen, input_dim)
     bias_scale = a["bias_scale"] if a["bias_scale"] is not None else 0.1 if model == "factorized_psrnn" else 0.0
     cfg = ModelConfig(model=model, discrete=discrete, input_dim=input_dim, output_dim=input_dim,
@@ -773,7 +773,7 @@ def _check_shape_options(model: str, a: dict[str, Any]) -> None:
 
 
 def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], model: str, a: dict[str, Any],
-                       two_stage_options: dict[str, Any]) -> None:
+                       two_stage_options: dict[str, Any], ts_cfg: TwoStageConfig | None) -> None:
     """Refuse, naming the arguments, a train split too short for 2SR, by 2SR's own conditions (deeper in, the
     error named neither train nor the arguments): a window at step t needs t >= past and t + future <= T - 1
     (:func:`pipeline.features.make_windows`), so a trajectory holds T - past - future of them, and 2SR needs one
@@ -806,9 +806,9 @@ def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], mod
                          f"steps, in train[{i}] of {len(longest)}); 2SR needs two (its kernel widths are median "
                          f"distances between windows): expected one more step or trajectory, or {smaller}")
     upper = {k: two_stage_options.get(f"upper_{k}") for k in ("past_window", "future_window")}
-    if model != "kf" and a["n_layers"] >= 2 and any(v is not None for v in upper.values()):
+    if ts_cfg is not None and a["n_layers"] >= 2 and any(v is not None for v in upper.values()):
         # layers 2 and up cut their own windows out of the states below, one per step of the trajectory
-        up_past, up_future = upper["past_window"] or past, upper["future_window"] or future
+        up_past, up_future = ts_cfg.upper_windows
         up_names = [f"two_stage_options['upper_{k}']" if upper[k] is not None else name
                     for k, name in (("past_window", past_name), ("future_window", future_name))]
         if sum(max(0, len(t) - up_past - up_future) for t in train) < 2:

@@ -840,7 +840,7 @@ def _window_checks(dp: DatasetParams) -> list[tuple[str, str, int, int]]:
     if dp.layers >= 2 and (ts.upper_past_window is not None or ts.upper_future_window is not None):
         checks.append((f"{key}.upper_past_window" if ts.upper_past_window is not None else f"{key}.past_window",
                        f"{key}.upper_future_window" if ts.upper_future_window is not None else f"{key}.future_window",
-                       ts.upper_past_window or ts.past_window, ts.upper_future_window or ts.future_window))
+                       *ts.upper_windows))
     if dp.kf is not None:
         checks.append((f"{dp.name}.kf.past_window", f"{dp.name}.kf.future_window", dp.kf.past_window,
                        dp.kf.future_window))

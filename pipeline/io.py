@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import json
 import os
@@ -76,17 +77,15 @@ def _umask() -> int:
 TEMP_MARK = ".psrnn-tmp-"
 #: a temporary file of another host (a shared file system), whose process cannot be asked, is stale after this long
 FOREIGN_TEMP_AGE_S = 24 * 3600
-_HOST: dict[str, str] = {}
 
 
+@functools.cache
 def _host_tag() -> str:
     """8 hex digits of the host name: a temporary file's process id means something on its own host only."""
-    if "tag" not in _HOST:
-        import hashlib
-        import socket
+    import hashlib
+    import socket
 
-        _HOST["tag"] = hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
-    return _HOST["tag"]
+    return hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
 
 
 def _process_alive(pid: int) -> bool:

@@ -91,6 +91,13 @@ class TwoStageConfig:
     upper_obs_ridge: float | None = None
     seed: int = 0
 
+    @property
+    def upper_windows(self) -> tuple[int, int]:
+        """(past, future) windows of layers 2 and up: ``upper_past_window`` / ``upper_future_window``, where
+        None is layer 1's."""
+        return (self.past_window if self.upper_past_window is None else self.upper_past_window,
+                self.future_window if self.upper_future_window is None else self.upper_future_window)
+
     def validate(self) -> None:
         """Every field, so that library callers (``fit_model(**options)``) get the one-line errors that params.yaml
         validation gives: a key named and what was expected."""
@@ -793,9 +800,9 @@ def upper_layer_config(cfg: TwoStageConfig, level: int) -> TwoStageConfig:
     """The 2SR config of layer ``level`` (0-based, >= 1): ``cfg`` with median widths of its own inputs, its own
     seed (:func:`pipeline.features.layer_seed`), the windows ``upper_past_window`` / ``upper_future_window`` and
     the observation inverse's ridge ``upper_obs_ridge`` (None: layer 1's)."""
+    past, future = cfg.upper_windows
     return TwoStageConfig(**{**asdict(cfg), "widths": None, "seed": layer_seed(cfg.seed, level),
-                             "past_window": cfg.upper_past_window or cfg.past_window,
-                             "future_window": cfg.upper_future_window or cfg.future_window,
+                             "past_window": past, "future_window": future,
                              "obs_ridge": cfg.obs_ridge if cfg.upper_obs_ridge is None else cfg.upper_obs_ridge})
 
 

@@ -113,9 +113,8 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = Fal
         if which:
             raise ParamsError(f"{dp.name}.source: the {split} split: {which} a single step, so there is no one-step "
                               f"prediction to score; expected at least one {split} trajectory of 2 steps or more")
-    if not kalman:
-        dp = replace(dp, kf=None, two_stage=replace(dp.two_stage, upper_past_window=None, upper_future_window=None,
-                                                   upper_obs_ridge=None))
+    if not kalman:   # layer 1's windows only (layers=1 drops the upper layers'), the keys these stages declare
+        dp = replace(dp, kf=None, layers=1)
     check_windows(dp.name, dp, [len(t) for t in ds.train],
                   obs_dim=ds.obs_dim if kalman and not ds.discrete else None,
                   train_ids=(ds.meta.get("trajectory_ids") or {}).get("train"))   # a custom file's own ids
