@@ -602,6 +602,8 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     if not initial:
         path = finished_checkpoint(root, dataset, variant, seed)
         units = run_units(path.parent)
+        if units is not None:
+            _check_units_fit(units, model, str(path.parent / "history.json"))
         ck = load_checkpoint(path)
         _check_variant(path, ck.get("model_config"), wanted)
         try:
@@ -614,6 +616,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
         if not prepared.is_file():
             raise missing
         units = read_dataset(prepared).units()
+        _check_units_fit(units, model, str(prepared))
     return TrainedRun.from_units(model, units, dataset=dataset, variant=variant, seed=seed, epoch=epoch, root=root)
 
 
@@ -642,10 +645,28 @@ def _units_ok(units: Any) -> bool:
     if not isinstance(units, dict):
         return False
     if units.get("kind") == "discrete":
-        return isinstance(units.get("vocab"), list) and len(units["vocab"]) > 0
+        vocab = units.get("vocab")
+        return isinstance(vocab, list) and len(vocab) > 0 and all(isinstance(v, str) for v in vocab)
     parts = [units.get(k) for k in ("features", "mean", "std")]
-    return (units.get("kind") == "continuous" and all(isinstance(p, list) for p in parts)
-            and len({len(p) for p in parts}) == 1 and len(parts[0]) > 0)
+    if not (units.get("kind") == "continuous" and all(isinstance(p, list) for p in parts)
+            and len({len(p) for p in parts}) == 1 and len(parts[0]) > 0):
+        return False
+    numbers = [v for p in parts[1:] for v in p]
+    return (all(isinstance(v, str) for v in parts[0])
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in numbers)
+            and all(v > 0 for v in parts[2]))
+
+
+def _check_units_fit(units: dict[str, Any], model: Any, source: str) -> None:
+    """The ``units`` read from ``source`` must be those of ``model``'s data: as many symbols or features as its
+    input (a hand-edited or mismatched file would otherwise fail later in a matrix product, naming nothing)."""
+    size = len(units["vocab"] if units["kind"] == "discrete" else units["features"])
+    want = getattr(getattr(model, "config", None), "input_dim", None)
+    if want is not None and size != want:
+        what = "symbols in its vocab" if units["kind"] == "discrete" else "features"
+        raise ValueError(f"{source}: {size} {what}, but the model takes {want}; expected the units of the data the "
+                         "model was trained on (a file from another run or dataset? rerun refine: "
+                         "PSRNN_RETRAIN=1 psrnn refine ...)")
 
 
 def _check_variant(path: Path, config: Any, wanted: Any) -> None:
@@ -710,7 +731,14 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
         units_path = _download_artifact(client, run_id, "data_units.json", tmp)
         if units_path is None:
             raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one)")
-        units = json.loads(Path(units_path).read_text())
+        try:
+            units = json.loads(Path(units_path).read_text())
+        except ValueError as exc:
+            units = exc
+        if not _units_ok(units):
+            raise ValueError(f"MLflow run {run_id}: its data_units.json artifact is damaged: expected a JSON object "
+                             "with kind 'discrete' and a vocab list of strings, or kind 'continuous' with features, "
+                             "mean and std lists of one length")
         ckpt = _download_artifact(client, run_id, "checkpoints/checkpoint.pt", tmp)
         if ckpt is not None:   # config and weights, torch.load(weights_only=True)
             model = model_from_checkpoint(load_checkpoint(ckpt), Path(ckpt).name)
@@ -720,6 +748,7 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
             raise ValueError(f"MLflow run {run_id}: no checkpoints/checkpoint.pt artifact (logged with "
                              "tracking.log_checkpoints: false?); its mlflow.pytorch model is a pickle that runs code "
                              "when loaded: pass allow_pickle=True if you trust this store")
+    _check_units_fit(units, model, f"MLflow run {run_id}: data_units.json")
     return TrainedRun.from_units(model, units, dataset=tags.get("dataset", ""), variant=tags.get("variant", ""),
                                  seed=int(tags.get("seed", -1)), epoch=int(units.get("epoch", -1)))
 
@@ -945,7 +974,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     encoded = data.encoded
     run.model.to(dev)
     dtype = next(run.model.parameters()).dtype
-    ids = pa.array(data.ids.tolist())                  # one per kept trajectory, taken once per row
+    ids = _arrow_values(data.ids)   # one per kept trajectory, taken once per row; typed like the input column
     fields = [pa.field("trajectory", ids.type), pa.field("step", pa.int64())]
     if run.discrete:
         symbols = _arrow_values(_symbol_values(run.vocab, data.rows.values))   # typed like the input column
@@ -1028,40 +1057,48 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     return summary
 
 
-def _step_spacing(steps: np.ndarray) -> int:
-    """The spacing of a trajectory's steps: the median difference of consecutive steps (at least 1; 1 for a single
-    row), so that forecasts continue a trajectory sampled every 5 steps at +5, +10, … Exact in integers: steps
-    are often nanosecond time stamps, beyond float64's 2**53."""
+def _step_spacing(steps: np.ndarray) -> int | None:
+    """The spacing of a trajectory's steps: the median difference of consecutive steps (at least 1; None for a
+    single row, which has none), so that forecasts continue a trajectory sampled every 5 steps at +5, +10, …
+    Exact in integers: steps are often nanosecond time stamps, beyond float64's 2**53."""
     if len(steps) < 2:
-        return 1
+        return None
     diffs = np.diff(steps.astype(np.int64))
     if (diffs < 0).any():   # steps are sorted: a negative difference wrapped past int64 (steps 2**63 apart)
         values = steps.tolist()
         ordered = sorted(b - a for a, b in zip(values[:-1], values[1:]))
     else:
         ordered = np.sort(diffs).tolist()
+    return max(1, _median_int(ordered))
+
+
+def _median_int(ordered: list[int]) -> int:
+    """The median of sorted Python ints, exact: the mean of the middle two rounded half to even, as round()."""
     n = len(ordered)
     if n % 2:
-        median = ordered[n // 2]
-    else:   # the mean of the middle two, rounded half to even as round() does
-        median, half = divmod(ordered[n // 2 - 1] + ordered[n // 2], 2)
-        median += half and median % 2
-    return max(1, median)
+        return ordered[n // 2]
+    median, half = divmod(ordered[n // 2 - 1] + ordered[n // 2], 2)
+    return median + (half and median % 2)
 
 
-def _check_forecast_steps(input_path: Path, data: _Input, steps: int) -> list[int]:
-    """The spacing of every trajectory; refused when its last forecast step, the last step + ``steps`` × the
-    spacing, does not fit the int64 ``step`` column (large time stamps: it would wrap to negative steps)."""
+def _check_forecast_steps(input_path: Path, data: _Input, steps: int) -> tuple[list[int], int, int]:
+    """The spacing of every trajectory, the number of single-row ones and the spacing they take: the median of
+    the other trajectories' spacings (1 when every trajectory has one row). Refused when a trajectory's last
+    forecast step, the last step + ``steps`` × the spacing, does not fit the int64 ``step`` column (large time
+    stamps: it would wrap to negative steps)."""
+    own = [_step_spacing(st) for st in data.steps]
+    known = sorted(s for s in own if s is not None)
+    single, fallback = len(own) - len(known), _median_int(known) if known else 1
     spacings = []
-    for k, st in enumerate(data.steps):
-        last, spacing = int(st[-1]), _step_spacing(st)
+    for k, (st, spacing) in enumerate(zip(data.steps, own)):
+        last, spacing = int(st[-1]), spacing if spacing is not None else fallback
         if last + steps * spacing > _INT64_MAX:
             trajectory = data.ids[k].item() if isinstance(data.ids[k], np.generic) else data.ids[k]
             raise ValueError(f"{input_path}: trajectory {trajectory!r}: last step {last} + {steps} steps × spacing "
                              f"{spacing} is beyond the int64 step column (2**63 - 1); expected fewer steps or "
                              "smaller step values")
         spacings.append(spacing)
-    return spacings
+    return spacings, single, fallback
 
 
 def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, steps: int,
@@ -1072,7 +1109,9 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
 
     One row per trajectory and horizon h = 1 … ``steps``: ``trajectory``, ``horizon`` (h), ``step`` (the input's
     last step + h × the trajectory's step spacing, the median difference of its steps, e.g. 5 for steps 0, 5, 10,
-    …; or the position T - 1 + h when the input has no step column), then ``predicted_<feature>``
+    …; a single-row trajectory, which has none, takes the median spacing of the others, or 1 when no trajectory
+    has two rows, counted in the summary as ``single_row``; or the position T - 1 + h when the input has no step
+    column), then ``predicted_<feature>``
     (continuous, in the input's units) or ``predicted`` (the symbol fed back, typed like the input column) and
     ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete).
     ``sample`` (discrete runs only) draws as :meth:`TrainedRun.forecast` does, a trajectory's index being its
@@ -1089,11 +1128,11 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     check_output_path(output_path, getattr(run, "root", None))
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
-    spacings = _check_forecast_steps(input_path, data, steps)
+    spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
-        "trajectory": pa.array(np.repeat(data.ids, steps).tolist()),
+        "trajectory": _arrow_values(np.repeat(data.ids, steps)),
         "horizon": pa.array(np.tile(horizon, len(result))),
         # in range (checked above); a product past int64 for a very negative last step wraps back exactly
         "step": pa.array(np.concatenate([np.int64(st[-1]) + horizon * np.int64(spacing)
@@ -1110,5 +1149,9 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
         columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
                "dropped": data.dropped, "sample": bool(sample), "seed": int(seed)}
+    if single:
+        # measured_from: the trajectories whose median spacing they took (0: none had two rows, spacing 1)
+        summary["single_row"] = {"trajectories": single, "spacing": int(fallback),
+                                 "measured_from": len(spacings) - single}
     _write_table(run, input_path, output_path, columns, {"forecast": summary})
     return summary

@@ -252,8 +252,18 @@ def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
     # forecasts continue a trajectory at its own step spacing (the median difference of its steps)
     src = _write(tmp_path / "in.parquet", {"trajectory": ["x"] * 4 + ["y"], "step": [100, 105, 110, 115, 7],
                                           "symbol": [10, 20, 30, 40, 10]})
-    forecast_file(run, src, tmp_path / "fc.parquet", steps=3)
-    assert pq.read_table(tmp_path / "fc.parquet").column("step").to_pylist() == [120, 125, 130, 8, 9, 10]
+    summary = forecast_file(run, src, tmp_path / "fc.parquet", steps=3)
+    # a single-row trajectory has no spacing of its own: it takes the others' median (it took 1: 1 µs for a
+    # file of microsecond time stamps), and the summary says so
+    assert pq.read_table(tmp_path / "fc.parquet").column("step").to_pylist() == [120, 125, 130, 12, 17, 22]
+    assert summary["single_row"] == {"trajectories": 1, "spacing": 5, "measured_from": 1}
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["x", "y"], "step": [100, 7], "symbol": [10, 10]})
+    summary = forecast_file(run, src, tmp_path / "fc.parquet", steps=2)
+    assert pq.read_table(tmp_path / "fc.parquet").column("step").to_pylist() == [101, 102, 8, 9]
+    assert summary["single_row"] == {"trajectories": 2, "spacing": 1, "measured_from": 0}
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["x"] * 4 + ["y"] * 3 + ["z"] * 2,
+                                          "step": [0, 2, 4, 6, 0, 3, 6, 0, 10], "symbol": [10] * 9})
+    assert "single_row" not in forecast_file(run, src, tmp_path / "fc.parquet", steps=1)
 
 
 def test_fit_model_result_forecasts_in_its_own_units():
@@ -628,15 +638,19 @@ def test_unsigned_symbols_beyond_int64_stay_uint64(discrete_run, tmp_path):
     wide = TrainedRun(model=run.model, dataset="u", variant="psrnn", seed=0, epoch=1, kind="discrete",
                       vocab=[str(v) for v in big])
     seq = np.array([0, 2 ** 63, 1, 2 ** 64 - 1, 2 ** 63], dtype=np.uint64)
-    src = _write(tmp_path / "in.parquet", {"trajectory": [0] * 5, "symbol": pa.array(seq, pa.uint64())})
+    # trajectory ids beyond int64 too: they overflowed in predict / forecast (and smaller uint64 ids came back int64)
+    ids = pa.array([2 ** 63 + 5] * 5, pa.uint64())
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "symbol": pa.array(seq, pa.uint64())})
     predict_file(wide, src, tmp_path / "pred.parquet")
     out = pq.read_table(tmp_path / "pred.parquet")
     assert out.schema.field("predicted").type == pa.uint64()
+    assert out.schema.field("trajectory").type == pa.uint64() and out.column("trajectory").to_pylist() == ids.to_pylist()
     probs = wide.predict([seq])[0]
     assert out.column("predicted").to_pylist() == [big[i] for i in probs.argmax(1)]
     forecast_file(wide, src, tmp_path / "fc.parquet", steps=3)
     fc = pq.read_table(tmp_path / "fc.parquet")
     assert fc.schema.field("predicted").type == pa.uint64()
+    assert fc.schema.field("trajectory").type == pa.uint64() and set(fc.column("trajectory").to_pylist()) == {2 ** 63 + 5}
     assert fc.column("predicted").to_pylist() == [int(v) for v in wide.forecast([seq], 3)[0][0]]
     # symbols that fit int64 keep the int64 column
     small = _write(tmp_path / "small.parquet", {"trajectory": [0] * 3, "symbol": pa.array([10, 20, 30], pa.uint64())})
@@ -934,11 +948,21 @@ def test_a_trained_run_keeps_the_units_it_was_trained_in(tmp_path, continuous_ru
     # a damaged history.json is one line naming it, not an AttributeError or a bare KeyError
     damaged = f"{mdir / 'history.json'}: damaged: expected a JSON object whose data_units has kind 'discrete' with "
     for content in ("[]", '"x"', '{"data_units": {}}', json.dumps({"data_units": {**units, "std": [1.0]}}),
-                    json.dumps({"data_units": {"kind": "discrete", "vocab": []}})):
+                    json.dumps({"data_units": {"kind": "discrete", "vocab": []}}),
+                    json.dumps({"data_units": {"kind": "discrete", "vocab": [1, 2]}}),
+                    json.dumps({"data_units": {**units, "mean": ["a", "b"]}}),
+                    json.dumps({"data_units": {**units, "std": [1.0, 0.0]}}),
+                    json.dumps({"data_units": {**units, "mean": [1.0, True]}}),
+                    json.dumps({"data_units": {**units, "features": ["a", 2]}})):
         (mdir / "history.json").write_text(content)
         with pytest.raises(ValueError) as err:
             load_run(tmp_path, "lgssm", "psrnn", 0)
         assert str(err.value).startswith(damaged), str(err.value)
     (mdir / "history.json").write_text('{"data_units": ')
     with pytest.raises(ValueError, match=r"history\.json"):
+        load_run(tmp_path, "lgssm", "psrnn", 0)
+    # well formed but another model's units: one line naming the file, not a failed matrix product later
+    write_json(mdir / "history.json", {"data_units": {**units, "features": ["a"], "mean": [0.0], "std": [1.0]},
+                                       "history": []})
+    with pytest.raises(ValueError, match=r"history\.json: 1 features, but the model takes 2"):
         load_run(tmp_path, "lgssm", "psrnn", 0)

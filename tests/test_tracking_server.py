@@ -276,6 +276,18 @@ def test_load_mlflow_run_rebuilds_the_model_from_the_checkpoint_and_unpickles_on
         load_mlflow_run(with_ckpt, tracking_uri=f"sqlite:///{elsewhere / 'mlflow.db'}")
     assert list(elsewhere.iterdir()) == []
 
+    # a damaged or mismatched data_units.json artifact is one line naming the run, not an error in a matrix product
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    client.log_text(with_ckpt, '{"kind": "discrete", "vocab": ["a", "b"]}', "data_units.json")
+    with pytest.raises(ValueError, match=rf"^MLflow run {with_ckpt}: data_units.json: 2 symbols in its vocab, but "
+                                         "the model takes 5;"):
+        load_mlflow_run(with_ckpt, tracking_uri=uri)
+    client.log_text(with_ckpt, '{"kind": "discrete", "vocab": ', "data_units.json")
+    with pytest.raises(ValueError, match=rf"^MLflow run {with_ckpt}: its data_units.json artifact is damaged"):
+        load_mlflow_run(with_ckpt, tracking_uri=uri)
+
 
 def test_trackers_of_two_roots_log_into_their_own_stores(clean_env, tmp_path):
     """One process, two roots: the first tracker (and its log_model) must not redirect the second."""
