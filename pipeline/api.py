@@ -1260,10 +1260,11 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
     if not (math.isfinite(initial) and math.isfinite(final)) or final - initial <= WORSE_THAN_2SR * abs(initial):
         return
     lr = fitted.extras["train_config"]["lr"]
+    with_valid = "" if split == "valid" else " with valid=..."   # valid given: it already scores the epochs
     warnings.warn(f"fit_model: the returned model (epoch {final_epoch}) scores {split} {metric} {final:.4g}, "
                   f"{_worse_by(initial, final)} than its 2SR initialisation (epoch 0: "
                   f"{initial:.4g}); BPTT made it worse: try a lower lr= (now {lr:g}), or "
-                  "train_options={'restore_best': True} with valid=... to keep the best epoch's weights",
+                  f"train_options={{'restore_best': True}}{with_valid} to keep the best epoch's weights",
                   UserWarning, stacklevel=3)
 
 
@@ -1287,5 +1288,6 @@ def _divergence_in_api_terms(message: str, tcfg: Any) -> str:
             ("Lower train.lr or train.clip", f"Lower {lr} or {clip}"),
             ("(model.*_bias_scale, two_stage, kf)", "(bias_scale=, ridge=, horizon=, two_stage_options)")):
         message = message.replace(old, new)
-    names = {"lr": "lr=", "clip": "clip=", "max_loss": "train_options['max_loss']"}
-    return re.sub(r"\btrain\.(lr|clip|max_loss)\b", lambda m: names[m.group(1)], message)
+    names = {"lr": "lr=", "clip": "clip=", "max_loss": "train_options['max_loss']",
+             "weight_decay": "train_options['weight_decay']"}
+    return re.sub(r"\btrain\.(lr|clip|max_loss|weight_decay)\b", lambda m: names[m.group(1)], message)

@@ -393,6 +393,13 @@ def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
     print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})")
+    single = summary.get("single_row")
+    if single:
+        k = single["trajectories"]
+        source = ("the median of the other trajectories'" if single["measured_from"] else
+                  "no trajectory has two rows to measure it from")
+        print(f"note: {k} single-row trajector{'y' if k == 1 else 'ies'}, whose step spacing is unknown, "
+              f"continued at spacing {single['spacing']} ({source})", file=sys.stderr)
 
 
 def _check(args: argparse.Namespace, params, root: Path) -> None:
@@ -405,26 +412,33 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
     from pipeline.workflow.data import check_custom, check_prepared
 
     selected = [params.datasets[name] for name in params.selected]
+    has_valid: dict[str, bool] = {}   # a custom file's, known once it is read
     for name in params.datasets:
         if is_custom(name):
-            print(check_custom(params, root, name))
+            summary, has_valid[name] = check_custom(params, root, name)
+            print(summary)
     for name in params.selected:
         # a built-in dataset's data are known only once prepared (a download and minutes away): checked then
         summary = None if is_custom(name) else check_prepared(params, root, name)
         if summary is not None:
             print(summary)
     _check_dvc_yaml(root, params)
+    from pipeline.workflow.refine import check_devices
+
+    for dp in selected:   # a device this machine lacks: refine would stop on it after the spectral stages
+        check_devices(dp, [v.name for v in dp.variants])
     print(f"{args.params or root / 'params.yaml'}: valid ({_count(len(selected), 'dataset')}: "
           f"{', '.join(params.selected)}; "
           f"{_count(sum(len(d.variants) for d in selected), 'model variant')}, seeds {list(params.seeds)})")
     for dp in selected:
-        for note in [*dp.unused_spectral_work(), *dp.schedule_notes()]:
+        for note in [*dp.unused_spectral_work(), *dp.schedule_notes(has_valid.get(dp.name))]:
             print(f"note: {note}")
     left_out = [name for name in params.datasets if name not in params.selected]
     if left_out:
         print(f"note: {', '.join(left_out)} {'has a section' if len(left_out) == 1 else 'have sections'} but "
               f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
-              "(the data are still prepared where dvc.yaml has their preprocess stage)")
+              "(a plain `dvc repro` still prepares their data where dvc.yaml has their preprocess stage; "
+              "`dvc repro report` does not)")
 
 
 def _count(n: int, noun: str) -> str:

@@ -194,6 +194,7 @@ class DatasetParams:
     model: ModelParams = field(default_factory=ModelParams)
     layers: int = 1                      # two_stage.layers: the 2SR learns depths 1..layers
     train_overrides: dict[str, TrainConfig] = field(default_factory=dict)  # train.overrides, merged per variant
+    overridden: dict[str, frozenset[str]] = field(default_factory=dict)    # the keys each override sets
 
     @property
     def discrete(self) -> bool:
@@ -214,6 +215,13 @@ class DatasetParams:
         if variant_name in self.train_overrides:
             return f"{self.name}.train.overrides.{variant_name}"
         return f"{self.name}.train"
+
+    def setting_key(self, variant_name: str, name: str) -> str:
+        """The full key of the train setting ``name`` that variant ``variant_name`` trains with:
+        ``<ds>.train.overrides.<variant>.<name>`` where its override sets it, else ``<ds>.train.<name>``."""
+        if name in self.overridden.get(variant_name, ()):
+            return f"{self.train_key(variant_name)}.{name}"
+        return f"{self.train_key()}.{name}"
 
     def unused_spectral_work(self) -> list[str]:
         """What the two_stage stage learns that no variant uses (not an error: it costs time only)."""
@@ -236,13 +244,16 @@ class DatasetParams:
         ``<ds>.train.overrides.<variant>`` for each override."""
         return [(self.train_key(), self.train), *((self.train_key(v), c) for v, c in self.train_overrides.items())]
 
-    def schedule_notes(self) -> list[str]:
-        """Early stopping or restore_best that will watch the training metric, on a built-in set without a
-        validation split (not an error: a stall of the training metric is a legitimate signal, but rarely the one
-        meant); and any schedule that the test split drives (allowed, but its test metrics are then not held out,
-        which training warns of only in the refine log)."""
+    def schedule_notes(self, has_valid: bool | None = None) -> list[str]:
+        """Early stopping or restore_best that will watch the training metric, on a set without a validation split
+        (not an error: a stall of the training metric is a legitimate signal, but rarely the one meant); and any
+        schedule that the test split drives (allowed, but its test metrics are then not held out, which training
+        warns of only in the refine log). ``has_valid`` says whether the data have a validation split where the
+        params alone cannot (a custom file's ``split`` column, once read); by default a custom set without
+        ``valid_fraction`` gets no note."""
         notes = []
-        no_valid = _has_valid(self.name, self.source) is False
+        known = _has_valid(self.name, self.source)
+        no_valid = (known if known is not None else has_valid) is False
         for key, cfg in self.train_configs():
             # auto falls back to the test split when there is no valid split and the train split is not scored
             by_auto = cfg.monitor == "auto" and not cfg.eval_train and no_valid
@@ -316,7 +327,9 @@ def _mapping(value: Any, key: str, what: str = "a mapping") -> dict[Any, Any]:
 
 def _unknown(key: str, k: Any, allowed: typing.Iterable[str]) -> ParamsError:
     if not isinstance(k, str):   # YAML reads `null:`, `1:` or `[a, b]:` as a key too; `ptb.train.None` misleads
-        return ParamsError(f"{key}: a key {_describe(k)} that is not a name; expected one of {sorted(allowed)}")
+        comma = (" (a decimal comma, as in {lr: 1,0}, splits a flow mapping's entry in two: write 1.0)"
+                 if isinstance(k, int) and not isinstance(k, bool) else "")
+        return ParamsError(f"{key}: the key {_describe(k)} is not a name{comma}; expected one of {sorted(allowed)}")
     return ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(allowed)})")
 
 
@@ -879,6 +892,28 @@ def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: st
                    f"the longest training trajectory ({longest} steps)")
                 + ": the Kalman gain needs two consecutive windows of one trajectory; expected "
                 f"past_window + future_window <= {longest - 2}")
+    if lengths:
+        _check_window_count(dp, lengths)
+
+
+def _check_window_count(dp: DatasetParams, lengths: typing.Sequence[int]) -> None:
+    """Enough windows in the training trajectories (T - past - future from one of T steps): two for a 2SR, whose
+    kernel widths are median distances between windows, and ``kf.state_dim`` for the Kalman filter's, whose
+    states are the top directions of its windows."""
+    steps = f"{len(lengths)} training trajector{'y' if len(lengths) == 1 else 'ies'} of {sum(lengths)} steps"
+    for past_key, future_key, past, future in _window_checks(dp):
+        n = sum(max(0, t - past - future) for t in lengths)
+        if n < 2:
+            raise ParamsError(f"{past_key} + {future_key} = {past} + {future} leaves {n} window"
+                              f"{'' if n == 1 else 's'} in the {steps}; a 2SR needs two (its kernel widths are "
+                              "median distances between windows): expected smaller windows or more training data")
+    if dp.kf is not None:
+        n = sum(max(0, t - dp.kf.past_window - dp.kf.future_window) for t in lengths)
+        if dp.kf.state_dim > n:
+            raise ParamsError(f"{dp.name}.kf.state_dim: {dp.kf.state_dim} exceeds the {n} windows that "
+                              f"{dp.name}.kf.past_window + {dp.name}.kf.future_window = {dp.kf.past_window} + "
+                              f"{dp.kf.future_window} leave in the {steps} (its states are their top directions); "
+                              f"expected at most {n}, or smaller windows or more training data")
 
 
 def _check_kf_state_dim(dp: DatasetParams, obs_dim: int, origin: str) -> None:
@@ -1064,7 +1099,8 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                                   "{lr: 0.1}")
             train_overrides[vname] = _train_config({**tr_section, **changes}, okey, shown=set(changes))
         dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
-                           layers=layers, train_overrides=train_overrides)
+                           layers=layers, train_overrides=train_overrides,
+                           overridden={v: frozenset(c) for v, c in overrides.items()})
         if _has_valid(name, src) is False:
             for tkey, tcfg in dp.train_configs():
                 if tcfg.monitor == "valid":
@@ -1093,6 +1129,16 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         obs_dim = _known_obs_dim(name, src)
         if obs_dim is not None:
             _check_kf_state_dim(dp, obs_dim, f"observation size from {key}.source")
+        if name == "hmm":   # its vocabulary is a param: the bound on the RFF maps is checked now, not in features
+            from pipeline.features import check_discrete_maps
+
+            n_symbols = src.get("n_symbols", _source_default("pipeline.data.synthetic", "make_hmm_dataset",
+                                                             "n_symbols"))
+            try:
+                check_discrete_maps(n_symbols, ts.n_features, ts.past_window, ts.future_window,
+                                    key=f"{key}.two_stage")
+            except ValueError as exc:
+                raise ParamsError(f"{key}.source.n_symbols: {exc}") from None
         for v in variants:
             if v.rank is not None and v.rank > MAX_RANK_FACTOR * ts.state_dim * ts.obs_dim:
                 raise ParamsError(f"{key}.variants: rank {v.rank} of {v.name} exceeds {MAX_RANK_FACTOR} × "
@@ -1118,15 +1164,17 @@ def _check_figure_datasets(report: dict[str, Any], datasets: dict[str, DatasetPa
     for name, value in (report.get("figures") or {}).items():
         if not isinstance(value, dict):
             continue
-        named = value.get("datasets", value.get("dataset"))
+        option = "datasets" if "datasets" in value else "dataset"
+        named = value.get(option)
+        key = f"report.figures.{name}.{option}"
         for ds in named if isinstance(named, list) else [named]:
             if isinstance(ds, str) and ds not in datasets:
-                raise ParamsError(f"report.figures.{name}: dataset {ds!r} has no section in params.yaml; expected "
+                raise ParamsError(f"{key}: dataset {ds!r} has no section in params.yaml; expected "
                                   f"one of {', '.join(datasets)}")
             if isinstance(ds, str) and name in CONTINUOUS_FIGURES and datasets[ds].discrete:
                 # an MSE panel or a feature trace of symbols would be drawn empty, with warnings
                 continuous = [d for d, p in datasets.items() if not p.discrete]
-                raise ParamsError(f"report.figures.{name}: dataset {ds!r} is discrete; this figure shows "
+                raise ParamsError(f"{key}: dataset {ds!r} is discrete; this figure shows "
                                   f"{CONTINUOUS_FIGURES[name]} (expected one of {', '.join(continuous) or 'none'})")
 
 

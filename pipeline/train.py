@@ -495,15 +495,16 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
             # before and before the update, so a stop leaves the weights of the last good step.
             loss_value, gnorm_value = torch.stack([loss.detach().double(), gnorm.detach().double()]).tolist()
             if not math.isfinite(loss_value):
-                raise TrainingDiverged(_diverged(epoch, step, "loss", loss_value, checkpoint_path, clip=cfg.clip))
+                raise TrainingDiverged(_diverged(epoch, step, "loss", loss_value, checkpoint_path, clip=cfg.clip,
+                                             weight_decay=cfg.weight_decay))
             if loss_value > cfg.max_loss:
                 raise TrainingDiverged(_diverged(
-                    epoch, step, "loss", loss_value, checkpoint_path, clip=cfg.clip,
+                    epoch, step, "loss", loss_value, checkpoint_path, clip=cfg.clip, weight_decay=cfg.weight_decay,
                     advice=f"above train.max_loss={cfg.max_loss:g}; if the data are not normalised the loss may "
                            "just be large: standardise them or raise train.max_loss"))
             if not math.isfinite(gnorm_value):
                 raise TrainingDiverged(_diverged(epoch, step, "gradient norm", gnorm_value, checkpoint_path,
-                                                 clip=cfg.clip))
+                                                 clip=cfg.clip, weight_decay=cfg.weight_decay))
             optimizer.step()
         if device.type == "cuda":   # the epoch's time includes the updates still queued on the device
             torch.cuda.synchronize(device)
@@ -512,7 +513,7 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         test_value = entry["test"][metric]
         if not math.isfinite(test_value):
             raise TrainingDiverged(_diverged(epoch, None, f"test {metric}", test_value, checkpoint_path,
-                                             clip=cfg.clip))
+                                             clip=cfg.clip, weight_decay=cfg.weight_decay))
         history.append(entry)
         if not consider(entry):
             for group in optimizer.param_groups:
@@ -548,12 +549,15 @@ def trained_epoch(ck: dict[str, Any]) -> int:
 
 
 def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *, clip: float,
-              advice: str | None = None) -> str:
-    """The one-line message of a stop, ending in the remedy; with clipping off, lowering train.clip is none.
+              weight_decay: float = 0.0, advice: str | None = None) -> str:
+    """The one-line message of a stop, ending in the remedy; with clipping off, lowering train.clip is none; with
+    weight decay on, lowering it is one (it is added after clipping, so clipping does not bound it).
     ``advice``: what to try first, before the remedy."""
     kept = f"; the last good checkpoint {checkpoint_path} is kept" if checkpoint_path else ""
     remedy = ("lower train.lr or train.clip" if clip > 0 else
               "lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)")
+    if weight_decay > 0:
+        remedy += " or train.weight_decay (not bounded by clipping)"
     # step None: the epoch's evaluation, after its last update (steps count from 0: n_windows named none)
     where = f"epoch {epoch}, step {step}" if step is not None else f"the end of epoch {epoch}, after its last update"
     if advice is not None:

@@ -903,6 +903,10 @@ def linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window
     m = trajs[0].shape[1]
     if state_dim > future_window * m:
         raise ValueError(f"kf state_dim={state_dim} exceeds future_window·obs_dim={future_window * m}")
+    if state_dim > len(win.past):   # the states are the top directions of the windows
+        raise ValueError(f"kf state_dim={state_dim} exceeds the {len(win.past)} windows of past_window + "
+                         f"future_window = {past_window} + {future_window} in the training trajectories; expected "
+                         "at most that, or smaller windows or more training data")
     H = win.past
     HH = H.T @ H
     lam = ridge * np.trace(HH) / HH.shape[0]

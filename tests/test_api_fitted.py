@@ -410,6 +410,7 @@ def test_every_divergence_message_is_translated():
               "check the settings that build them (model.*_bias_scale, two_stage, kf) and the data")
     for original in (_diverged(2, 5, "loss", math.nan, None, clip=0.25),
                      _diverged(2, 5, "gradient norm", math.inf, None, clip=0.0),
+                     _diverged(2, 5, "loss", math.nan, None, clip=0.25, weight_decay=0.5),
                      _diverged(1, 0, "loss", 3e6, None, clip=0.25, advice="above train.max_loss=1e+06; if the data "
                                "are not normalised the loss may just be large: standardise them or raise "
                                "train.max_loss"),
@@ -437,6 +438,10 @@ def test_a_fit_worse_than_its_2sr_start_warns(features, symbols):
                               f"{first:.4g}); BPTT made it worse: try a lower lr= (now 5), or "
                               "train_options={'restore_best': True} with valid=... to keep the best epoch's weights")
     assert w.filename == __file__
+    # with valid given, which then scores the epochs, the advice is restore_best alone
+    with pytest.warns(UserWarning, match=r"scores valid mse .* or train_options=\{'restore_best': True\} to keep "
+                                         r"the best epoch's weights$"):
+        fit_model(features.train, features.test, valid=features.test, **args)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         # the best epoch's weights are returned (by the valid score; its train score is then no worse than the

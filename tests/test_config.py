@@ -277,13 +277,16 @@ def _custom(**source):
     (lambda p: p["hmm"].update(variants=["factorized_psrnn_r601"]),
      r"^hmm\.variants: rank 601 of factorized_psrnn_r601 exceeds 10 × state_dim × obs_dim = 10 × 10 × 6 = 600; "
      r"expected a rank at most that$"),
-    (lambda p: p["ptb"]["train"].update({None: 1}), r"^ptb\.train: a key null that is not a name; expected one of "),
+    (lambda p: p["ptb"]["train"].update({None: 1}), r"^ptb\.train: the key null is not a name; expected one of "),
+    (lambda p: p["ptb"]["train"].update({0: None}), r"^ptb\.train: the key an integer 0 is not a name \(a decimal "
+                                                    r"comma, as in \{lr: 1,0\}, splits a flow mapping's entry in two: "
+                                                    r"write 1\.0\); expected one of "),
     (lambda p: p["custom"]["source"].update(symbol_column="angle"), r"^custom\.source\.symbol_column: only used with "
                                                                     r"kind 'discrete'"),
     (lambda p: p["report"].update(figures={"fig4b": {"dataset": "nosuchds"}}),
-     r"^report\.figures\.fig4b: dataset 'nosuchds' has no section in params\.yaml; expected one of ptb, "),
+     r"^report\.figures\.fig4b\.dataset: dataset 'nosuchds' has no section in params\.yaml; expected one of ptb, "),
     (lambda p: p["report"].update(figures={"fig4a": {"datasets": ["swimmer", "nosuchds"]}}),
-     r"^report\.figures\.fig4a: dataset 'nosuchds' has no section"),
+     r"^report\.figures\.fig4a\.datasets: dataset 'nosuchds' has no section"),
     (lambda p: p["hmm"]["source"].update(seed=-3), r"^hmm\.source\.seed: expected an integer in \[0, 2\*\*32\), got an integer -3$"),
     (lambda p: p["lgssm"]["source"].update(process_noise=0), r"^lgssm\.source\.process_noise: expected a finite "
                                                              r"number > 0, got 0"),
@@ -327,13 +330,13 @@ def _custom(**source):
                                                                  r"\(expected one of \['future', 'obs', 'past'\]\)"),
     (lambda p: p["report"].update(figure={"fig4b": {}}), r"^report\.figure: unknown key"),
     # figures of continuous data refuse a discrete dataset (an empty MSE panel, a trace of symbols)
-    (lambda p: p["report"].update(figures={"fig4b": {"dataset": "hmm"}}), r"^report\.figures\.fig4b: dataset 'hmm' "
+    (lambda p: p["report"].update(figures={"fig4b": {"dataset": "hmm"}}), r"^report\.figures\.fig4b\.dataset: dataset 'hmm' "
                                                                           r"is discrete; this figure shows a feature "
                                                                           r"of continuous data \(expected one of "
                                                                           r"swimmer, mocap, handwriting, lgssm, custom"
                                                                           r"\)$"),
     (lambda p: p["report"].update(figures={"fig4a": {"datasets": ["swimmer", "ptb"]}}),
-     r"^report\.figures\.fig4a: dataset 'ptb' is discrete; this figure shows the MSE of continuous data"),
+     r"^report\.figures\.fig4a\.datasets: dataset 'ptb' is discrete; this figure shows the MSE of continuous data"),
     (lambda p: p["report"].update(figures=[]), r"^report\.figures: expected a mapping of figure names"),
     (lambda p: p["report"].update(figures={"fig9z": {}}), r"^report\.figures\.fig9z: unknown figure"),
     (lambda p: p["report"].update(figures={"fig4a": {"variants": ["kf", "lstn"]}}),
@@ -566,6 +569,20 @@ def test_check_windows_uses_the_shortest_training_trajectory(defaults):
                                           r"observation size = 10 x 1 = 10"):
         check_windows("swimmer", dp, [300], obs_dim=1)
     check_windows("swimmer", dp, [300], obs_dim=2)
+    # enough windows: two for a 2SR (one gave "median pairwise distance needs at least 2 points" in features), and
+    # kf.state_dim for the Kalman filter's (fewer failed on a reshape in the two_stage stage)
+    dp.kf.past_window = dp.kf.future_window = 4
+    with pytest.raises(ParamsError, match=r"^swimmer\.two_stage\.past_window \+ swimmer\.two_stage\.future_window = "
+                                          r"2 \+ 10 leaves 1 window in the 1 training trajectory of 13 steps; a 2SR "
+                                          r"needs two .*: expected smaller windows or more training data$"):
+        check_windows("swimmer", dp, [13])
+    check_windows("swimmer", dp, [14, 200])
+    with pytest.raises(ParamsError, match=r"^swimmer\.kf\.state_dim: 20 exceeds the 6 windows that swimmer\.kf\."
+                                          r"past_window \+ swimmer\.kf\.future_window = 4 \+ 4 leave in the 1 "
+                                          r"training trajectory of 14 steps"):
+        check_windows("swimmer", dp, [14])
+    dp.kf.state_dim = 6
+    check_windows("swimmer", dp, [14])
 
 
 def test_check_windows_matches_make_windows():
@@ -772,8 +789,8 @@ def test_check_names_datasets_left_out_and_a_custom_dataset_without_its_stage(de
                       "trajectories, training lengths 120 to 120 steps")
     assert out[1].endswith(": valid (2 datasets: hmm, lgssm; 16 model variants, seeds [0, 1])")
     assert out[2:] == ["note: ptb, swimmer, mocap, handwriting, custom have sections but are not in datasets: not "
-                       "trained or reported (the data are still prepared where dvc.yaml has their preprocess "
-                       "stage)"]
+                       "trained or reported (a plain `dvc repro` still prepares their data where dvc.yaml has "
+                       "their preprocess stage; `dvc repro report` does not)"]
 
     raw["datasets"] = ["hmm", "custom"]
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))

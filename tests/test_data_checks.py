@@ -106,6 +106,23 @@ def test_discrete_maps_above_the_bound_are_refused_before_they_are_drawn() -> No
              "two_stage.n_features or shorter windows", check_discrete_maps, 12783, 2000, 10, 10)
 
 
+def test_a_synthetic_vocabulary_too_large_for_the_maps_is_refused_with_the_params(defaults) -> None:
+    """hmm's vocabulary is a param: the bound is checked when params.yaml is read, naming the dataset's keys,
+    not minutes later in the features stage with bare two_stage.* names."""
+    import copy
+
+    from pipeline.config import ParamsError, parse_params
+
+    raw = copy.deepcopy(defaults)
+    raw["hmm"]["source"]["n_symbols"] = 200000
+    with pytest.raises(ParamsError, match=r"^hmm\.source\.n_symbols: 200000 symbols: the discrete RFF maps would "
+                                          r"hold \(1 \+ hmm\.two_stage\.past_window \+ hmm\.two_stage\.future_window\) "
+                                          r"x symbols x hmm\.two_stage\.n_features x 8 bytes"):
+        parse_params(raw)
+    raw["hmm"]["source"]["n_symbols"] = 2000
+    parse_params(raw)
+
+
 def test_the_features_stage_refuses_them_without_allocating() -> None:
     """fit_feature_maps, which the features stage calls, refuses 9.4 GiB of maps. Run under a 3 GiB address-space
     limit: drawing them instead would fail with a MemoryError rather than take the memory of the machine."""

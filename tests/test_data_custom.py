@@ -153,8 +153,14 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_corrupt_and_truncated(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.parquet"
-    garbage.write_bytes(b"this is not parquet at all" * 10)
+    garbage.write_bytes(bytes(range(256)) * 4)
     assert "not a readable Parquet file" in _error(garbage, kind="continuous")
+    # a CSV given as it is (the likeliest mistake) is named as text, with the way to convert it
+    csv = tmp_path / "sensors.csv"
+    csv.write_text("\ufefftrajectory,step,temp_c\n" + "".join(f"0,{i},{20 + i / 3:.2f}\n" for i in range(2000)) + "0,2000,é")
+    assert _error(csv, kind="continuous") == (f"{csv}: a text file (CSV?), not Parquet; expected a Parquet file: "
+                                              "convert it, e.g. pandas.read_csv(...).to_parquet(...) (README, "
+                                              "'Adding your own dataset')")
     good = _write(tmp_path, _continuous())
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
@@ -390,6 +396,10 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     code, _, err = check(source={**section["source"], "path": "missing.parquet"})
     assert code == 1 and err == (f"psrnn check: error: custom.source.path: {tmp_path / 'missing.parquet'}: file not "
                                  f"found (relative paths are read from the project root {tmp_path})")
+    (tmp_path / "folder").mkdir()
+    code, _, err = check(source={**section["source"], "path": "folder"})
+    assert code == 1 and err == ("psrnn check: error: custom.source.path: folder is a directory; expected a single "
+                                 f"Parquet file (relative paths are read from the project root {tmp_path})")
     code, _, err = check(two_stage={**section["two_stage"], "past_window": 6, "future_window": 6})
     assert code == 1 and err.startswith("psrnn check: error: custom.two_stage.past_window + custom.two_stage."
                                         "future_window + 1 = 6 + 6 + 1 = 13 exceeds the shortest training "
@@ -400,6 +410,24 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     assert code == 1 and err.startswith("psrnn check: error: custom.kf.past_window"), err
     code, _, err = check(kf={"state_dim": 9, "past_window": 4, "future_window": 4})
     assert code == 1 and err.startswith("psrnn check: error: custom.kf.state_dim: 9 exceeds"), err
+    # a file whose split column decides the splits: test_fraction and seed set beside it are refused by key, as
+    # valid_fraction is (they were silently ignored)
+    cols = _continuous(n_traj=6, length=12)
+    cols["split"] = np.repeat(["train"] * 4 + ["test"] * 2, 12)
+    _write(tmp_path, cols, name="split.parquet")
+    code, _, err = check(source={**section["source"], "path": "split.parquet"})
+    assert code == 1 and err == ("psrnn check: error: custom.source.test_fraction: split.parquet has a 'split' "
+                                 "column, which decides the splits; test_fraction and seed are not used with it: "
+                                 "expected no test_fraction or seed in custom.source (remove them), or no split "
+                                 "column"), err
+    only = {k: v for k, v in section["source"].items() if k not in ("test_fraction", "seed")}
+    code, out, err = check(source={**only, "path": "split.parquet"})
+    assert code == 0 and "4 train / 2 test trajectories" in out, err
+    code, _, err = check(source={**only, "path": "split.parquet", "valid_fraction": 0.2})
+    assert code == 1 and "valid_fraction=0.2 is not used with it" in err and \
+        "custom.source.valid_fraction=0.2" in err, err
+    code, _, err = check(source={**section["source"], "min_length": 20})
+    assert code == 1 and "custom.source.min_length=20" in err, err
 
 
 # ------------------------------------------------------------------ duplicate columns, page checksums, arguments

@@ -161,3 +161,26 @@ def test_the_c_kernels_refuse_a_tensor_that_is_not_in_host_memory():
     with pytest.raises(ValueError, match="got a tensor on meta"):
         native.full_backward(G, out, out, norms, None, 1e-12, out, idx=idx)
     assert native._ptr(None) is None and native._ptr(G) == G.data_ptr()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_check_refuses_a_device_this_machine_lacks(tmp_path, defaults, capsys, monkeypatch):
+    """`psrnn check` said valid to train.overrides.<v>.device: cuda on a machine without CUDA; refine stopped on it
+    after the spectral stages."""
+    import copy
+
+    from pipeline import cli
+    from pipeline.config import dump_yaml
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["hmm"]
+    del raw["custom"]   # its file is not in tmp_path
+    raw["hmm"]["train"]["overrides"] = {"gru": {"device": "cuda"}}
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "psrnn check: error: hmm.train.overrides.gru.device='cuda': CUDA is not available")
+    raw["datasets"] = ["lgssm"]   # a dataset left out of datasets is not trained: its devices are not asked for
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0

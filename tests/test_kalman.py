@@ -171,3 +171,12 @@ def test_the_linear_2sr_regressions_and_start_written_out():
     np.testing.assert_allclose(lss.x0, X.mean(0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lss.P0, np.cov(X.T), rtol=1e-12, atol=1e-12)
     assert not np.allclose(lss.P0, np.eye(4))
+
+
+def test_a_state_dim_beyond_the_number_of_windows_is_refused_by_name():
+    """Fewer windows than kf state_dim left too few directions for the states: a numpy reshape error."""
+    traj = [np.random.default_rng(0).normal(size=(14, 3))]
+    with pytest.raises(ValueError, match=r"^kf state_dim=8 exceeds the 6 windows of past_window \+ future_window = "
+                                         r"4 \+ 4 in the training trajectories"):
+        linear_two_stage(traj, state_dim=8, past_window=4, future_window=4)
+    assert linear_two_stage(traj, state_dim=6, past_window=4, future_window=4).A.shape == (6, 6)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_library_example_prints_what_the_readme_says():
     section = (ROOT / "README.md").read_text().split("## The model in the library", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S)
-    printed = re.search(r"\nprints[^\n]*\n\n```\n(.*?)```", section, re.S)
+    printed = re.search(r"\nprints[^`]*?\n\n```\n(.*?)```", section, re.S)
     assert code and printed, "README: the library example and the output it prints"
     out = subprocess.run([sys.executable, "-c", code.group(1)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)

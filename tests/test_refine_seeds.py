@@ -697,3 +697,70 @@ def test_a_psrnn_knob_leaves_the_baselines_initial_weights_byte_for_byte(tmp_pat
     assert after["gru"] == before["gru"] and after["psrnn"] != before["psrnn"]
     config = initialise.load_initial(root, "hmm", "gru", 0).config
     assert (config.n_rff, config.bias_scale, config.obs_dim) == (2000, 0.0, 4)   # defaults; d_o is the embedding's
+
+
+def test_a_divergence_names_the_key_that_set_the_runs_rate(defaults):
+    """A run whose rate came from train.overrides.<variant> diverged with 'Lower train.lr', a key that was not
+    the one to change; each message now names the full key that set the value, and the value."""
+    import copy
+    import math
+
+    from pipeline.config import parse_params
+    from pipeline.train import _diverged
+    from pipeline.workflow.refine import _divergence_in_params_terms
+
+    raw = copy.deepcopy(defaults)
+    raw["custom"]["train"]["overrides"] = {"lstm": {"lr": 1e25}, "psrnn": {"clip": 0.0}}
+    params = parse_params(raw)
+    loss = _diverged(2, 0, "loss", math.inf, None, clip=0.25)
+    assert _divergence_in_params_terms(loss, params, "custom", "lstm").endswith(
+        "Lower custom.train.overrides.lstm.lr (now 1e+25) or custom.train.clip (now 0.25).")
+    assert _divergence_in_params_terms(loss, params, "custom", "gru").endswith(
+        "Lower custom.train.lr (now 1) or custom.train.clip (now 0.25).")
+    unclipped = _diverged(2, 0, "gradient norm", math.inf, None, clip=0.0)
+    assert _divergence_in_params_terms(unclipped, params, "custom", "psrnn").endswith(
+        "Lower custom.train.lr (now 1) or turn gradient-norm clipping on (custom.train.overrides.psrnn.clip > 0, "
+        "e.g. 0.25).")
+    raw["custom"]["train"]["overrides"]["gru"] = {"weight_decay": 3.0}
+    params = parse_params(raw)
+    decayed = _diverged(2, 0, "loss", math.inf, None, clip=0.25, weight_decay=3.0)
+    assert _divergence_in_params_terms(decayed, params, "custom", "gru").endswith(
+        "Lower custom.train.lr (now 1) or custom.train.clip (now 0.25) or custom.train.overrides.gru.weight_decay "
+        "(now 3) (not bounded by clipping).")
+    big = _diverged(1, 0, "loss", 3e6, None, clip=0.25, advice="above train.max_loss=1e+06; raise train.max_loss")
+    assert "above custom.train.max_loss=1e+06; raise custom.train.max_loss, else lower custom.train.lr (now 1)" in \
+        _divergence_in_params_terms(big, params, "custom", "gru")
+    epoch0 = ("the initial model (epoch 0, before any update) gives a test mse of nan: its weights are not usable; "
+              "check the settings that build them (model.*_bias_scale, two_stage, kf) and the data")
+    assert "(custom.model.*_bias_scale, custom.two_stage, custom.kf)" in \
+        _divergence_in_params_terms(epoch0, params, "custom", "psrnn")
+
+
+def test_monitor_valid_without_a_validation_split_is_refused_before_any_run(tmp_path, defaults):
+    """A custom file's validation split is known only from its data: monitor 'valid' on one without one passed
+    every stage, trained the variants before it, then stopped naming train.monitor, not the key that set it."""
+    import numpy as np
+
+    from pipeline.config import ParamsError, parse_params
+    from pipeline.data.schema import SequenceDataset, write_dataset
+
+    raw = copy.deepcopy(defaults)
+    raw["custom"]["train"]["overrides"] = {"kf": {"lr": 0.1, "monitor": "valid"}}
+    params = parse_params(raw)
+    rng = np.random.default_rng(0)
+    series = [rng.normal(size=(30, 2)) for _ in range(4)]
+    ds = SequenceDataset(kind="continuous", train=series[:3], test=series[3:], features=["a", "b"])
+    write_dataset(prepared_path(tmp_path, "custom"), ds)
+    with pytest.raises(ParamsError, match=r"^custom\.train\.overrides\.kf\.monitor: 'valid', but .*custom\.parquet "
+                                          r"has no validation split; expected 'auto', 'train' or 'test' \(or "
+                                          r"custom\.source\.valid_fraction > 0 or 'valid' rows in its split column\)$"):
+        refine.refine(params, tmp_path, "custom")
+    assert not (tmp_path / "models").exists()
+    refine._check_monitors(tmp_path, params.dataset("custom"), ["psrnn", "lstm"])   # theirs is auto: no error
+    raw["custom"]["train"]["monitor"] = "valid"
+    with pytest.raises(ParamsError, match=r"^custom\.train\.monitor: 'valid', but "):
+        refine.refine(parse_params(raw), tmp_path, "custom", "psrnn")
+    write_dataset(prepared_path(tmp_path, "custom"), SequenceDataset(kind="continuous", train=series[:2],
+                                                                    valid=series[2:3], test=series[3:],
+                                                                    features=["a", "b"]))
+    refine._check_monitors(tmp_path, parse_params(raw).dataset("custom"), ["psrnn", "kf"])

@@ -3,6 +3,7 @@ epoch's weights as the trained model; each resumes exactly, and bad settings are
 
 import copy
 import math
+from pathlib import Path
 from dataclasses import asdict
 
 import numpy as np
@@ -235,6 +236,31 @@ def test_early_stopping_on_the_training_metric_is_noted(defaults):
         "drive patience, so the test metrics of these runs are not held out"]
     assert parsed.dataset("ptb").schedule_notes() == [parsed.dataset("ptb").schedule_notes()[0]] and \
         "overrides.lstm: monitor: test" in parsed.dataset("ptb").schedule_notes()[0]
+
+
+def test_check_notes_early_stopping_on_a_custom_file_without_a_validation_split(defaults, tmp_path, capsys):
+    """A custom set's validation split is known only once its file is read (a split column, valid_fraction):
+    `psrnn check` read it and still gave no note, as the params alone said nothing."""
+    import shutil
+
+    from pipeline import cli
+    from pipeline.config import dump_yaml
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    p = copy.deepcopy(defaults)
+    p["datasets"] = ["custom"]
+    p["custom"]["train"]["patience"] = 3
+    (tmp_path / "params.yaml").write_text(dump_yaml(p))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    out = capsys.readouterr().out
+    assert "note: custom.train: patience watches the training metric (custom has no validation split)" in out, out
+    assert parse_params(p).dataset("custom").schedule_notes() == []        # unknown from the params alone
+    p["custom"]["source"]["valid_fraction"] = 0.2                         # known from them: no note either way
+    assert parse_params(p).dataset("custom").schedule_notes(has_valid=False) == []
+    (tmp_path / "params.yaml").write_text(dump_yaml(p))
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    assert "note: custom.train" not in capsys.readouterr().out
 
 
 def test_synthetic_sets_draw_a_validation_split_after_train_and_test(defaults):

@@ -230,6 +230,24 @@ class Rows:
     steps: np.ndarray | None   # the step column's values when present, else None
 
 
+def _looks_like_text(path: Path) -> bool:
+    """Whether ``path`` starts as text would (no Parquet magic, printable UTF-8 in its first 4 KiB)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if not head or head.startswith(b"PAR1"):
+        return False
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:   # a multi-byte character cut at the end of the block is still text
+        if exc.start < len(head) - 3:
+            return False
+        text = head[:exc.start].decode("utf-8")
+    return all(c.isprintable() or c in "\t\r\n" for c in text.lstrip("\ufeff"))
+
+
 def read_rows(
     path: Path,
     *,
@@ -279,6 +297,9 @@ def read_rows(
     try:
         schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for damaged files
+        if _looks_like_text(path):   # most often a CSV given as it is
+            raise ValueError(f"{path}: a text file (CSV?), not Parquet; expected a Parquet file: convert it, e.g. "
+                             "pandas.read_csv(...).to_parquet(...) (README, 'Adding your own dataset')") from None
         raise ValueError(f"{path}: not a readable Parquet file (truncated or corrupt?): {_one_line(exc)}") from None
     names = list(schema.names)
     repeated = sorted({n for n in names if names.count(n) > 1})

@@ -48,12 +48,17 @@ def prepare(params: Params, root: Path, dataset: str) -> SequenceDataset:
 
 
 def _with_source_key(dataset: str, source: dict[str, Any], exc: ValueError) -> ValueError:
-    """A source's error that names one of its options (``n_train=100000: only 7494 eligible digits``, said by the
-    library in its own terms) names the params key instead: ``handwriting.source.n_train=100000: ...``."""
+    """A source's error that names one of its options (``n_train=100000: only 7494 eligible digits``, or after
+    the file's name, ``...amc: trial 07_01 has 316 frames, fewer than track_length=100000``, said by the library
+    in its own terms) names the params key instead: ``handwriting.source.n_train=100000: ...``."""
+    import re
+
     text = str(exc)
-    if not isinstance(exc, ParamsError) and any(text.startswith(f"{k}=") for k in source):
-        return ValueError(f"{dataset}.source.{text}")
-    return exc
+    if isinstance(exc, ParamsError) or not source:
+        return exc
+    keys = "|".join(re.escape(k) for k in sorted(source, key=len, reverse=True))
+    named = re.sub(rf"(?<![\w.])({keys})=", rf"{dataset}.source.\1=", text, count=1)
+    return exc if named == text else type(exc)(named)
 
 
 def _build(dp: DatasetParams, root: Path, dataset: str) -> SequenceDataset:
@@ -125,20 +130,33 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
 
     src = dict(dp.source)
     path = Path(src.pop("path"))
+    if (path if path.is_absolute() else root / path).is_dir():
+        raise ValueError(f"{dp.name}.source.path: {path} is a directory; expected a single Parquet file (relative "
+                         f"paths are read from the project root {root})")
     try:
-        return load_custom(path if path.is_absolute() else root / path, **src,
-                           symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name",
-                           min_length_is=f"{dp.name}.source.min_length")
+        ds = load_custom(path if path.is_absolute() else root / path, **src,
+                         symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name",
+                         min_length_is=f"{dp.name}.source.min_length")
     except FileNotFoundError as exc:   # the one error that is the params' rather than the file's: name the key
         raise FileNotFoundError(f"{dp.name}.source.path: {exc} (relative paths are read from the project root "
                                 f"{root})") from None
+    except ValueError as exc:
+        raise _with_source_key(dp.name, src, exc) from None
+    unused = [k for k in ("test_fraction", "seed") if k in src]
+    if ds.meta.get("split_source") == "column" and unused:   # set, but without effect: say so, as for valid_fraction
+        raise ParamsError(f"{dp.name}.source.{unused[0]}: {path} has a 'split' column, which decides the splits; "
+                          f"{' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used with it: expected "
+                          f"no {' or '.join(unused)} in {dp.name}.source (remove "
+                          f"{'it' if len(unused) == 1 else 'them'}), or no split column")
+    return ds
 
 
-def check_custom(params: Params, root: Path, name: str = "custom") -> str:
+def check_custom(params: Params, root: Path, name: str = "custom") -> tuple[str, bool]:
     """What ``psrnn check`` adds for a ``custom`` (or ``custom_<name>``) section: the file is read and checked as
     the preprocess stage reads it (every rule of :mod:`pipeline.data.custom`), then both splits and every window,
     the Kalman filter's included, against its training trajectories, and a discrete file's vocabulary against the
-    features stage's bound on its maps. Nothing is written. Returns a one-line summary."""
+    features stage's bound on its maps. Nothing is written. Returns a one-line summary and whether the data have a
+    validation split."""
     dp = params.dataset(name)
     ds = _load_custom(dp, root)
     _check_data(dp, ds)
@@ -147,7 +165,7 @@ def check_custom(params: Params, root: Path, name: str = "custom") -> str:
             if cfg.monitor == "valid":
                 raise ParamsError(f"{key}.monitor: 'valid', but {dp.source['path']} gives no validation split; "
                                   f"expected {name}.source.valid_fraction > 0 or 'valid' rows in its split column")
-    return _summary(name, dp.source["path"], ds)
+    return _summary(name, dp.source["path"], ds), bool(ds.valid)
 
 
 def check_prepared(params: Params, root: Path, name: str) -> str | None:

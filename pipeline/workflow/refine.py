@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import Params
+from pipeline.config import Params, ParamsError, is_custom
 from pipeline.io import read_json, write_json, write_text
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
@@ -93,7 +93,8 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     # what fails at once fails now, before a run folder, checkpoint or marker is touched: a device this machine
     # lacks (fit would find it only after refine_run has cleared the previous results of a changed run) and an
     # unreachable store (RunTracker would find it there too)
-    _check_devices(dp, variants)
+    check_devices(dp, variants)
+    _check_monitors(root, dp, variants)
     check_tracking_uri(tracking_uri(root))
     if variant_name is None:
         prune(root / "plots" / dataset, set(variants), "variant", "refine")
@@ -112,13 +113,27 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     return out
 
 
-def _check_devices(dp, variants: list[str]) -> None:
+def check_devices(dp, variants: list[str]) -> None:
     """The training device of every variant (``train.device`` or its ``train.overrides``), resolved on this
     machine; an error names the key that set it."""
     from pipeline.train import resolve_device
 
     for v in variants:
         resolve_device(dp.train_config(v).device, f"{dp.train_key(v)}.device=")
+
+
+def _check_monitors(root: Path, dp, variants: list[str]) -> None:
+    """``monitor: valid`` needs a validation split, which a custom file's data alone say (a split column,
+    ``valid_fraction``): refused before any run, naming the key that set it, not after the variants before."""
+    wanting = [v for v in variants if dp.train_config(v).monitor == "valid"]
+    if not wanting or not prepared_path(root, dp.name).is_file():
+        return
+    if load_prepared(root, dp.name).valid:
+        return
+    hint = (f"{dp.name}.source.valid_fraction > 0 or 'valid' rows in its split column" if is_custom(dp.name)
+            else f"{dp.name}.source.n_valid > 0" if dp.name in ("hmm", "lgssm") else "")
+    raise ParamsError(f"{dp.setting_key(wanting[0], 'monitor')}: 'valid', but {prepared_path(root, dp.name)} has no "
+                      f"validation split; expected 'auto', 'train' or 'test'" + (f" (or {hint})" if hint else ""))
 
 
 def _note_unlisted_runs(root: Path, dataset: str, variants: list[str], seeds: list[int]) -> None:
@@ -266,7 +281,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             return history
         return _log_again(params, root, dataset, variant_name, seed, history, tracked)
 
-    from pipeline.train import fit, load_checkpoint
+    from pipeline.train import TrainingDiverged, fit, load_checkpoint
 
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
@@ -297,8 +312,11 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         _log_missing_epochs(tracker, ck["history"], ds.discrete)
 
     try:
-        result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
-                     resume=resume, on_epoch=tracker.log_epoch)
+        try:
+            result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
+                         resume=resume, on_epoch=tracker.log_epoch)
+        except TrainingDiverged as exc:
+            raise TrainingDiverged(_divergence_in_params_terms(str(exc), params, dataset, variant_name)) from None
     except BaseException:
         try:
             tracker.finish("FAILED")
@@ -324,6 +342,28 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def _divergence_in_params_terms(message: str, params: Params, dataset: str, variant_name: str) -> str:
+    """A :class:`pipeline.train.TrainingDiverged` message, which says train.lr, train.clip, train.max_loss or
+    train.weight_decay, with the full key that set each for this run (``<ds>.train.overrides.<variant>.lr`` where
+    the variant's override sets it, else ``<ds>.train.lr``) and its value."""
+    import re
+
+    dp = params.dataset(dataset)
+    tcfg = dp.train_config(variant_name)
+
+    def key(match: "re.Match[str]") -> str:
+        name, assigned = match.group(1), match.group(2)
+        where = dp.setting_key(variant_name, name)
+        value = getattr(tcfg, name)
+        if assigned or name == "max_loss" or value == 0:   # "max_loss=5" shows its value already
+            return where + assigned
+        return f"{where} (now {value:g})"
+
+    message = message.replace("(model.*_bias_scale, two_stage, kf)",
+                              f"({dataset}.model.*_bias_scale, {dataset}.two_stage, {dataset}.kf)")
+    return re.sub(r"\btrain\.(lr|clip|max_loss|weight_decay)\b(=?)", key, message)
 
 
 def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:

@@ -25,12 +25,14 @@ def _two_stage_config(dp: DatasetParams, seed: int):
 
 
 def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
-    from pipeline.features import fit_feature_maps, make_windows
+    from pipeline.features import check_discrete_maps, fit_feature_maps, make_windows
 
     dp = params.dataset(dataset)
     ds = load_prepared(root, dataset)
     cfg = _two_stage_config(dp, seed)
     cfg.validate()
+    if ds.discrete:   # here, where the error can name the dataset's keys
+        check_discrete_maps(ds.obs_dim, cfg.n_features, cfg.past_window, cfg.future_window, key=f"{dataset}.two_stage")
     windows = make_windows(ds.train, cfg.past_window, cfg.future_window, discrete=ds.discrete,
                            vocab_size=ds.obs_dim if ds.discrete else None)
     maps = fit_feature_maps(windows, n_features=cfg.n_features, obs_dim=ds.obs_dim,
