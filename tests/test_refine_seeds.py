@@ -655,6 +655,19 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
             refused(params, root, "hmm", 0)
         stale(params, root, "hmm", 0)      # the stage the message names, then the refused one runs
         refused(params, root, "hmm", 0)
+    # the CP factors record the tensor they came from: a 2SR learned again (another ridge, same shapes) without
+    # the decompose stage left factors of the old W, used without a word (or, with another obs_dim, a torch error)
+    _params(root, [0], variants=("factorized_psrnn_r3",))
+    raw = copy.deepcopy(PARAMS)
+    raw["hmm"]["variants"] = ["factorized_psrnn_r3"]
+    raw["hmm"]["two_stage"]["ridge"] = 0.5
+    params = _write_params(root, raw)
+    spectral.two_stage(params, root, "hmm", 0)
+    with pytest.raises(ValueError, match=r"cp/r3\.npz: decomposed from another layer-1 2SR tensor than .*L1\.npz "
+                                         r"holds now; run the decompose stage first \(psrnn decompose hmm 0\)$"):
+        initialise.initialise(params, root, "hmm", 0)
+    spectral.decompose(params, root, "hmm", 0)
+    initialise.initialise(params, root, "hmm", 0)
 
 
 def test_the_resumable_fingerprint_leaves_out_what_fit_resumes_with(tmp_path, clean_env):

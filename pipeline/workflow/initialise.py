@@ -41,7 +41,7 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
     from pipeline.api import initialise_model
     from pipeline.decompose import CPFactors
     from pipeline.two_stage import LinearStateSpace
-    from pipeline.workflow.spectral import load_two_stage
+    from pipeline.workflow.spectral import load_two_stage, tensor_digest
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
@@ -56,7 +56,12 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
             raise ValueError(f"{adir / '2sr' / f'L{variant.n_layers}.npz'}: {exc}; {variant.name} needs it: run the "
                              f"two_stage stage first (psrnn two_stage {dataset} {seed})") from None
         if variant.rank is not None:
-            a, m = load_npz(adir / "cp" / f"r{variant.rank}.npz")
+            path = adir / "cp" / f"r{variant.rank}.npz"
+            a, m = load_npz(path)
+            digest = tensor_digest(tsm.layers[0].W)
+            if m.get("tensor_sha256", digest) != digest:   # an artifact without one predates the record
+                raise ValueError(f"{path}: decomposed from another layer-1 2SR tensor than {adir / '2sr' / 'L1.npz'}"
+                                 f" holds now; run the decompose stage first (psrnn decompose {dataset} {seed})")
             cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
     elif variant.family == "kf":
         a, _ = load_npz(adir / "2sr" / "kf.npz")

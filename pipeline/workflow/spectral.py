@@ -113,6 +113,16 @@ def load_two_stage(root: Path, dataset: str, seed: int, depth: int, dp: DatasetP
 
 # ------------------------------------------------------------------------------------------- decompose
 
+def tensor_digest(W: Any) -> str:
+    """The sha256 of a tensor's float64 bytes: a CP artifact records the layer-1 W it was decomposed from, so that
+    initialise refuses factors of another W (stages run by hand, out of order)."""
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(W, dtype=np.float64).tobytes()).hexdigest()
+
+
 def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
     from pipeline.decompose import cp_decompose
 
@@ -129,7 +139,8 @@ def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
             raise ValueError(f"decompose {dataset} seed {seed}: {exc} (the layer-1 2SR tensor "
                              f"{artifact_dir(root, dataset, seed) / '2sr' / 'L1.npz'}, for {users})") from None
         save_npz(out / f"r{rank}.npz", f.as_dict(), meta={"rank": rank, "relative_error": f.relative_error,
-                                                           "dataset": dataset, "seed": seed})
+                                                           "dataset": dataset, "seed": seed,
+                                                           "tensor_sha256": tensor_digest(W)})
         log.info("decompose %s seed %d: CP rank %d, relative reconstruction error %.3g", dataset, seed, rank,
                  f.relative_error)
     write_json(out / "summary.json", {"ranks": dp.ranks})
