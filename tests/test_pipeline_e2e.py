@@ -171,6 +171,8 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
                 assert not [k for k in run.data.params if k.startswith(("two_stage.", "kf."))], run.data.params
             else:
                 assert "two_stage.ridge" in run.data.params and "kf.ridge" not in run.data.params
+                # the upper layers' 2SR keys are a deeper PSRNN's only, as in the 2SR artifacts' configs
+                assert ("two_stage.upper_obs_ridge" in run.data.params) == ("2layer" in tags["variant"]), tags
             assert tags["workspace"] == str(root.resolve()) and tags["host"] == socket.gethostname()
             assert tags.get("mlflow.source.git.commit") == commit
             key = "bpc" if ds in ("ptb", "hmm") else "mse"

@@ -1,4 +1,6 @@
-"""Where every stage reads and writes, relative to the project root (the one place that knows the layout).
+"""Where every stage reads and writes, relative to the project root: the top-level folders are built here; the
+file names inside a seed's artifacts folder and a run's folder are written in the stage modules (spectral,
+initialise, refine, evaluate) and read again by inference and report.
 
     data/raw/<source>/                         download        raw files, sha256-verified
     data/prepared/<dataset>.parquet            preprocess      pipeline.data.schema
@@ -6,12 +8,15 @@
     artifacts/<dataset>/s<seed>/2sr/L<l>.npz   two_stage       a 2SR initialisation of depth l (all its layers)
     artifacts/<dataset>/s<seed>/2sr/kf.npz                     the linear 2SR Kalman filter (continuous data)
     artifacts/<dataset>/s<seed>/cp/r<r>.npz    decompose       CP factors of the layer-1 tensor, rank r
+    artifacts/<dataset>/s<seed>/cp/summary.json                the ranks decomposed
     artifacts/<dataset>/s<seed>/init/<v>.npz   initialise      initial weights of every variant v
-    models/<dataset>/<v>/s<seed>/              refine          checkpoint.pt, history.json, run_id, done
+    models/<dataset>/<v>/s<seed>/              refine          checkpoint.pt, history.json, run_id,
+                                                               fingerprint.txt, tracked, done
     plots/<dataset>/<v>/s<seed>.json           refine          per-epoch curves (dvc plots)
     metrics/<dataset>/<v>_s<seed>.json         evaluate        final metrics (a dvc metrics directory per dataset)
     predictions/<dataset>/<v>_s<seed>.parquet  evaluate        one-step test predictions before/after training
     reports/figures/*.png, reports/results.md  report
+    reports/summary.json                       report          the results' numbers (dvc metrics)
 """
 
 from __future__ import annotations

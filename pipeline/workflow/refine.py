@@ -6,8 +6,8 @@ everything that decides the result — the train config, the initial weights, th
 a variant's initial weights as they were costs only the check. Its ``tracked`` marker holds where and how it was
 logged (the tracking params and URI): where those changed, the run is logged again from its history and checkpoint,
 not trained again. ``PSRNN_RETRAIN=1`` ignores
-the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f refine@ptb`` retrains a dataset from scratch: ``-f``
-alone reruns the stage, which then finds every run done). Trained runs of variants and seeds no longer in
+the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f -s refine@ptb`` retrains a dataset from scratch: ``-f -s``
+alone reruns the stage, which then finds every run done; without ``-s``, ``-f`` forces every upstream stage too). Trained runs of variants and seeds no longer in
 params.yaml are kept (and named on stderr): evaluate and the report see only the listed ones, and listing a run
 again reuses it.
 
@@ -368,9 +368,9 @@ def _divergence_in_params_terms(message: str, params: Params, dataset: str, vari
 
 def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:
     """The MLflow params of a run: what trained it, and the 2SR (or linear 2SR) settings that initialised it
-    (none for a model initialised otherwise: a Xavier LSTM's run showing a 2SR ridge would mislead). Each value
-    is the one the run was trained with: a change of any of them changes the data or the initial weights, and so
-    the run's fingerprint."""
+    (none for a model initialised otherwise: a Xavier LSTM's run showing a 2SR ridge would mislead; none of the
+    upper layers' for a 1-layer PSRNN, whose 2SR ignores them). Each value is the one the run was trained with: a
+    change of any of them changes the data or the initial weights, and so the run's fingerprint."""
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
     config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
@@ -379,7 +379,12 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
     if variant.family == "kf":
         config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
     elif variant.init == "2sr":
-        config["two_stage"] = {**asdict(dp.two_stage), "seed": seed}   # the RFF and range finder's, the run's
+        from pipeline.two_stage import UPPER_LAYER_FIELDS
+
+        ts = asdict(dp.two_stage)
+        if variant.n_layers == 1:   # as its 2SR artifact's config: the upper layers' keys do not apply
+            ts = {k: v for k, v in ts.items() if k not in UPPER_LAYER_FIELDS}
+        config["two_stage"] = {**ts, "seed": seed}   # the RFF and range finder's seed is the run's
     return config
 
 

@@ -1,4 +1,5 @@
-"""Stage ``report``: PNG figures and results.md from the outputs of evaluate and refine (see pipeline.report)."""
+"""Stage ``report``: PNG figures, results.md and summary.json from the outputs of evaluate and refine (see
+pipeline.report)."""
 
 from __future__ import annotations
 
