@@ -777,3 +777,124 @@ def test_monitor_valid_without_a_validation_split_is_refused_before_any_run(tmp_
                                                                     valid=series[2:3], test=series[3:],
                                                                     features=["a", "b"]))
     refine._check_monitors(tmp_path, parse_params(raw).dataset("custom"), ["psrnn", "kf"])
+
+
+# ------------------------------------------------------ what retrains, resumes and is scored (a mutation audit)
+# Each fingerprint component was tested alone (code_hash, the init file's bytes); these check "changing X
+# retrains" through refine, and the restore_best path through refine, evaluate and MLflow.
+
+def test_a_resumable_change_on_a_finished_run_neither_retrains_nor_refuses(tmp_path, clean_env):
+    """max_loss (resumable) changed on a finished run: its checkpoint, already at train.epochs, is resumed to no
+    new epoch, not trained again from scratch (nor refused as 'beyond train.epochs'); the MLflow run continues."""
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")
+    runs, mtime = _runs(root), _mtime(root, "psrnn", 0)
+    refine.refine(_params(root, [0], overrides={"psrnn": {"max_loss": 1e9}}), root, "hmm")
+    assert _mtime(root, "psrnn", 0) == mtime
+    assert [r[2] for r in _runs(root)] == [r[2] for r in runs]
+
+
+def test_changed_initial_weights_or_data_retrain_and_nothing_else_does(tmp_path, clean_env):
+    root = tmp_path
+    refine.refine(_params(root, [0], ("psrnn", "gru")), root, "hmm")
+    psrnn, gru = _mtime(root, "psrnn", 0), _mtime(root, "gru", 0)
+    raw = copy.deepcopy(PARAMS)
+    raw["hmm"]["variants"] = ["psrnn", "gru"]
+    raw["hmm"]["model"]["psrnn_bias_scale"] = 0.2    # the PSRNN's initial weights change, the GRU's do not
+    params = _write_params(root, raw)
+    initialise.initialise(params, root, "hmm", 0)
+    refine.refine(params, root, "hmm")
+    assert _mtime(root, "gru", 0) == gru and _mtime(root, "psrnn", 0) != psrnn
+    gru = _mtime(root, "gru", 0)
+    raw["hmm"]["source"]["n_train"] = 12             # other data: every run retrains, a Xavier GRU's too
+    params = _write_params(root, raw)
+    data.prepare(params, root, "hmm")
+    for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
+        stage(params, root, "hmm", 0)
+    refine.refine(params, root, "hmm")
+    assert _mtime(root, "gru", 0) != gru
+
+
+def test_the_training_code_is_in_both_run_fingerprints(tmp_path, clean_env, monkeypatch):
+    params = _params(tmp_path, [0])
+    monkeypatch.setattr(refine, "code_hash", lambda *a, **k: "code A")
+    a = refine.run_fingerprints(params, tmp_path, "hmm", "psrnn", 0)
+    monkeypatch.setattr(refine, "code_hash", lambda *a, **k: "code B")
+    b = refine.run_fingerprints(params, tmp_path, "hmm", "psrnn", 0)
+    assert a[0] != b[0] and a[1] != b[1]
+
+
+def test_a_retrain_killed_midway_is_not_taken_for_finished(tmp_path, clean_env, monkeypatch):
+    """Its done marker goes before training starts: evaluate says it did not finish, not that it is current."""
+    from pipeline.tracking import RunTracker
+
+    root = tmp_path
+    params = _params(root, [0])
+    refine.refine(params, root, "hmm")
+    clean_env.setenv("PSRNN_RETRAIN", "1")
+    log_epoch = RunTracker.log_epoch
+
+    def killed_at_epoch_1(self, entry):
+        if entry["epoch"] == 1:
+            raise KeyboardInterrupt
+        return log_epoch(self, entry)
+
+    monkeypatch.setattr(RunTracker, "log_epoch", killed_at_epoch_1)
+    with pytest.raises(KeyboardInterrupt):
+        refine.refine(params, root, "hmm")
+    assert not (model_dir(root, "hmm", "psrnn", 0) / "done").exists()
+    with pytest.raises(RuntimeError, match="training did not finish"):
+        evaluate.evaluate_dataset(params, root, "hmm")
+
+
+def test_a_changed_run_killed_before_its_first_checkpoint_trains_again(tmp_path, clean_env, monkeypatch):
+    """The old checkpoint goes before training: kept, every later refine refused it as another configuration's."""
+    import pipeline.train as train
+
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")
+    params = _params(root, [0], overrides={"psrnn": {"lr": 0.5}})
+    make_optimizer = train._make_optimizer
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "_make_optimizer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        refine.refine(params, root, "hmm")
+    monkeypatch.setattr(train, "_make_optimizer", make_optimizer)
+    refine.refine(params, root, "hmm")
+    history = json.loads((model_dir(root, "hmm", "psrnn", 0) / "history.json").read_text())
+    assert [e["epoch"] for e in history["history"]] == [0, 1, 2]
+
+
+def test_restore_best_is_what_refine_evaluate_and_mlflow_report(tmp_path, clean_env):
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    params = _params(root, [0], epochs=3, overrides={"psrnn": {"restore_best": True, "lr": 60.0, "clip": 0.0,
+                                                                "max_loss": 1e9}})
+    refine.refine(params, root, "hmm")
+    history = json.loads((model_dir(root, "hmm", "psrnn", 0) / "history.json").read_text())
+    best = history["best_epoch"]
+    assert best != len(history["history"]) - 1, "setup: the best epoch must not be the last"
+    want = history["history"][best]["test"]["bpc"]
+    result = evaluate.evaluate_dataset(params, root, "hmm")["psrnn_s0"]
+    assert result["model_epoch"] == best and result["test"]["bpc"] == pytest.approx(want, rel=1e-6)
+    run = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_run(history["run_id"])
+    assert run.data.metrics["final_test_bpc"] == pytest.approx(want, rel=1e-12)
+
+
+def test_a_run_marked_by_the_legacy_fingerprint_is_kept_and_not_logged_again(tmp_path, clean_env, capsys):
+    root = tmp_path
+    params = _params(root, [0])
+    refine.refine(params, root, "hmm")
+    mdir = model_dir(root, "hmm", "psrnn", 0)
+    (mdir / "done").write_text(refine._legacy_fingerprint(params, root, "hmm", "psrnn", 0) + "\n")
+    (mdir / "tracked").unlink()
+    capsys.readouterr()
+    refine.refine(params, root, "hmm")
+    err = capsys.readouterr().err
+    assert "kept" in err and "logged again" not in err, err
+    refine.refine(params, root, "hmm")   # the upgrade wrote tracked: kept quietly from now on
+    assert "logged again" not in capsys.readouterr().err

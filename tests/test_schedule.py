@@ -293,3 +293,58 @@ def test_synthetic_sets_draw_a_validation_split_after_train_and_test(defaults):
     p["lgssm"]["source"]["n_valid"] = -1
     with pytest.raises(ParamsError, match=r"^lgssm\.source\.n_valid: expected an integer >= 0"):
         parse_params(p)
+
+
+# ------------------------------------------------- the best-epoch bookkeeping across a resume (a mutation audit)
+
+def test_a_schedule_resumed_after_its_best_epoch_equals_one_run(data, tmp_path):
+    """Resume restores the best epoch, its metric and weights: without them a run with patience and restore_best
+    stopped at another epoch, on another rate schedule, and returned the last weights."""
+    train, valid, test = data
+    cfg = TrainConfig(epochs=15, restore_best=True, **SCHEDULE)
+    whole = _gru()
+    straight = fit(whole, train, test, cfg, valid=valid)
+    stop = straight.history[-1]["epoch"]
+    k = straight.best_epoch + 1
+    assert straight.stopped_early and straight.best_epoch > 0 and k < stop
+    ck = tmp_path / "ck.pt"
+    fit(_gru(), train, test, TrainConfig(**{**asdict(cfg), "epochs": k}), valid=valid, checkpoint_path=ck)
+    resumed = _gru()
+    again = fit(resumed, train, test, cfg, valid=valid, checkpoint_path=ck)
+    assert (again.best_epoch, again.best_metric, again.stopped_early) == \
+        (straight.best_epoch, straight.best_metric, straight.stopped_early)
+    assert [e.get("lr") for e in again.history] == [e.get("lr") for e in straight.history]
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert trained_epoch(load_checkpoint(ck)) == straight.best_epoch
+
+
+def test_a_best_epoch_chosen_again_on_resume_comes_with_its_own_weights(data, tmp_path):
+    """eval_train switched off on resume moves the monitored split from train to test: the best epoch is chosen
+    again, and the weights kept must be that epoch's, not the old best's."""
+    train, _, test = data
+    ck = tmp_path / "ck.pt"
+    cfg = TrainConfig(epochs=6, lr=1.0, bptt=0, batch_size=4, device="cpu", eval_train=True, restore_best=True)
+    first = fit(_gru(), train, test, cfg, checkpoint_path=ck)
+    assert first.best_epoch != int(np.argmin([h["test"]["mse"] for h in first.history])), \
+        "setup: the best epochs on train and on test must differ"
+    model = _gru()
+    fit(model, train, test, TrainConfig(**{**asdict(cfg), "eval_train": False, "epochs": 7}), checkpoint_path=ck)
+    ck_now = load_checkpoint(ck)
+    want = ck_now["history"][trained_epoch(ck_now)]["test"]["mse"]
+    final = _gru()
+    final.load_state_dict(trained_weights(ck_now))
+    assert evaluate(final, test)["mse"] == pytest.approx(want, rel=1e-9)
+    assert evaluate(model, test)["mse"] == pytest.approx(want, rel=1e-9)
+
+
+def test_a_tie_is_no_improvement(data, monkeypatch):
+    """'Not below the best by more than min_delta' (0): an epoch scoring exactly the best decays the rate and
+    counts toward patience."""
+    import pipeline.train as train_module
+
+    monkeypatch.setattr(train_module, "evaluate", lambda *args, **kwargs: {"mse": 1.0})
+    train, valid, test = data
+    result = fit(_gru(), train, test, TrainConfig(epochs=6, **SCHEDULE), valid=valid)
+    assert result.best_epoch == 0 and [e["lr"] for e in result.history[1:]] == [5.0, 2.5]
+    assert result.stopped_early
