@@ -733,8 +733,8 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
             raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one)")
         try:
             units = json.loads(Path(units_path).read_text())
-        except ValueError as exc:
-            units = exc
+        except ValueError:   # not JSON (UnicodeDecodeError included): damaged, as below
+            units = None
         if not _units_ok(units):
             raise ValueError(f"MLflow run {run_id}: its data_units.json artifact is damaged: expected a JSON object "
                              "with kind 'discrete' and a vocab list of strings, or kind 'continuous' with features, "

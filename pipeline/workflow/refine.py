@@ -5,9 +5,9 @@ everything that decides the result — the train config, the initial weights, th
 (:data:`TRAINING_CODE`). Adding a seed or a variant therefore trains only the new runs, and a 2SR change that leaves
 a variant's initial weights as they were costs only the check. Its ``tracked`` marker holds where and how it was
 logged (the tracking params and URI): where those changed, the run is logged again from its history and checkpoint,
-not trained again. ``PSRNN_RETRAIN=1`` ignores
-the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f -s refine@ptb`` retrains a dataset from scratch: ``-f -s``
-alone reruns the stage, which then finds every run done; without ``-s``, ``-f`` forces every upstream stage too). Trained runs of variants and seeds no longer in
+not trained again. ``PSRNN_RETRAIN=1`` ignores the markers and checkpoints (``PSRNN_RETRAIN=1 dvc repro -f -s
+refine@ptb`` retrains a dataset from scratch: ``-f -s`` alone reruns the stage, which then finds every run done;
+without ``-s``, ``-f`` forces every upstream stage too). Trained runs of variants and seeds no longer in
 params.yaml are kept (and named on stderr): evaluate and the report see only the listed ones, and listing a run
 again reuses it.
 
@@ -119,7 +119,7 @@ def check_devices(dp, variants: list[str]) -> None:
     from pipeline.train import resolve_device
 
     for v in variants:
-        resolve_device(dp.train_config(v).device, f"{dp.train_key(v)}.device=")
+        resolve_device(dp.train_config(v).device, f"{dp.setting_key(v, 'device')}=")
 
 
 def _check_monitors(root: Path, dp, variants: list[str]) -> None:
