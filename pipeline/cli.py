@@ -409,7 +409,7 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
     checked against that file; spectral work no variant uses is noted, and so are sections that ``datasets``
     leaves out."""
     from pipeline.config import is_custom
-    from pipeline.workflow.data import check_custom, check_prepared
+    from pipeline.workflow.data import check_custom, check_prepared, untracked_note
 
     selected = [params.datasets[name] for name in params.selected]
     has_valid: dict[str, bool] = {}   # a custom file's, known once it is read
@@ -431,7 +431,9 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
           f"{', '.join(params.selected)}; "
           f"{_count(sum(len(d.variants) for d in selected), 'model variant')}, seeds {list(params.seeds)})")
     for dp in selected:
-        for note in [*dp.unused_spectral_work(), *dp.schedule_notes(has_valid.get(dp.name))]:
+        untracked = untracked_note(params, root, dp.name) if is_custom(dp.name) else None
+        for note in [*dp.unused_spectral_work(), *dp.schedule_notes(has_valid.get(dp.name)),
+                     *([untracked] if untracked else [])]:
             print(f"note: {note}")
     left_out = [name for name in params.datasets if name not in params.selected]
     if left_out:

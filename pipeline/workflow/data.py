@@ -168,6 +168,32 @@ def check_custom(params: Params, root: Path, name: str = "custom") -> tuple[str,
     return _summary(name, dp.source["path"], ds), bool(ds.valid)
 
 
+def untracked_note(params: Params, root: Path, name: str) -> str | None:
+    """A note when a custom section's file, inside the project, is tracked neither by git nor by a ``.dvc`` file:
+    queued and ``--temp`` experiments run in a copy of the repository's tracked files and would not find it. None
+    outside a git repository, for a file outside the project, or where git cannot answer."""
+    import subprocess
+
+    path = Path(params.dataset(name).source["path"])
+    full = (path if path.is_absolute() else root / path).resolve()
+    try:
+        rel = full.relative_to(root.resolve())
+    except ValueError:   # outside the project: the copies read it where it is
+        return None
+    if Path(f"{full}.dvc").is_file():
+        return None
+    try:
+        out = subprocess.run(["git", "ls-files", "--error-unmatch", "--", str(rel)], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 1:   # 0: tracked; 128: not a git repository (or another failure)
+        return None
+    return (f"{name}.source.path: {rel} is tracked neither by git nor by a .dvc file: queued and --temp experiments "
+            "(dvc exp run --queue / --temp) run in a copy of the tracked files and will not find it; git add it (dvc "
+            "add a large one) and commit")
+
+
 def check_prepared(params: Params, root: Path, name: str) -> str | None:
     """What ``psrnn check`` adds for a built-in dataset whose prepared file exists: what :func:`check_custom` checks
     against the data, on that file (the Kalman filter's windows would otherwise fail only in the two_stage stage).
