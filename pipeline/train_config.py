@@ -82,6 +82,16 @@ class TrainConfig:
             raise ValueError(f"train.patience: expected >= 0 (0 = never stop early), got {self.patience}")
         if self.monitor == "train" and not self.eval_train:
             raise ValueError("train.monitor: 'train' needs eval_train: true (the train split is scored only then)")
+        # SGD adds weight_decay * w to the gradient: alone, a step scales w by 1 - lr * weight_decay (the heavy
+        # ball's momentum widens the stable range to 2 (1 + momentum)); beyond it the weights grow without bound,
+        # and clipping, applied before the decay, does not stop them
+        bound = 2 * (1 + self.momentum)
+        if self.optimizer == "sgd" and self.weight_decay > 0 and self.lr * self.weight_decay >= bound:
+            raise ValueError(f"train.weight_decay: {self.weight_decay:g} x lr {self.lr:g} = "
+                             f"{self.lr * self.weight_decay:g} is at or above 2 x (1 + momentum) = {bound:g}, where "
+                             "every SGD step scales the weights by a factor of magnitude 1 or more and they grow "
+                             f"without bound; expected lr x weight_decay below {bound:g} (weight decay is usually "
+                             "1e-5 to 1e-3)")
 
     def monitored_split(self, has_valid: bool) -> str:
         """The split that scores epochs: ``monitor``, with "auto" resolved (valid, else train, else test)."""

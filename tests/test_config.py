@@ -308,6 +308,11 @@ def _custom(**source):
                                                         r"\[0, 1\)"),
     (lambda p: p["ptb"]["train"].update(optimizer="adam", momentum=0.9), r"^ptb\.train\.momentum: only used by "
                                                                          r"optimizer 'sgd'"),
+    # SGD's decay alone scales the weights by 1 - lr * weight_decay a step: at lr x wd >= 2 (1 + momentum) they grow
+    (lambda p: p["ptb"]["train"].update(weight_decay=3), r"^ptb\.train\.weight_decay: 3 x lr 1 = 3 is at or above "
+                                                         r"2 x \(1 \+ momentum\) = 2, where every SGD step"),
+    (lambda p: p["ptb"]["train"].update(weight_decay=0.5, overrides={"lstm": {"lr": 5}}),
+     r"^ptb\.train\.overrides\.lstm: ptb\.train\.weight_decay: 0\.5 x lr 5 = 2\.5 is at or above"),
     (lambda p: p["ptb"]["train"].update(weight_decay=-1e-4), r"^ptb\.train\.weight_decay: expected a finite "
                                                              r"number >= 0"),
     (lambda p: p["swimmer"]["kf"].update(ridge=-1), r"^swimmer\.kf\.ridge: expected a finite number >= 0"),

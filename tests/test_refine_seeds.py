@@ -734,12 +734,12 @@ def test_a_divergence_names_the_key_that_set_the_runs_rate(defaults):
     assert _divergence_in_params_terms(unclipped, params, "custom", "psrnn").endswith(
         "Lower custom.train.lr (now 1) or turn gradient-norm clipping on (custom.train.overrides.psrnn.clip > 0, "
         "e.g. 0.25).")
-    raw["custom"]["train"]["overrides"]["gru"] = {"weight_decay": 3.0}
+    raw["custom"]["train"]["overrides"]["gru"] = {"weight_decay": 0.5}
     params = parse_params(raw)
-    decayed = _diverged(2, 0, "loss", math.inf, None, clip=0.25, weight_decay=3.0)
+    decayed = _diverged(2, 0, "loss", math.inf, None, clip=0.25, weight_decay=0.5)
     assert _divergence_in_params_terms(decayed, params, "custom", "gru").endswith(
         "Lower custom.train.lr (now 1) or custom.train.clip (now 0.25) or custom.train.overrides.gru.weight_decay "
-        "(now 3) (not bounded by clipping).")
+        "(now 0.5) (not bounded by clipping).")
     big = _diverged(1, 0, "loss", 3e6, None, clip=0.25, advice="above train.max_loss=1e+06; raise train.max_loss")
     assert "above custom.train.max_loss=1e+06; raise custom.train.max_loss, else lower custom.train.lr (now 1)" in \
         _divergence_in_params_terms(big, params, "custom", "gru")
