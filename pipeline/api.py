@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
+from pipeline.features import window_count
 from pipeline.messages import brief, brief_list
 from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, UPPER_LAYER_FIELDS, LinearStateSpace, TwoStageConfig, TwoStageModel, \
@@ -801,7 +802,7 @@ def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], mod
                          f"trajectory of at least {need} steps, or {smaller}{hint}")
     widths = two_stage_options.get("widths") or {}
     given = a["n_layers"] == 1 and all(widths.get(k) is not None for k in ("obs", "past", "future"))
-    if model != "kf" and not given and sum(max(0, len(t) - past - future) for t in train) < 2:
+    if model != "kf" and not given and window_count([len(t) for t in train], past, future) < 2:
         raise ValueError(f"train: one window for 2SR ({past_name} {past} + {future_name} {future} + 1 = {need} "
                          f"steps, in train[{i}] of {len(longest)}); 2SR needs two (its kernel widths are median "
                          f"distances between windows): expected one more step or trajectory, or {smaller}")
@@ -811,7 +812,7 @@ def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], mod
         up_past, up_future = ts_cfg.upper_windows
         up_names = [f"two_stage_options['upper_{k}']" if upper[k] is not None else name
                     for k, name in (("past_window", past_name), ("future_window", future_name))]
-        if sum(max(0, len(t) - up_past - up_future) for t in train) < 2:
+        if window_count([len(t) for t in train], up_past, up_future) < 2:
             raise ValueError(f"train: fewer than two windows for the 2SR of layers 2 and up ({up_names[0]} "
                              f"{up_past} + {up_names[1]} {up_future} + 1 = {up_past + up_future + 1} steps, and "
                              f"the longest trajectory, train[{i}], has {len(longest)}); 2SR needs two: expected "
@@ -1278,6 +1279,8 @@ def _divergence_in_api_terms(message: str, tcfg: Any) -> str:
     terms of :func:`fit_model`'s arguments (the pipeline's own message stays as it is)."""
     import re
 
+    from pipeline.train import DIVERGENCE_KEYS
+
     lr, clip = f"lr= (now {tcfg.lr:g})", f"clip= (now {tcfg.clip:g})"
     for old, new in (
             ("lower train.lr or turn gradient-norm clipping on (train.clip > 0, e.g. 0.25)",
@@ -1290,4 +1293,4 @@ def _divergence_in_api_terms(message: str, tcfg: Any) -> str:
         message = message.replace(old, new)
     names = {"lr": "lr=", "clip": "clip=", "max_loss": "train_options['max_loss']",
              "weight_decay": "train_options['weight_decay']"}
-    return re.sub(r"\btrain\.(lr|clip|max_loss|weight_decay)\b", lambda m: names[m.group(1)], message)
+    return re.sub(rf"\btrain\.({'|'.join(DIVERGENCE_KEYS)})\b", lambda m: names[m.group(1)], message)

@@ -44,6 +44,7 @@ from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from pipeline.decompose import MAX_RANK_FACTOR
+from pipeline.features import check_discrete_maps, window_count
 from pipeline.messages import INT_SHOWN_BITS, brief, brief_list
 from pipeline.train_config import DEVICE, SEED_LIMIT, TrainConfig
 from pipeline.two_stage import (MAX_POWER_ITERATIONS, MAX_SIZE, MIN_KERNEL_WIDTH, UPPER_LAYER_FIELDS, WIDTH_FAMILIES,
@@ -897,18 +898,18 @@ def _check_window_fit(dp: DatasetParams, shortest: int, longest: int, origin: st
 
 
 def _check_window_count(dp: DatasetParams, lengths: typing.Sequence[int]) -> None:
-    """Enough windows in the training trajectories (T - past - future from one of T steps): two for a 2SR, whose
+    """Enough windows in the training trajectories (:func:`pipeline.features.window_count`): two for a 2SR, whose
     kernel widths are median distances between windows, and ``kf.state_dim`` for the Kalman filter's, whose
     states are the top directions of its windows."""
     steps = f"{len(lengths)} training trajector{'y' if len(lengths) == 1 else 'ies'} of {sum(lengths)} steps"
     for past_key, future_key, past, future in _window_checks(dp):
-        n = sum(max(0, t - past - future) for t in lengths)
+        n = window_count(lengths, past, future)
         if n < 2:
             raise ParamsError(f"{past_key} + {future_key} = {past} + {future} leaves {n} window"
                               f"{'' if n == 1 else 's'} in the {steps}; a 2SR needs two (its kernel widths are "
                               "median distances between windows): expected smaller windows or more training data")
     if dp.kf is not None:
-        n = sum(max(0, t - dp.kf.past_window - dp.kf.future_window) for t in lengths)
+        n = window_count(lengths, dp.kf.past_window, dp.kf.future_window)
         if dp.kf.state_dim > n:
             raise ParamsError(f"{dp.name}.kf.state_dim: {dp.kf.state_dim} exceeds the {n} windows that "
                               f"{dp.name}.kf.past_window + {dp.name}.kf.future_window = {dp.kf.past_window} + "
@@ -1130,8 +1131,6 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         if obs_dim is not None:
             _check_kf_state_dim(dp, obs_dim, f"observation size from {key}.source")
         if name == "hmm":   # its vocabulary is a param: the bound on the RFF maps is checked now, not in features
-            from pipeline.features import check_discrete_maps
-
             n_symbols = src.get("n_symbols", _source_default("pipeline.data.synthetic", "make_hmm_dataset",
                                                              "n_symbols"))
             try:

@@ -265,6 +265,12 @@ class Windows:
         return self.rows("obs", slice(None))
 
 
+def window_count(lengths: Sequence[int], past: int, future: int) -> int:
+    """How many windows :func:`make_windows` cuts from trajectories of ``lengths`` steps: T - past - future from one
+    of T steps (t = past .. T - future - 1), none from one shorter than past + future + 1."""
+    return sum(max(0, int(T) - past - future) for T in lengths)
+
+
 def make_windows(
     trajectories: Sequence[np.ndarray], past: int, future: int, *, discrete: bool, vocab_size: int | None = None
 ) -> Windows:

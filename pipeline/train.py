@@ -548,6 +548,11 @@ def trained_epoch(ck: dict[str, Any]) -> int:
     return int(ck["best_epoch"] if _keeps_best(ck) else ck["epoch"])
 
 
+#: the train settings the messages of :func:`_diverged` name (as ``train.<key>``), which the Python API and refine
+#: rewrite in their own terms
+DIVERGENCE_KEYS = ("lr", "clip", "max_loss", "weight_decay")
+
+
 def _diverged(epoch: int, step: int, what: str, value: float, checkpoint_path, *, clip: float,
               weight_decay: float = 0.0, advice: str | None = None) -> str:
     """The one-line message of a stop, ending in the remedy; with clipping off, lowering train.clip is none; with

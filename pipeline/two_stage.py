@@ -796,6 +796,15 @@ def multilayer_two_stage(
 UPPER_LAYER_FIELDS = ("upper_past_window", "upper_future_window", "upper_obs_ridge")
 
 
+def depth_config(cfg: TwoStageConfig, n_layers: int) -> dict[str, Any]:
+    """``cfg`` as the record of a 2SR of ``n_layers`` layers: at depth 1 without the upper layers' fields, which it
+    does not read (a change of them leaves ``L1.npz`` and a 1-layer run's MLflow params as they are)."""
+    config = asdict(cfg)
+    if n_layers == 1:
+        config = {k: v for k, v in config.items() if k not in UPPER_LAYER_FIELDS}
+    return config
+
+
 def upper_layer_config(cfg: TwoStageConfig, level: int) -> TwoStageConfig:
     """The 2SR config of layer ``level`` (0-based, >= 1): ``cfg`` with median widths of its own inputs, its own
     seed (:func:`pipeline.features.layer_seed`), the windows ``upper_past_window`` / ``upper_future_window`` and
@@ -849,11 +858,8 @@ def two_stage_depths(
                 decoders[f"skip_{prefix}decoder"] = fit_decoder(joined, trajectories, discrete=discrete,
                                                                 vocab_size=vocab_size, ridge=cfg.decoder_ridge,
                                                                 change=change)
-        config = asdict(cfg)
-        if len(layers) == 1:   # what depth 1 is learned from: a change of the upper windows leaves L1.npz as it is
-            config = {k: v for k, v in config.items() if k not in UPPER_LAYER_FIELDS}
-        yield TwoStageModel(layers=list(layers), discrete=discrete, vocab_size=vocab_size, config=config,
-                            **decoders)
+        yield TwoStageModel(layers=list(layers), discrete=discrete, vocab_size=vocab_size,
+                            config=depth_config(cfg, len(layers)), **decoders)
 
 
 # ------------------------------------------------------------------------------------- linear 2SR (Kalman)

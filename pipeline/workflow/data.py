@@ -130,11 +130,12 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
 
     src = dict(dp.source)
     path = Path(src.pop("path"))
-    if (path if path.is_absolute() else root / path).is_dir():
+    full = path if path.is_absolute() else root / path
+    if full.is_dir():
         raise ValueError(f"{dp.name}.source.path: {path} is a directory; expected a single Parquet file (relative "
                          f"paths are read from the project root {root})")
     try:
-        ds = load_custom(path if path.is_absolute() else root / path, **src,
+        ds = load_custom(full, **src,
                          symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name",
                          min_length_is=f"{dp.name}.source.min_length")
     except FileNotFoundError as exc:   # the one error that is the params' rather than the file's: name the key

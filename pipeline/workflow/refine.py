@@ -350,6 +350,8 @@ def _divergence_in_params_terms(message: str, params: Params, dataset: str, vari
     the variant's override sets it, else ``<ds>.train.lr``) and its value."""
     import re
 
+    from pipeline.train import DIVERGENCE_KEYS
+
     dp = params.dataset(dataset)
     tcfg = dp.train_config(variant_name)
 
@@ -363,7 +365,7 @@ def _divergence_in_params_terms(message: str, params: Params, dataset: str, vari
 
     message = message.replace("(model.*_bias_scale, two_stage, kf)",
                               f"({dataset}.model.*_bias_scale, {dataset}.two_stage, {dataset}.kf)")
-    return re.sub(r"\btrain\.(lr|clip|max_loss|weight_decay)\b(=?)", key, message)
+    return re.sub(rf"\btrain\.({'|'.join(DIVERGENCE_KEYS)})\b(=?)", key, message)
 
 
 def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:
@@ -379,12 +381,11 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
     if variant.family == "kf":
         config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
     elif variant.init == "2sr":
-        from pipeline.two_stage import UPPER_LAYER_FIELDS
+        from pipeline.two_stage import depth_config
 
-        ts = asdict(dp.two_stage)
-        if variant.n_layers == 1:   # as its 2SR artifact's config: the upper layers' keys do not apply
-            ts = {k: v for k, v in ts.items() if k not in UPPER_LAYER_FIELDS}
-        config["two_stage"] = {**ts, "seed": seed}   # the RFF and range finder's seed is the run's
+        # as its 2SR artifact's config (a 1-layer PSRNN's without the upper layers' keys); the RFF and range
+        # finder's seed is the run's
+        config["two_stage"] = {**depth_config(dp.two_stage, variant.n_layers), "seed": seed}
     return config
 
 
