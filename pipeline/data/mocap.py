@@ -239,8 +239,9 @@ def parse_asf(path: str | Path) -> Skeleton:
     root_orientation = _floats(root.get("orientation", ["0", "0", "0"]), path, 0, "root orientation") * to_rad
     if root_position.shape != (3,) or root_orientation.shape != (3,):
         raise MocapFileError(f"{path}: ':root position/orientation' need 3 numbers each")
-    if np.any(root_position != 0) or np.any(root_orientation != 0):
-        log.warning("%s: non-zero :root position/orientation are ignored (AMC root channels are absolute)", path)
+    if np.any(root_position != 0):
+        # the orientation is not ignored: it is the root's local frame C, as a bone's axis is (forward_kinematics)
+        log.warning("%s: a non-zero :root position is ignored (the AMC root translation is absolute)", path)
 
     bones: dict[str, Bone] = {}
     for bline, fields, lims in raw_bones:
@@ -395,7 +396,8 @@ def forward_kinematics(
     ``:bonedata`` order. A bone's start is its parent's end. Vectorised over frames.
 
     Convention (checked against ``pyacclaim`` to 3e-14 in and a BVH conversion, see the mocap PROVENANCE.md):
-    ``G = G_parent · C · M · C⁻¹``; ``C`` from the bone's ``axis`` (``Rz·Ry·Rx`` for XYZ), ``M`` the dof rotations
+    ``G = G_parent · C · M · C⁻¹``; ``C`` from the bone's ``axis`` (``Rz·Ry·Rx`` for XYZ; the root's from its ASF
+    ``orientation`` in its ``axis`` order, as other Acclaim readers build it; 0 in every CMU file), ``M`` the dof rotations
     applied in listed order (``Rz·Ry·Rx`` for ``rx ry rz``); bone end = start + ``G · direction · length/unit``.
     Bones without dofs (e.g. CMU hip joints) are rigid (``M = I``); translation/length dofs are not supported.
     """
