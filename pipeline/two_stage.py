@@ -780,15 +780,15 @@ def multilayer_two_stage(
     discrete: bool,
     vocab_size: int = 0,
     maps: FeatureMaps | None = None,
-    upper_cfg: TwoStageConfig | None = None,
 ) -> TwoStageModel:
     """2SR for an ``n_layers`` PSRNN (Sec. 4.2): layer l+1 is learned from the states filtered by layer l.
 
-    ``maps`` optionally fixes layer 1's RFF maps (from the features stage); ``upper_cfg`` configures layers ≥ 2
-    (default: ``cfg`` with median widths recomputed on the states).
+    ``maps`` optionally fixes layer 1's RFF maps (from the features stage); layers ≥ 2 are configured by
+    :func:`upper_layer_config` (``cfg`` with median widths of their own inputs, a seed of their own and the
+    ``upper_*`` fields).
     """
     *_, last = two_stage_depths(trajectories, cfg, n_layers=n_layers, discrete=discrete, vocab_size=vocab_size,
-                                maps=maps, upper_cfg=upper_cfg)
+                                maps=maps)
     return last
 
 
@@ -823,7 +823,6 @@ def two_stage_depths(
     discrete: bool,
     vocab_size: int = 0,
     maps: FeatureMaps | None = None,
-    upper_cfg: TwoStageConfig | None = None,
 ) -> Iterator[TwoStageModel]:
     """The 2SR models of depth 1, 2, …, ``n_layers``, in order (arguments as :func:`multilayer_two_stage`).
 
@@ -838,7 +837,7 @@ def two_stage_depths(
     inputs: Sequence[np.ndarray] = trajectories
     for level in range(n_layers):
         is_first = level == 0
-        lcfg = cfg if is_first else (upper_cfg or upper_layer_config(cfg, level))
+        lcfg = cfg if is_first else upper_layer_config(cfg, level)
         layer = regress_layer(inputs, lcfg, discrete=discrete and is_first,
                                vocab_size=vocab_size if is_first else 0, maps=maps if is_first else None)
         states, mean_z = filter_states(layer, inputs, return_unnormalised_mean=True)

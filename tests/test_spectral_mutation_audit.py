@@ -152,3 +152,16 @@ def test_filter_states_row_t_is_eq5_after_consuming_o_t():
         q = z / np.linalg.norm(z)
         want.append(q)
     np.testing.assert_allclose(states, np.array(want), rtol=0, atol=1e-12)
+
+
+def test_every_upper_layer_draws_its_own_features():
+    """Layers 2 and 3 take seeds of their own (``upper_layer_config``): the same draws at every level would feed
+    each layer's states through the same random features (an earlier ``upper_cfg`` argument did that)."""
+    from pipeline.two_stage import TwoStageConfig, multilayer_two_stage
+
+    rng = np.random.default_rng(0)
+    trajs = [rng.standard_normal((60, 2)) for _ in range(3)]
+    cfg = TwoStageConfig(state_dim=3, obs_dim=3, past_dim=3, n_features=40, past_window=2, future_window=2)
+    layers = multilayer_two_stage(trajs, cfg, n_layers=3, discrete=False).layers
+    offsets = [layer.maps.obs.offsets for layer in layers]
+    assert not np.array_equal(offsets[1], offsets[2]) and not np.array_equal(offsets[0], offsets[1])
