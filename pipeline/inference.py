@@ -698,7 +698,7 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     (``tracking.log_checkpoints: false``) has only the ``mlflow.pytorch`` model, a pickle that runs code when
     loaded: that is used only with ``allow_pickle=True``, for a store you trust."""
     from pipeline.config import project_root
-    from pipeline.tracking import check_run_id, sqlite_path, tracking_uri as default_uri, uri_problem
+    from pipeline.tracking import check_run_id, redacted, sqlite_path, tracking_uri as default_uri, uri_problem
 
     check_run_id(run_id)   # MLflow raises its own exception for "" or "../x", a TypeError for None
 
@@ -713,7 +713,7 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
         else "the default: mlflow.db at the root of the project around the working directory, if any, else in it"
     problem = uri_problem(uri)   # an in-memory database holds no run; a mistyped URL would be taken for a folder
     if problem is not None:
-        raise ValueError(f"{uri} ({where}): {problem}")
+        raise ValueError(f"{redacted(uri)} ({where}): {problem}")
     db = sqlite_path(uri)
     if db is not None and not db.is_file():   # MLflow would create an empty store there and then miss the run
         raise FileNotFoundError(f"{db}: no MLflow store there ({where}); pass tracking_uri= or set "
@@ -724,7 +724,7 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-        raise ValueError(f"MLflow run {run_id}: not found in {uri} ({where}); pass tracking_uri= or set "
+        raise ValueError(f"MLflow run {run_id}: not found in {redacted(uri)} ({where}); pass tracking_uri= or set "
                          "MLFLOW_TRACKING_URI to the store that holds it") from None
     tags = run.data.tags
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,7 +35,9 @@ import logging
 import os
 import re
 import subprocess
+import base64
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -126,11 +128,51 @@ def fluent_tracking_uri(mlflow, uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(before)  # None unsets it
 
 
+def redacted(uri: str) -> str:
+    """``uri`` with the password of its user information (``http://user:secret@host``) shown as ``***``: how
+    messages and logs name a store."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return uri
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{slash}{tail}"
+
+
 def _store_label(uri: str) -> str:
     """How an error names the store: by the variable that chose it, or as the default it is."""
     if os.environ.get("MLFLOW_TRACKING_URI") == uri:
-        return f"MLFLOW_TRACKING_URI={uri}"
-    return f"tracking store {uri} (the default; MLFLOW_TRACKING_URI overrides)"
+        return f"MLFLOW_TRACKING_URI={redacted(uri)}"
+    return f"tracking store {redacted(uri)} (the default; MLFLOW_TRACKING_URI overrides)"
+
+
+def _health_request(uri: str) -> urllib.request.Request:
+    """GET <uri>/health, with the credentials MLflow's client would send: the URI's user information (which
+    urllib, unlike the ``requests`` under MLflow, would take for part of the host name), else
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, else ``MLFLOW_TRACKING_TOKEN``. Raises ValueError
+    for a URL that cannot be parsed (``http://[::1``)."""
+    parts = urllib.parse.urlsplit(uri)
+    host = parts.hostname
+    if not host:
+        raise ValueError("no host name")
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", parts.query, ""))
+    headers = {}
+    user = urllib.parse.unquote(parts.username) if parts.username is not None else None
+    password = urllib.parse.unquote(parts.password or "") if user is not None else None
+    if user is None and os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        user = os.environ["MLFLOW_TRACKING_USERNAME"]
+        password = os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    return urllib.request.Request(url, headers=headers)
 
 
 #: URI schemes MLflow tracks to (its ``TrackingStoreRegistry``); a plain path (no scheme) is its file store
@@ -207,9 +249,13 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     if problem is not None:
         raise TrackingError(f"{_store_label(uri)}: {problem}")
     if uri.startswith(("http://", "https://")):
-        url = uri.rstrip("/") + "/health"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
+            request = _health_request(uri)
+        except ValueError as exc:
+            raise TrackingError(f"{_store_label(uri)}: not a URL that can be read ({exc}); expected "
+                                "http(s)://host:port, e.g. http://127.0.0.1:5000") from None
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
                 status = resp.status
         except urllib.error.HTTPError as exc:
             status = exc.code
@@ -350,7 +396,7 @@ class RunTracker:
             # deleted in the UI: its name stays taken until `mlflow gc`, and MLflow refuses runs in it
             raise TrackingError(
                 f"{_store_label(uri)}: MLflow experiment {experiment!r} (id {exp_id}) is deleted; restore it "
-                f"(MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp_id}), purge it "
+                f"(MLFLOW_TRACKING_URI={redacted(uri)} mlflow experiments restore --experiment-id {exp_id}), purge it "
                 f"(mlflow gc --experiment-ids {exp_id} on the store) or change tracking.experiment_prefix")
         if run_id is not None:
             try:
