@@ -5,7 +5,6 @@ key an override is named by, variant names and their initialisations, the seed e
 belong to, every depth and rank written, each family's bias scale, the KF's own windows and their check."""
 
 import copy
-import re
 
 import numpy as np
 import pytest
@@ -182,8 +181,6 @@ def test_initial_weights_are_those_of_the_run_seed(built):
 
 
 def test_initial_factorized_model_uses_its_seeds_cp_factors(built):
-    import torch
-
     from pipeline.api import initialise_model
     from pipeline.decompose import CPFactors
     from pipeline.io import load_npz
