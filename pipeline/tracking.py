@@ -30,12 +30,12 @@ experiment under an exclusive ``flock`` on the store's folder; later writes use 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
 import re
 import subprocess
-import base64
 import urllib.error
 import urllib.parse
 import urllib.request

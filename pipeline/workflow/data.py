@@ -125,12 +125,18 @@ def _check_lengths(dp: DatasetParams, ds: SequenceDataset, *, kalman: bool = Fal
                   train_ids=(ds.meta.get("trajectory_ids") or {}).get("train"))   # a custom file's own ids
 
 
+def custom_path(dp: DatasetParams, root: Path) -> tuple[Path, Path]:
+    """A custom section's ``source.path`` as written, and the file it names (a relative path is read from the
+    project root)."""
+    path = Path(dp.source["path"])
+    return path, path if path.is_absolute() else root / path
+
+
 def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
     from pipeline.data.custom import load_custom
 
-    src = dict(dp.source)
-    path = Path(src.pop("path"))
-    full = path if path.is_absolute() else root / path
+    src = {k: v for k, v in dp.source.items() if k != "path"}
+    path, full = custom_path(dp, root)
     if full.is_dir():
         raise ValueError(f"{dp.name}.source.path: {path} is a directory; expected a single Parquet file (relative "
                          f"paths are read from the project root {root})")
@@ -175,8 +181,7 @@ def untracked_note(params: Params, root: Path, name: str) -> str | None:
     outside a git repository, for a file outside the project, or where git cannot answer."""
     import subprocess
 
-    path = Path(params.dataset(name).source["path"])
-    full = (path if path.is_absolute() else root / path).resolve()
+    full = custom_path(params.dataset(name), root)[1].resolve()
     try:
         rel = full.relative_to(root.resolve())
     except ValueError:   # outside the project: the copies read it where it is
