@@ -89,3 +89,19 @@ def no_work(monkeypatch):
     for name in ("multilayer_two_stage", "linear_two_stage", "cp_decompose"):
         monkeypatch.setattr(pipeline.api, name, ran)
     monkeypatch.setattr(pipeline.train, "fit", ran)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures ``pipeline.report.write_report`` saves, by file name (still written to disk)."""
+    import pipeline.report as report
+
+    saved = {}
+    real = report._save
+
+    def save(fig, path):
+        saved[Path(path).name] = fig
+        real(fig, path)
+
+    monkeypatch.setattr(report, "_save", save)
+    return saved

@@ -79,51 +79,23 @@ def test_lgssm_mean_predictor_is_the_training_mean() -> None:
 
 # ------------------------------------------------------------------------------------------------------ mocap
 
-ROOT_ASF = """:version 1.10
-:name tilted
-:units
-  mass 1.0
-  length 0.45
-  angle deg
-:root
-   order TX TY TZ RX RY RZ
-   axis XYZ
-   position 0 0 0
-   orientation {orientation}
-:bonedata
-  begin
-     id 1
-     name a
-     direction 1 0 0
-     length 0.45
-     axis 0 0 0 XYZ
-    dof rx ry rz
-    limits (-180 180)
-           (-180 180)
-           (-180 180)
-  end
-:hierarchy
-  begin
-    root a
-  end
-"""
-
-
 def test_root_orientation_is_the_roots_frame(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The ASF root ``orientation`` enters as the root's C (G_root = C·M·C⁻¹), as a bone's axis does; nothing says
     it is ignored (the parser once warned so while using it). rx = 90° about C·x: with C = Rz(90°) that is a
-    rotation of 90° about y, which takes a's end from (1, 0, 0) to (0, 0, −1)."""
+    rotation of 90° about y, which takes the end of bone a (2 in along x) from (2, 0, 0) to (0, 0, −2)."""
     from pipeline.data.mocap import forward_kinematics, parse_amc, parse_asf
+    from test_data_audit import TINY_ASF
 
-    (tmp_path / "m.amc").write_text(":FULLY-SPECIFIED\n:DEGREES\n1\nroot 0 0 0 90 0 0\na 0 0 0\n")
+    (tmp_path / "m.amc").write_text(":FULLY-SPECIFIED\n:DEGREES\n1\nroot 0 0 0 90 0 0\na 0 0 0\nb 0\n")
+    assert "orientation 0 0 0\n" in TINY_ASF
     ends = {}
     for orientation in ("0 0 0", "0 0 90"):
-        (tmp_path / "s.asf").write_text(ROOT_ASF.format(orientation=orientation))
+        (tmp_path / "s.asf").write_text(TINY_ASF.replace("orientation 0 0 0\n", f"orientation {orientation}\n"))
         with caplog.at_level(logging.WARNING, logger="pipeline.data.mocap"):
             pos, _ = forward_kinematics(parse_asf(tmp_path / "s.asf"), parse_amc(tmp_path / "m.amc"))
         ends[orientation] = pos[0, 1]
-    np.testing.assert_allclose(ends["0 0 0"], [1, 0, 0], atol=1e-12)
-    np.testing.assert_allclose(ends["0 0 90"], [0, 0, -1], atol=1e-12)
+    np.testing.assert_allclose(ends["0 0 0"], [2, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(ends["0 0 90"], [0, 0, -2], atol=1e-12)
     assert "ignored" not in caplog.text
 
 

@@ -17,20 +17,21 @@ from pipeline.inference import TrainedRun, forecast_file, predict_file
 from pipeline.train import predict
 
 
-@pytest.fixture(scope="module")
-def dmodel():
-    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=10, n_test=3, length=40, seed=0)
+def _untrained_psrnn(ds):
+    """The 2SR-initialised PSRNN of a small synthetic set, and its test trajectories."""
     fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2,
                        epochs=0, device="cpu")
     return fitted.model, ds.test
+
+
+@pytest.fixture(scope="module")
+def dmodel():
+    return _untrained_psrnn(make_hmm_dataset(n_states=3, n_symbols=4, n_train=10, n_test=3, length=40, seed=0)[0])
 
 
 @pytest.fixture(scope="module")
 def cmodel():
-    ds, _ = make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=3, length=40, seed=0)
-    fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2,
-                       epochs=0, device="cpu")
-    return fitted.model, ds.test
+    return _untrained_psrnn(make_lgssm_dataset(state_dim=2, obs_dim=2, n_train=6, n_test=3, length=40, seed=0)[0])
 
 
 def _write(path, columns):

@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,21 +32,8 @@ from test_report import _table_rows, _write_predictions, _write_run
 # -------------------------------------------------------------------------------------------------------- report
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    saved = {}
-    real = report._save
-
-    def save(fig, path):
-        saved[Path(path).name] = fig
-        real(fig, path)
-
-    monkeypatch.setattr(report, "_save", save)
-    return saved
-
-
 def _no_figures():
-    return {k: False for k in ("fig3a", "fig3b", "fig3c", "fig4a", "fig4b", "per_dataset")}
+    return {k: False for k in report.DEFAULT_FIGURES}
 
 
 def test_rows_are_sorted_by_the_mean_over_seeds_not_by_one_seed(tmp_path):

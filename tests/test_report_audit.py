@@ -17,20 +17,6 @@ from test_report import _write_run
 PTB_RANKS = ["factorized_psrnn_r10", "factorized_psrnn_r20", "factorized_psrnn_r40", "factorized_psrnn_r60"]
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures ``write_report`` saves, by file name (still written to disk)."""
-    saved = {}
-    real = report._save
-
-    def save(fig, path):
-        saved[Path(path).name] = fig
-        real(fig, path)
-
-    monkeypatch.setattr(report, "_save", save)
-    return saved
-
-
 def _lines(ax) -> dict[str, object]:
     return {line.get_label(): line for line in ax.get_lines()}
 
