@@ -205,7 +205,9 @@ class DatasetParams:
 
     @property
     def ranks(self) -> list[int]:
-        return sorted({v.rank for v in self.variants if v.rank is not None})
+        """The CP ranks the decompose stage computes: those of the 2SR-initialised factorized variants (a
+        ``_random`` one draws its factors and reads no decomposition)."""
+        return sorted({v.rank for v in self.variants if v.rank is not None and v.init == "2sr"})
 
     def train_config(self, variant_name: str) -> TrainConfig:
         """The training settings of one variant: ``train`` with that variant's ``train.overrides`` applied."""
@@ -223,6 +225,19 @@ class DatasetParams:
         if name in self.overridden.get(variant_name, ()):
             return f"{self.train_key(variant_name)}.{name}"
         return f"{self.train_key()}.{name}"
+
+    def check_valid_monitor(self, where: str, variants: typing.Iterable[str] | None = None) -> None:
+        """Refuse ``monitor: valid`` on data without a validation split (``where``: what has none, the dataset's
+        name or its file), naming the key that sets it for the first of ``variants`` (default: all) trained so.
+        The params alone decide it for the built-in sets; a custom file's own split column only once it is read."""
+        names = [v.name for v in self.variants] if variants is None else list(variants)
+        wanting = [v for v in names if self.train_config(v).monitor == "valid"]
+        if not wanting:
+            return
+        hint = (f"{self.name}.source.valid_fraction > 0 or 'valid' rows in its split column" if is_custom(self.name)
+                else f"{self.name}.source.n_valid > 0" if self.name in ("hmm", "lgssm") else "")
+        raise ParamsError(f"{self.setting_key(wanting[0], 'monitor')}: 'valid', but {where} has no validation split; "
+                          "expected 'auto', 'train' or 'test'" + (f" (or {hint})" if hint else ""))
 
     def unused_spectral_work(self) -> list[str]:
         """What the two_stage stage learns that no variant uses (not an error: it costs time only)."""
@@ -1103,11 +1118,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
                            layers=layers, train_overrides=train_overrides,
                            overridden={v: frozenset(c) for v, c in overrides.items()})
         if _has_valid(name, src) is False:
-            for tkey, tcfg in dp.train_configs():
-                if tcfg.monitor == "valid":
-                    hint = f" (or {key}.source.n_valid > 0)" if name in ("hmm", "lgssm") else ""
-                    raise ParamsError(f"{tkey}.monitor: 'valid', but {name} has no validation split; expected "
-                                      f"'auto' (train), 'train' or 'test'{hint}")
+            dp.check_valid_monitor(name)
         deltas = [v.name for v in variants if v.delta]
         if dp.discrete and deltas:
             raise ParamsError(f"{key}.variants: {brief_list(deltas)}: _delta predicts the change of a continuous "

@@ -28,6 +28,16 @@ def test_default_and_tiny_params_are_valid(defaults):
     load_params(ROOT / "tests" / "fixtures" / "tiny_params.yaml")
 
 
+def test_cp_ranks_are_those_of_the_2sr_initialised_factorized_variants(defaults):
+    """A factorized variant initialised at random draws its factors: the decompose stage computes no CP for it."""
+    raw = copy.deepcopy(defaults)
+    raw["hmm"]["variants"] = ["psrnn", "factorized_psrnn_r5", "factorized_psrnn_r5_random", "factorized_psrnn_r7_random",
+                              "factorized_psrnn_r3"]
+    assert parse_params(raw).dataset("hmm").ranks == [3, 5]
+    raw["hmm"]["variants"] = ["psrnn", "factorized_psrnn_r7_random"]
+    assert parse_params(raw).dataset("hmm").ranks == []
+
+
 @pytest.mark.parametrize("mutate, key", [
     (lambda p: p["ptb"]["train"].update(lrr=1.0), r"ptb\.train\.lrr: unknown key"),
     (lambda p: p.update(swimer={}), r"swimer: unknown key"),

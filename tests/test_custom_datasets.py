@@ -154,8 +154,9 @@ def test_check_refuses_monitoring_a_validation_split_the_file_does_not_give(tmp_
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "psrnn check: error: custom.train.overrides.kf.monitor: 'valid', but examples/custom_series.parquet gives no "
-        "validation split; expected custom.source.valid_fraction > 0 or 'valid' rows in its split column")
+        "psrnn check: error: custom.train.overrides.kf.monitor: 'valid', but examples/custom_series.parquet has no "
+        "validation split; expected 'auto', 'train' or 'test' (or custom.source.valid_fraction > 0 or 'valid' rows "
+        "in its split column)")
     raw["custom"]["source"]["valid_fraction"] = 0.2
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0

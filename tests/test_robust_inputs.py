@@ -167,8 +167,7 @@ def test_decompose_stage_names_dataset_seed_variants_and_tensor(tmp_path, monkey
     assert str(err.value) == (
         "decompose hmm seed 1: CP rank 5 of a tensor of shape (10, 6, 10): the tensor is all zero; expected a "
         "non-zero tensor (check the 2SR that made it: kernel widths, ridge) (the layer-1 2SR tensor "
-        f"{tmp_path / 'artifacts' / 'hmm' / 's1' / '2sr' / 'L1.npz'}, for factorized_psrnn_r5, "
-        "factorized_psrnn_r5_random)")
+        f"{tmp_path / 'artifacts' / 'hmm' / 's1' / '2sr' / 'L1.npz'}, for factorized_psrnn_r5)")
 
 
 def test_decompose_stage_of_a_2x2x2_tensor_at_rank_5(tmp_path, defaults):

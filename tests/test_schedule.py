@@ -285,6 +285,11 @@ def test_synthetic_sets_draw_a_validation_split_after_train_and_test(defaults):
     with pytest.raises(ParamsError, match=r"^hmm\.train\.monitor: 'valid', but hmm has no validation split; .*"
                                           r"\(or hmm\.source\.n_valid > 0\)"):
         parse_params(p)
+    # an override that leaves monitor as train sets it: the key named is train's, which sets it
+    p["hmm"]["train"]["overrides"] = {"psrnn": {"lr": 0.1}}
+    with pytest.raises(ParamsError, match=r"^hmm\.train\.monitor: 'valid', but hmm has no validation split"):
+        parse_params(p)
+    del p["hmm"]["train"]["overrides"]
     p["hmm"]["source"]["n_valid"] = 10
     p["lgssm"]["train"]["patience"] = 2
     p["lgssm"]["source"]["n_valid"] = 5

@@ -168,10 +168,7 @@ def check_custom(params: Params, root: Path, name: str = "custom") -> tuple[str,
     ds = _load_custom(dp, root)
     _check_data(dp, ds)
     if not ds.valid:
-        for key, cfg in dp.train_configs():
-            if cfg.monitor == "valid":
-                raise ParamsError(f"{key}.monitor: 'valid', but {dp.source['path']} gives no validation split; "
-                                  f"expected {name}.source.valid_fraction > 0 or 'valid' rows in its split column")
+        dp.check_valid_monitor(str(dp.source["path"]))
     return _summary(name, dp.source["path"], ds), bool(ds.valid)
 
 

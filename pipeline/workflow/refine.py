@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import Params, ParamsError, is_custom
+from pipeline.config import Params
 from pipeline.io import read_json, write_json, write_text
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
@@ -125,15 +125,11 @@ def check_devices(dp, variants: list[str]) -> None:
 def _check_monitors(root: Path, dp, variants: list[str]) -> None:
     """``monitor: valid`` needs a validation split, which a custom file's data alone say (a split column,
     ``valid_fraction``): refused before any run, naming the key that set it, not after the variants before."""
-    wanting = [v for v in variants if dp.train_config(v).monitor == "valid"]
-    if not wanting or not prepared_path(root, dp.name).is_file():
+    if not any(dp.train_config(v).monitor == "valid" for v in variants):
         return
-    if load_prepared(root, dp.name).valid:
+    if not prepared_path(root, dp.name).is_file() or load_prepared(root, dp.name).valid:
         return
-    hint = (f"{dp.name}.source.valid_fraction > 0 or 'valid' rows in its split column" if is_custom(dp.name)
-            else f"{dp.name}.source.n_valid > 0" if dp.name in ("hmm", "lgssm") else "")
-    raise ParamsError(f"{dp.setting_key(wanting[0], 'monitor')}: 'valid', but {prepared_path(root, dp.name)} has no "
-                      f"validation split; expected 'auto', 'train' or 'test'" + (f" (or {hint})" if hint else ""))
+    dp.check_valid_monitor(str(prepared_path(root, dp.name)), variants)
 
 
 def _note_unlisted_runs(root: Path, dataset: str, variants: list[str], seeds: list[int]) -> None:

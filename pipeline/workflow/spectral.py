@@ -135,7 +135,7 @@ def decompose(params: Params, root: Path, dataset: str, seed: int) -> Path:
         try:
             f = cp_decompose(W, rank, seed=seed)
         except ValueError as exc:   # a NaN/Inf, all-zero or degenerate tensor: which dataset, seed and variants
-            users = ", ".join(v.name for v in dp.variants if v.rank == rank)
+            users = ", ".join(v.name for v in dp.variants if v.rank == rank and v.init == "2sr")
             raise ValueError(f"decompose {dataset} seed {seed}: {exc} (the layer-1 2SR tensor "
                              f"{artifact_dir(root, dataset, seed) / '2sr' / 'L1.npz'}, for {users})") from None
         save_npz(out / f"r{rank}.npz", f.as_dict(), meta={"rank": rank, "relative_error": f.relative_error,
