@@ -96,6 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
     d = command("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "
                                            "shipped preprocess_custom, renamed); append it with >> dvc.yaml")
     d.add_argument("name", help="the dataset: custom_<name>, a section of params.yaml")
+    d = command("compare", help="compare a report summary (default: reports/summary.json) with a reference "
+                                "snapshot (default: docs/reference/default), number by number; not a DVC stage")
+    d.add_argument("summary", nargs="?", default=None,
+                   help="the summary.json to check, or a folder holding one (default: <project root>/reports/"
+                        "summary.json)")
+    d.add_argument("--reference", default=None,
+                   help="the summary to compare with: a file, a folder holding summary.json, or the name of a "
+                        "snapshot in docs/reference/ (default, continuous-lr, ptb-40-epochs; default: default)")
+    d.add_argument("--rtol", type=float, default=None,
+                   help="relative difference up to which two numbers are 'close' (default 1e-3: how far the epoch-0 "
+                        "metrics moved between two CPUs)")
+    d.add_argument("--all", action="store_true", dest="show_all",
+                   help="list every number compared (default: those that are not the same)")
+    d.add_argument("--check", action="store_true",
+                   help="exit with status 1 when a number differs beyond its seed spread or a variant is on one "
+                        "side only (default: 0 whatever the verdicts)")
     for name, text, out in (
             ("predict", "one-step predictions of a trained run on new trajectories (a Parquet file in the schema "
                         "of a custom dataset); not a DVC stage",
@@ -197,6 +213,8 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
     from pipeline.config import ParamsError, load_params
 
     try:
+        if args.stage == "compare":   # two JSON files: no params.yaml needed
+            return _compare(args, root)
         if not params_path.exists():
             raise ParamsError(f"{params_path}: params file not found; expected to run inside a project (or give "
                               "--root DIR or --params FILE)")
@@ -221,6 +239,23 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
             raise
         print(f"psrnn {args.stage}: error: {one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _compare(args: argparse.Namespace, root: Path) -> int:
+    from pipeline.compare import compare_summaries, format_comparison, load_summary, resolve_summary
+
+    ours = resolve_summary(args.summary, root, reference=False)
+    reference = resolve_summary(args.reference, root, reference=True)
+    rtol = {} if args.rtol is None else {"rtol": args.rtol}
+    result = compare_summaries(load_summary(ours), load_summary(reference), **rtol)
+
+    def shown(path: Path) -> str:   # relative to the project where it is inside, as a user would type it
+        try:
+            return str(path.resolve().relative_to(root))
+        except ValueError:
+            return str(path)
+    print(format_comparison(result, shown(ours), shown(reference), show_all=args.show_all), end="")
+    return 1 if args.check and not result.agrees else 0
 
 
 def _debug(args: argparse.Namespace) -> bool:

@@ -1,0 +1,215 @@
+"""``psrnn compare``: the numbers of one report summary against another's, e.g. your ``reports/summary.json``
+against a reference snapshot in ``docs/reference/`` (README, "Reference results"), with a verdict per number.
+
+A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: number}}}``
+(:func:`pipeline.report.summary`). Every number two summaries share is compared, and gets one of:
+
+* ``same``: equal to :data:`SAME_RTOL` relative. On one machine a rerun gives every number to the last digit, and
+  on another CPU the baselines trained in torch agree to ~1e-8.
+* ``close``: equal to ``rtol`` relative (default :data:`CLOSE_RTOL`). The C recurrence is built for the CPU it runs
+  on (``-march=native``) and rounds as its vector width does, which moved the epoch-0 metrics of the
+  2SR-initialised models by up to 5e-4 relative between an Intel Xeon and an AMD EPYC (one more PTB character
+  predicted right in 124774 is 8e-6 of the accuracy).
+* ``within spread``: a final test metric whose two means differ by more, but by no more than the sum of their seed
+  standard deviations (each mean ± its std reaches the other): the most a run on another CPU can be held to where
+  SGD amplifies rounding (the factorized PSRNNs; the 2SR-initialised models on the continuous sets at lr 1).
+* ``differs``: anything else, including a parameter count, a seed count, a Bayes-optimal value or a naive
+  predictor's metric (the data or the model are not the same) that is not equal.
+
+A variant or dataset in one summary only is listed as such. Derived numbers (``gap_*``, the difference of a
+final metric and the Bayes-optimal value) and the standard deviations themselves are not compared on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+#: the relative difference below which two numbers are the same (cross-CPU rounding of the epoch-0 metrics is
+#: ~1e-5 at most, 1e-8 for the baselines: 1e-6 separates a rerun on another CPU from a change that moved a number)
+SAME_RTOL = 1e-6
+#: the default relative difference of a ``close`` number: cross-CPU rounding of the epoch-0 metrics (README,
+#: "Reference results")
+CLOSE_RTOL = 1e-3
+VERDICTS = ("same", "close", "within spread", "differs", "only ours", "only reference")
+#: the reference snapshots a bare name stands for: ``docs/reference/<name>/summary.json`` of the project
+REFERENCE_DIR = Path("docs") / "reference"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One number of a (dataset, variant) row in the two summaries (None: missing on that side)."""
+    dataset: str
+    variant: str
+    key: str
+    ours: float | None
+    reference: float | None
+    verdict: str
+    ours_std: float | None = None
+    reference_std: float | None = None
+
+    @property
+    def relative(self) -> float | None:
+        """(ours - reference) / |reference|; None where either is missing or the reference is 0."""
+        if self.ours is None or self.reference is None or self.reference == 0:
+            return None
+        return (self.ours - self.reference) / abs(self.reference)
+
+
+@dataclass
+class SummaryComparison:
+    rows: list[Comparison]
+    only_ours: list[str]          # datasets in our summary only
+    only_reference: list[str]     # datasets in the reference only
+
+    def counts(self) -> dict[str, int]:
+        return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
+
+    @property
+    def agrees(self) -> bool:
+        """Every shared number same, close or within spread, every variant of a shared dataset on both sides."""
+        return all(r.verdict in ("same", "close", "within spread") for r in self.rows)
+
+
+def resolve_summary(value: str | Path | None, root: Path, *, reference: bool) -> Path:
+    """The summary file ``value`` names: a file; a folder holding ``summary.json``; for the reference also the name
+    of a snapshot in ``docs/reference/`` (``default``, ``continuous-lr``, ...). None: the project's
+    ``reports/summary.json`` (ours) or ``docs/reference/default/summary.json`` (the reference)."""
+    if value is None:
+        return root / (REFERENCE_DIR / "default" if reference else Path("reports")) / "summary.json"
+    path = Path(value)
+    if path.is_dir():
+        return path / "summary.json"
+    if path.exists() or not reference or len(path.parts) != 1:
+        return path
+    named = root / REFERENCE_DIR / path / "summary.json"
+    if named.is_file():
+        return named
+    have = sorted(p.parent.name for p in (root / REFERENCE_DIR).glob("*/summary.json"))
+    raise FileNotFoundError(f"{value}: no such summary file, nor a reference snapshot {root / REFERENCE_DIR / path}; "
+                            f"expected a summary.json path or one of: {', '.join(have) if have else 'none found'}")
+
+
+def load_summary(path: Path) -> dict[str, dict[str, dict[str, float | None]]]:
+    """A summary file, checked to be ``{dataset: {variant: {key: number or null}}}``; a missing or malformed file
+    is a one-line error naming it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: file not found; expected the report stage's summary.json (run `dvc repro`, "
+                                "or name a file)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    expected = "expected {dataset: {variant: {key: number}}}, as the report stage's summary.json"
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__}, not an object; {expected}")
+    for ds, variants in data.items():
+        if not isinstance(variants, dict):
+            raise ValueError(f"{path}: {ds} is a JSON {type(variants).__name__}, not an object; {expected}")
+        for v, row in variants.items():
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: {ds}.{v} is a JSON {type(row).__name__}, not an object; {expected}")
+            for key, value in row.items():
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                    raise ValueError(f"{path}: {ds}.{v}.{key} is {value!r}, not a number; {expected}")
+    return data
+
+
+def _within(a: float, b: float, rtol: float) -> bool:
+    if a == b:
+        return True
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    return abs(a - b) <= rtol * max(abs(a), abs(b))
+
+
+def _compared_keys(ours: Mapping[str, Any], ref: Mapping[str, Any]) -> list[str]:
+    keys = set(ours) | set(ref)
+    return sorted((k for k in keys if not (k.endswith("_std") or k.startswith("gap_"))),
+                  key=lambda k: (k != "seeds" and not k.startswith("test_"), k.startswith("init_"), k))
+
+
+def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, Any],
+         rtol: float) -> list[Comparison]:
+    out = []
+    for key in _compared_keys(ours, ref):
+        if key.endswith("_finite"):   # absent: every seed finite
+            a, b = ours.get(key, ours.get("seeds")), ref.get(key, ref.get("seeds"))
+        else:
+            a, b = ours.get(key), ref.get(key)
+        sa, sb = ours.get(f"{key}_std"), ref.get(f"{key}_std")
+        if a is None and b is None:
+            continue
+        if a is None or b is None:
+            verdict = "differs"
+        elif _within(float(a), float(b), SAME_RTOL):
+            verdict = "same"
+        elif _within(float(a), float(b), rtol):
+            verdict = "close"
+        elif f"{key}_std" in ours or f"{key}_std" in ref:   # a metric over seeds: its spread is the yardstick
+            spread = (sa or 0.0) + (sb or 0.0)
+            verdict = "within spread" if spread > 0 and abs(a - b) <= spread else "differs"
+        else:
+            verdict = "differs"
+        out.append(Comparison(dataset, variant, key, a, b, verdict, sa, sb))
+    return out
+
+
+def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                      reference: Mapping[str, Mapping[str, Mapping[str, Any]]], *,
+                      rtol: float = CLOSE_RTOL) -> SummaryComparison:
+    """Every number of the datasets both summaries hold; a variant in one of them only is one row (key ``-``).
+    ``rtol``: the relative difference up to which two numbers are ``close`` (>= :data:`SAME_RTOL`)."""
+    if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and SAME_RTOL <= rtol < 1):
+        raise ValueError(f"rtol {rtol!r}: expected a number from {SAME_RTOL:g} (same) to below 1")
+    rows: list[Comparison] = []
+    for ds in sorted(set(ours) & set(reference)):
+        for v in sorted(set(ours[ds]) | set(reference[ds])):
+            if v not in reference[ds]:
+                rows.append(Comparison(ds, v, "-", None, None, "only ours"))
+            elif v not in ours[ds]:
+                rows.append(Comparison(ds, v, "-", None, None, "only reference"))
+            else:
+                rows.extend(_row(ds, v, ours[ds][v], reference[ds][v], rtol))
+    return SummaryComparison(rows, sorted(set(ours) - set(reference)), sorted(set(reference) - set(ours)))
+
+
+def _number(value: float | None, std: float | None) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.6g}"
+    return text + (f" ± {std:.2g}" if std is not None else "")
+
+
+def format_comparison(result: SummaryComparison, ours: str, reference: str, *, show_all: bool = False) -> str:
+    """The comparison as text: a header, a table of the numbers that are not the same (``show_all``: of every
+    number) and a line of counts."""
+    lines = [f"{ours} against {reference}"]
+    shown = [r for r in result.rows if show_all or r.verdict != "same"]
+    if shown:
+        cells = [("dataset", "variant", "number", "ours", "reference", "rel. diff", "verdict")]
+        for r in shown:
+            rel = r.relative
+            cells.append((r.dataset, r.variant, r.key, _number(r.ours, r.ours_std),
+                          _number(r.reference, r.reference_std), "-" if rel is None else f"{rel:+.1e}", r.verdict))
+        widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+        for c in cells:
+            lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
+    counts = result.counts()
+    n = sum(1 for r in result.rows if r.key != "-")
+    summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS[:4])
+    variants = [f"{counts[v]} variant(s) {v}" for v in VERDICTS[4:] if counts[v]]
+    if variants:
+        summary += "; " + ", ".join(variants)
+    if result.only_ours:
+        summary += f"; datasets only in ours: {', '.join(result.only_ours)}"
+    if result.only_reference:
+        summary += f"; datasets only in the reference: {', '.join(result.only_reference)}"
+    if not result.rows:
+        summary += " (the two summaries share no dataset)"
+    lines.append(summary)
+    return "\n".join(lines) + "\n"

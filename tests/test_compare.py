@@ -1,0 +1,169 @@
+"""psrnn compare: a report summary against a reference, number by number."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import cli
+from pipeline.compare import compare_summaries, format_comparison, load_summary, resolve_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs" / "reference"
+
+BASE = {
+    "hmm": {
+        "psrnn": {"seeds": 2, "test_bpc": 2.0, "test_bpc_std": 0.01, "init_test_bpc": 2.5, "n_params": 100,
+                  "optimal_bpc": 1.8, "gap_bpc": 0.2},
+        "lstm": {"seeds": 2, "test_bpc": 1.9, "test_bpc_std": 0.02, "init_test_bpc": 2.6, "n_params": 50},
+        "naive_unigram": {"test_bpc": 2.3},
+    },
+    "swimmer": {"kf": {"seeds": 2, "test_mse": 0.5, "test_mse_std": None, "init_test_mse": 0.7, "n_params": 9}},
+}
+
+
+def _verdicts(result):
+    return {(r.dataset, r.variant, r.key): r.verdict for r in result.rows}
+
+
+def test_a_summary_against_itself_is_the_same_number_for_number():
+    result = compare_summaries(BASE, copy.deepcopy(BASE))
+    assert set(_verdicts(result).values()) == {"same"} and result.agrees
+    # the stds and the gap (derived) are not numbers of their own; seeds, optimal and n_params are
+    assert sorted(k for d, v, k in _verdicts(result) if v == "psrnn") == [
+        "init_test_bpc", "n_params", "optimal_bpc", "seeds", "test_bpc"]
+    assert result.counts()["same"] == 5 + 4 + 1 + 4
+
+
+def test_each_verdict_at_its_bound():
+    ours = copy.deepcopy(BASE)
+    ours["hmm"]["psrnn"]["init_test_bpc"] = 2.5 * (1 + 5e-7)           # same (<= 1e-6 relative)
+    ours["hmm"]["lstm"]["init_test_bpc"] = 2.6 * (1 + 5e-4)            # close (<= 1e-3)
+    ours["hmm"]["psrnn"]["test_bpc"] = 2.0 + 0.029                     # within the spread 0.01 + 0.02
+    ours["hmm"]["psrnn"]["test_bpc_std"] = 0.02
+    ours["hmm"]["lstm"]["test_bpc"] = 1.9 + 0.041                      # beyond 0.02 + 0.02
+    ours["hmm"]["naive_unigram"]["test_bpc"] = 2.31                    # no spread: a 4e-3 move differs
+    ours["swimmer"]["kf"]["test_mse"] = 0.6                            # std null on both sides: no spread
+    ours["hmm"]["psrnn"]["n_params"] = 101
+    result = compare_summaries(ours, BASE)
+    v = _verdicts(result)
+    assert v["hmm", "psrnn", "init_test_bpc"] == "same"
+    assert v["hmm", "lstm", "init_test_bpc"] == "close"
+    assert v["hmm", "psrnn", "test_bpc"] == "within spread"
+    assert v["hmm", "lstm", "test_bpc"] == "differs"
+    assert v["hmm", "naive_unigram", "test_bpc"] == "differs"
+    assert v["swimmer", "kf", "test_mse"] == "differs"
+    assert v["hmm", "psrnn", "n_params"] == "differs"
+    assert not result.agrees
+    row = next(r for r in result.rows if r.key == "test_bpc" and r.variant == "psrnn")
+    assert (row.ours, row.reference, row.ours_std, row.reference_std) == (2.029, 2.0, 0.02, 0.01)
+    assert row.relative == pytest.approx(0.0145)
+    # a looser rtol makes the 4e-3 move of the naive predictor close, never the model change
+    v = _verdicts(compare_summaries(ours, BASE, rtol=5e-3))
+    assert v["hmm", "naive_unigram", "test_bpc"] == "close" and v["hmm", "psrnn", "n_params"] == "differs"
+    for bad in (0.0, 1e-7, 1.0, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match=r"^rtol .*: expected a number from 1e-06 \(same\) to below 1$"):
+            compare_summaries(ours, BASE, rtol=bad)
+
+
+def test_one_sided_variants_datasets_and_numbers():
+    ours = copy.deepcopy(BASE)
+    del ours["hmm"]["lstm"]
+    ours["hmm"]["gru"] = {"seeds": 1, "test_bpc": 1.95, "test_bpc_std": None}
+    del ours["swimmer"]
+    ours["mocap"] = {"psrnn": {"seeds": 1, "test_mse": 0.3}}
+    ours["hmm"]["psrnn"]["test_bpc_finite"] = 1          # one of its two seeds gave NaN
+    ours["hmm"]["psrnn"]["seeds"] = 2
+    del ours["hmm"]["psrnn"]["optimal_bpc"]
+    result = compare_summaries(ours, BASE)
+    v = _verdicts(result)
+    assert v["hmm", "lstm", "-"] == "only reference" and v["hmm", "gru", "-"] == "only ours"
+    assert v["hmm", "psrnn", "test_bpc_finite"] == "differs"       # 1 against the reference's 2 (all finite)
+    assert v["hmm", "psrnn", "optimal_bpc"] == "differs"           # missing on our side
+    assert (result.only_ours, result.only_reference) == (["mocap"], ["swimmer"])
+    text = format_comparison(result, "ours.json", "ref.json")
+    assert text.splitlines()[0] == "ours.json against ref.json"
+    assert text.splitlines()[-1] == ("7 numbers compared: 5 same, 0 close, 0 within spread, 2 differs; 1 variant(s) "
+                                     "only ours, 1 variant(s) only reference; datasets only in ours: mocap; "
+                                     "datasets only in the reference: swimmer")
+    header, *rows = text.splitlines()[1:-1]
+    assert header.split() == ["dataset", "variant", "number", "ours", "reference", "rel.", "diff", "verdict"]
+    assert [r.split()[:3] for r in rows] == [["hmm", "gru", "-"], ["hmm", "lstm", "-"],
+                                            ["hmm", "psrnn", "test_bpc_finite"], ["hmm", "psrnn", "optimal_bpc"]]
+    assert rows[3].split()[3:] == ["-", "1.8", "-", "differs"]
+    assert len(format_comparison(result, "a", "b", show_all=True).splitlines()) == 2 + len(result.rows) + 1
+
+
+def test_the_shipped_snapshots_differ_only_where_the_override_retrains():
+    """docs/reference/continuous-lr is the default run followed by the README's override, which retrains some
+    variants of Swimmer, Handwriting and Mocap at other learning rates: every other number of the two snapshots,
+    the epoch-0 metrics of every model included, is the same."""
+    retrained = {"swimmer": {"psrnn", "kf", "psrnn_2layer", "factorized_psrnn_r10", "factorized_psrnn_r40"},
+                 "handwriting": {"psrnn", "kf", "psrnn_2layer", "factorized_psrnn_r40"},
+                 "mocap": {"kf", "factorized_psrnn_r10"}}
+    result = compare_summaries(load_summary(REFERENCE / "continuous-lr" / "summary.json"),
+                               load_summary(REFERENCE / "default" / "summary.json"))
+    assert result.only_ours == result.only_reference == []
+    moved = {(r.dataset, r.variant) for r in result.rows if r.verdict != "same"}
+    assert {(r.dataset, r.variant, r.key) for r in result.rows if r.verdict != "same"} == {
+        (d, v, "test_mse") for d, v in moved}
+    assert moved and all(v in retrained.get(d, ()) for d, v in moved), moved
+
+
+def test_load_summary_names_the_file_and_what_is_wrong(tmp_path):
+    path = tmp_path / "summary.json"
+    with pytest.raises(FileNotFoundError, match=rf"^{path}: file not found; expected the report stage's summary"):
+        load_summary(path)
+    for text, message in (
+            ("{", r"not valid JSON \(Expecting property name"),
+            ("[1, 2]", r"a JSON list, not an object; expected \{dataset: \{variant: \{key: number\}\}\}"),
+            ('{"hmm": 3}', r"hmm is a JSON int, not an object"),
+            ('{"hmm": {"psrnn": [1]}}', r"hmm\.psrnn is a JSON list, not an object"),
+            ('{"hmm": {"psrnn": {"test_bpc": "2.0"}}}', r"hmm\.psrnn\.test_bpc is '2\.0', not a number"),
+            ('{"hmm": {"psrnn": {"seeds": true}}}', r"hmm\.psrnn\.seeds is True, not a number")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=rf"^{path}: {message}"):
+            load_summary(path)
+    path.write_text('{"hmm": {"psrnn": {"test_bpc": 2.0, "test_bpc_std": null}}}')
+    assert load_summary(path) == {"hmm": {"psrnn": {"test_bpc": 2.0, "test_bpc_std": None}}}
+
+
+def test_resolve_summary_defaults_folders_and_snapshot_names(tmp_path):
+    assert resolve_summary(None, ROOT, reference=False) == ROOT / "reports" / "summary.json"
+    assert resolve_summary(None, ROOT, reference=True) == REFERENCE / "default" / "summary.json"
+    assert resolve_summary("continuous-lr", ROOT, reference=True) == REFERENCE / "continuous-lr" / "summary.json"
+    assert resolve_summary(str(tmp_path), ROOT, reference=False) == tmp_path / "summary.json"
+    assert resolve_summary("mine.json", ROOT, reference=False) == Path("mine.json")   # ours: never a snapshot
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_summary("continuous_lr", ROOT, reference=True)
+    assert str(err.value) == (f"continuous_lr: no such summary file, nor a reference snapshot "
+                              f"{REFERENCE / 'continuous_lr'}; expected a summary.json path or one of: "
+                              "continuous-lr, default, ptb-40-epochs")
+
+
+def test_cli_compare_prints_the_table_and_checks(tmp_path, capsys):
+    """The command needs no params.yaml (it reads two JSON files); --check turns a difference into status 1."""
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(BASE))
+    ours = copy.deepcopy(BASE)
+    ours["hmm"]["lstm"]["test_bpc"] = 2.5
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "summary.json").write_text(json.dumps(ours))
+    assert cli.main(["--root", str(tmp_path), "compare", "--reference", str(ref)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "reports/summary.json against ref.json"   # paths inside the project: relative to it
+    assert out[2].split() == ["hmm", "lstm", "test_bpc", "2.5", "±", "0.02", "1.9", "±", "0.02", "+3.2e-01",
+                              "differs"]
+    assert out[-1] == "14 numbers compared: 13 same, 0 close, 0 within spread, 1 differs"
+    assert cli.main(["--root", str(tmp_path), "compare", "--reference", str(ref), "--check"]) == 1
+    capsys.readouterr()
+    assert cli.main(["--root", str(tmp_path), "compare", str(ref), "--reference", str(ref), "--check"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "14 numbers compared: 14 same, 0 close, 0 within spread, 0 differs"]
+    assert cli.main(["--root", str(tmp_path), "compare", "--reference", str(ref), "--rtol", "0.5", "--check"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--root", str(tmp_path), "compare", str(tmp_path / "none.json"), "--reference", str(ref)]) == 1
+    assert capsys.readouterr().err.strip() == (f"psrnn compare: error: {tmp_path / 'none.json'}: file not found; "
+                                               "expected the report stage's summary.json (run `dvc repro`, or name "
+                                               "a file)")
