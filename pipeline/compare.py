@@ -120,7 +120,7 @@ def load_summary(path: Path) -> dict[str, dict[str, dict[str, float | None]]]:
 
 
 def _within(a: float, b: float, rtol: float) -> bool:
-    if a == b:
+    if a == b or (math.isnan(a) and math.isnan(b)):   # JSON read by Python takes NaN: a diverged run on both sides
         return True
     if not (math.isfinite(a) and math.isfinite(b)):
         return False

@@ -127,6 +127,13 @@ def test_load_summary_names_the_file_and_what_is_wrong(tmp_path):
             load_summary(path)
     path.write_text('{"hmm": {"psrnn": {"test_bpc": 2.0, "test_bpc_std": null}}}')
     assert load_summary(path) == {"hmm": {"psrnn": {"test_bpc": 2.0, "test_bpc_std": None}}}
+    # Python's JSON takes NaN and Infinity: NaN on both sides is the same, NaN against a number differs
+    path.write_text('{"hmm": {"psrnn": {"test_bpc": NaN, "init_test_bpc": Infinity, "n_params": 3}}}')
+    other = tmp_path / "other.json"
+    other.write_text('{"hmm": {"psrnn": {"test_bpc": NaN, "init_test_bpc": 2.0, "n_params": 3}}}')
+    v = _verdicts(compare_summaries(load_summary(path), load_summary(other)))
+    assert v == {("hmm", "psrnn", "test_bpc"): "same", ("hmm", "psrnn", "init_test_bpc"): "differs",
+                 ("hmm", "psrnn", "n_params"): "same"}
 
 
 def test_resolve_summary_defaults_folders_and_snapshot_names(tmp_path):
