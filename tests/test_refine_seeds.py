@@ -670,6 +670,35 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
     initialise.initialise(params, root, "hmm", 0)
 
 
+def test_initialise_refuses_a_kalman_filter_learned_with_other_kf_params(tmp_path, clean_env):
+    """kf.state_dim changed without the two_stage stage, which learns the KF: initialise built a filter of the old
+    size from the old kf.npz, without a word."""
+    raw = copy.deepcopy(PARAMS)
+    raw["lgssm"] = {
+        "source": {"state_dim": 2, "obs_dim": 2, "n_train": 6, "n_test": 2, "length": 40, "seed": 0},
+        "two_stage": {"n_features": 32, "state_dim": 3, "obs_dim": 3, "past_dim": 3, "past_window": 2,
+                      "future_window": 2},
+        "kf": {"state_dim": 2, "past_window": 3, "future_window": 3, "ridge": 0.001},
+        "variants": ["kf"],
+        "model": {"psrnn_bias_scale": 0.0, "factorized_bias_scale": 0.1},
+        "train": {"epochs": 1, "lr": 0.1, "clip": 0.25, "bptt": 0, "batch_size": 2, "device": "cpu"},
+    }
+    del raw["hmm"]
+    params = _write_params(tmp_path, raw)
+    data.prepare(params, tmp_path, "lgssm")
+    spectral.features(params, tmp_path, "lgssm", 0)
+    spectral.two_stage(params, tmp_path, "lgssm", 0)
+    initialise.initialise(params, tmp_path, "lgssm", 0)
+    raw["lgssm"]["kf"]["state_dim"] = 3
+    params = _write_params(tmp_path, raw)
+    with pytest.raises(ValueError, match=r"2sr/kf\.npz: learned with lgssm\.kf\.state_dim=2, but params\.yaml now "
+                                         r"says 3; run the two_stage stage first \(psrnn two_stage lgssm 0\)$"):
+        initialise.initialise(params, tmp_path, "lgssm", 0)
+    spectral.two_stage(params, tmp_path, "lgssm", 0)
+    model, _ = initialise.initial_model(params, tmp_path, "lgssm", "kf", 0)
+    assert model.config.state_dim == 3
+
+
 def test_the_resumable_fingerprint_leaves_out_what_fit_resumes_with(tmp_path, clean_env):
     """A run stopped on train.max_loss is resumed by raising it ("the last good checkpoint is kept"): the resumable
     fingerprint leaves out every key fit resumes with (epochs, device, eval_train, max_loss); any other retrains."""

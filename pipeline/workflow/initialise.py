@@ -41,7 +41,7 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
     from pipeline.api import initialise_model
     from pipeline.decompose import CPFactors
     from pipeline.two_stage import LinearStateSpace
-    from pipeline.workflow.spectral import load_two_stage, tensor_digest
+    from pipeline.workflow.spectral import load_two_stage, refuse_stale, tensor_digest
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
@@ -64,7 +64,10 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
                                  f" holds now; run the decompose stage first (psrnn decompose {dataset} {seed})")
             cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
     elif variant.family == "kf":
-        a, _ = load_npz(adir / "2sr" / "kf.npz")
+        path = adir / "2sr" / "kf.npz"
+        a, m = load_npz(path)
+        if dp.kf is not None:   # a filter learned with other kf params (stages run by hand, out of order)
+            refuse_stale(path, m.get("kf"), dp.kf, None, "learned", "two_stage", dataset, seed, section="kf")
         lss = LinearStateSpace.from_arrays(a)
     cfg = model_config(dp, ds, variant, kf_state_dim=None if lss is None else int(lss.A.shape[0]))
     return initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=ds.train), ds

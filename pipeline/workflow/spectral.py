@@ -52,17 +52,17 @@ def features(params: Params, root: Path, dataset: str, seed: int) -> Path:
 FEATURE_PARAMS = ("n_features", "past_window", "future_window", "widths", "width_scale")
 
 
-def _refuse_stale(path: Path, stored: Any, cfg, keys: Sequence[str] | None, made: str, stage: str, dataset: str,
-                  seed: int) -> None:
-    """Refuse an artifact made with other two_stage params (``stored``, from its meta) than the current ones
-    (``cfg``), compared on ``keys`` (None: every key): stages run by hand, out of order (under ``dvc repro`` the
-    ``stage`` that makes it has just run) would silently use it, or fail on a tensor shape."""
+def refuse_stale(path: Path, stored: Any, cfg, keys: Sequence[str] | None, made: str, stage: str, dataset: str,
+                 seed: int, section: str = "two_stage") -> None:
+    """Refuse an artifact made with other ``<dataset>.<section>`` params (``stored``, from its meta) than the
+    current ones (``cfg``), compared on ``keys`` (None: every key): stages run by hand, out of order (under
+    ``dvc repro`` the ``stage`` that makes it has just run) would silently use it, or fail on a tensor shape."""
     if not isinstance(stored, dict):
         return
     now = json.loads(json.dumps(asdict(cfg), default=str))   # as the meta stores it
     for k in sorted(now) if keys is None else keys:
         if k in stored and stored[k] != now[k]:
-            raise ValueError(f"{path}: {made} with {dataset}.two_stage.{k}={stored[k]!r}, but params.yaml now says "
+            raise ValueError(f"{path}: {made} with {dataset}.{section}.{k}={stored[k]!r}, but params.yaml now says "
                              f"{now[k]!r}; run the {stage} stage first (psrnn {stage} {dataset} {seed})")
 
 
@@ -76,7 +76,7 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     cfg = _two_stage_config(dp, seed)
     path = artifact_dir(root, dataset, seed) / "features.npz"
     arrays, meta = load_npz(path)
-    _refuse_stale(path, meta.get("two_stage"), cfg, FEATURE_PARAMS, "drawn", "features", dataset, seed)
+    refuse_stale(path, meta.get("two_stage"), cfg, FEATURE_PARAMS, "drawn", "features", dataset, seed)
     maps = FeatureMaps.from_arrays(arrays)
     out = artifact_dir(root, dataset, seed) / "2sr"
     out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +106,7 @@ def load_two_stage(root: Path, dataset: str, seed: int, depth: int, dp: DatasetP
     path = artifact_dir(root, dataset, seed) / "2sr" / f"L{depth}.npz"
     arrays, meta = load_npz(path)
     if dp is not None:
-        _refuse_stale(path, meta.get("config"), _two_stage_config(dp, seed), None, "learned", "two_stage", dataset,
+        refuse_stale(path, meta.get("config"), _two_stage_config(dp, seed), None, "learned", "two_stage", dataset,
                       seed)
     return TwoStageModel.from_arrays(arrays, meta)
 
