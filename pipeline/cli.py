@@ -247,7 +247,7 @@ def _compare(args: argparse.Namespace, root: Path) -> int:
     ours = resolve_summary(args.summary, root, reference=False)
     reference = resolve_summary(args.reference, root, reference=True)
     rtol = {} if args.rtol is None else {"rtol": args.rtol}
-    result = compare_summaries(load_summary(ours), load_summary(reference), **rtol)
+    result = compare_summaries(load_summary(ours), load_summary(reference, reference=True), **rtol)
 
     def shown(path: Path) -> str:   # relative to the project where it is inside, as a user would type it
         try:

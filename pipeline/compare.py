@@ -93,15 +93,17 @@ def resolve_summary(value: str | Path | None, root: Path, *, reference: bool) ->
                             f"expected a summary.json path or one of: {', '.join(have) if have else 'none found'}")
 
 
-def load_summary(path: Path) -> dict[str, dict[str, dict[str, float | None]]]:
+def load_summary(path: Path, *, reference: bool = False) -> dict[str, dict[str, dict[str, float | None]]]:
     """A summary file, checked to be ``{dataset: {variant: {key: number or null}}}``; a missing or malformed file
-    is a one-line error naming it."""
+    is a one-line error naming it (``reference``: the file was to be the reference, not a run's own)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: file not found; expected the report stage's summary.json (run `dvc repro`, "
-                                "or name a file)") from None
+        remedy = ("a reference snapshot's summary.json (docs/reference/<name>/ of a clone of psrnn-pipeline, or "
+                  "--reference FILE)" if reference else
+                  "the report stage's summary.json (run `dvc repro`, or name a file)")
+        raise FileNotFoundError(f"{path}: file not found; expected {remedy}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     expected = "expected {dataset: {variant: {key: number}}}, as the report stage's summary.json"

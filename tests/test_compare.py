@@ -174,3 +174,9 @@ def test_cli_compare_prints_the_table_and_checks(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (f"psrnn compare: error: {tmp_path / 'none.json'}: file not found; "
                                                "expected the report stage's summary.json (run `dvc repro`, or name "
                                                "a file)")
+    # a project without the shipped snapshots (a user's own): the default reference is named as missing
+    assert cli.main(["--root", str(tmp_path), "compare"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"psrnn compare: error: {tmp_path / 'docs' / 'reference' / 'default' / 'summary.json'}: file not found; "
+        "expected a reference snapshot's summary.json (docs/reference/<name>/ of a clone of psrnn-pipeline, or "
+        "--reference FILE)")
