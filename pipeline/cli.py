@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--all", action="store_true", dest="show_all",
                    help="list every number compared (default: those that are not the same)")
     d.add_argument("--check", action="store_true",
-                   help="exit with status 1 when a number differs beyond its seed spread or a variant is on one "
-                        "side only (default: 0 whatever the verdicts)")
+                   help="exit with status 1 when a number differs beyond its seed spread, a variant is on one "
+                        "side only, or the two summaries share no dataset (default: 0 whatever the verdicts)")
     for name, text, out in (
             ("predict", "one-step predictions of a trained run on new trajectories (a Parquet file in the schema "
                         "of a custom dataset); not a DVC stage",
@@ -255,7 +255,7 @@ def _compare(args: argparse.Namespace, root: Path) -> int:
         except ValueError:
             return str(path)
     print(format_comparison(result, shown(ours), shown(reference), show_all=args.show_all), end="")
-    return 1 if args.check and not result.agrees else 0
+    return 1 if args.check and not (result.rows and result.agrees) else 0   # nothing compared: nothing held
 
 
 def _debug(args: argparse.Namespace) -> bool:

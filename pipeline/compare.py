@@ -13,6 +13,9 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
 * ``within spread``: a final test metric whose two means differ by more, but by no more than the sum of their seed
   standard deviations (each mean ± its std reaches the other): the most a run on another CPU can be held to where
   SGD amplifies rounding (the factorized PSRNNs; the 2SR-initialised models on the continuous sets at lr 1).
+* ``other seeds``: an epoch-0 metric (or a count of finite seeds) of a row whose seed counts differ, e.g. a
+  one-seed run against the two-seed reference: a mean over other 2SR draws, not comparable (the summary keeps no
+  per-seed values). The final test metrics of such a row are still judged by the spread.
 * ``differs``: anything else, including a parameter count, a seed count, a Bayes-optimal value or a naive
   predictor's metric (the data or the model are not the same) that is not equal.
 
@@ -34,7 +37,9 @@ SAME_RTOL = 1e-6
 #: the default relative difference of a ``close`` number: cross-CPU rounding of the epoch-0 metrics (README,
 #: "Reference results")
 CLOSE_RTOL = 1e-3
-VERDICTS = ("same", "close", "within spread", "differs", "only ours", "only reference")
+VERDICTS = ("same", "close", "within spread", "other seeds", "differs", "only ours", "only reference")
+#: the verdicts that are no difference (``--check`` passes on them)
+AGREEING = ("same", "close", "within spread", "other seeds")
 #: the reference snapshots a bare name stands for: ``docs/reference/<name>/summary.json`` of the project
 REFERENCE_DIR = Path("docs") / "reference"
 
@@ -70,8 +75,9 @@ class SummaryComparison:
 
     @property
     def agrees(self) -> bool:
-        """Every shared number same, close or within spread, every variant of a shared dataset on both sides."""
-        return all(r.verdict in ("same", "close", "within spread") for r in self.rows)
+        """Every shared number same, close, within spread or of other seeds, every variant of a shared dataset on
+        both sides (vacuously true when the summaries share no dataset: see :attr:`rows`)."""
+        return all(r.verdict in AGREEING for r in self.rows)
 
 
 def resolve_summary(value: str | Path | None, root: Path, *, reference: bool) -> Path:
@@ -138,6 +144,8 @@ def _compared_keys(ours: Mapping[str, Any], ref: Mapping[str, Any]) -> list[str]
 def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, Any],
          rtol: float) -> list[Comparison]:
     out = []
+    n_ours, n_ref = ours.get("seeds"), ref.get("seeds")
+    other_seeds = n_ours is not None and n_ref is not None and n_ours != n_ref
     for key in _compared_keys(ours, ref):
         if key.endswith("_finite"):   # absent: every seed finite
             a, b = ours.get(key, ours.get("seeds")), ref.get(key, ref.get("seeds"))
@@ -155,6 +163,8 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
         elif f"{key}_std" in ours or f"{key}_std" in ref:   # a metric over seeds: its spread is the yardstick
             spread = (sa or 0.0) + (sb or 0.0)
             verdict = "within spread" if spread > 0 and abs(a - b) <= spread else "differs"
+        elif other_seeds and (key.startswith("init_") or key.endswith("_finite")):
+            verdict = "other seeds"
         else:
             verdict = "differs"
         out.append(Comparison(dataset, variant, key, a, b, verdict, sa, sb))
@@ -203,8 +213,11 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
             lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
     counts = result.counts()
     n = sum(1 for r in result.rows if r.key != "-")
-    summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS[:4])
-    variants = [f"{counts[v]} variant(s) {v}" for v in VERDICTS[4:] if counts[v]]
+    summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in ("same", "close", "within spread",
+                                                                                  "differs"))
+    if counts["other seeds"]:
+        summary += f" ({counts['other seeds']} not comparable: means over other seeds)"
+    variants = [f"{counts[v]} variant(s) {v}" for v in ("only ours", "only reference") if counts[v]]
     if variants:
         summary += "; " + ", ".join(variants)
     if result.only_ours:

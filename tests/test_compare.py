@@ -180,3 +180,35 @@ def test_cli_compare_prints_the_table_and_checks(tmp_path, capsys):
         f"psrnn compare: error: {tmp_path / 'docs' / 'reference' / 'default' / 'summary.json'}: file not found; "
         "expected a reference snapshot's summary.json (docs/reference/<name>/ of a clone of psrnn-pipeline, or "
         "--reference FILE)")
+
+
+def test_a_one_seed_run_against_the_two_seed_reference():
+    """The README's quick pass (one seed): its epoch-0 metrics are one 2SR draw against the mean of two, not
+    comparable ('other seeds', no difference for --check); the seed count itself differs, and the final metric is
+    judged by the reference's spread."""
+    ours = {"hmm": {"psrnn": {"seeds": 1, "test_bpc": 2.009, "test_bpc_std": None, "init_test_bpc": 2.6,
+                              "n_params": 100, "optimal_bpc": 1.8}}}
+    v = _verdicts(compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}}))
+    assert v == {("hmm", "psrnn", "seeds"): "differs", ("hmm", "psrnn", "test_bpc"): "within spread",
+                 ("hmm", "psrnn", "init_test_bpc"): "other seeds", ("hmm", "psrnn", "n_params"): "same",
+                 ("hmm", "psrnn", "optimal_bpc"): "same"}
+    result = compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}})
+    assert format_comparison(result, "a", "b").splitlines()[-1] == (
+        "5 numbers compared: 2 same, 0 close, 1 within spread, 1 differs (1 not comparable: means over other seeds)")
+    # with equal seed counts an epoch-0 metric is compared as any other number
+    ours["hmm"]["psrnn"]["seeds"] = 2
+    assert _verdicts(compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}}))[
+        "hmm", "psrnn", "init_test_bpc"] == "differs"
+
+
+def test_check_fails_when_the_summaries_share_no_dataset(tmp_path, capsys):
+    """After the README's first run (datasets: [custom]) the shipped snapshots, of the built-in sets, share nothing
+    with it: --check must not pass a comparison that compared nothing."""
+    ours, ref = tmp_path / "ours.json", tmp_path / "ref.json"
+    ours.write_text(json.dumps({"custom": BASE["swimmer"]}))
+    ref.write_text(json.dumps(BASE))
+    assert cli.main(["--root", str(tmp_path), "compare", str(ours), "--reference", str(ref)]) == 0
+    assert cli.main(["--root", str(tmp_path), "compare", str(ours), "--reference", str(ref), "--check"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("0 numbers compared: 0 same, 0 close, 0 within spread, 0 differs; datasets only in ours: "
+                       "custom; datasets only in the reference: hmm, swimmer (the two summaries share no dataset)")
