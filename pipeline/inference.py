@@ -589,8 +589,10 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     prepared = prepared_path(root, dataset)
     missing = FileNotFoundError(f"{prepared}: prepared dataset not found (is {dataset!r} a dataset of this project, "
                                 "and has `dvc repro` run?)")
-    if not init.is_file() and not prepared.is_file():
-        raise missing
+    if not init.is_file() and not prepared.is_file():   # nothing of the dataset: say that no run of it exists
+        raise FileNotFoundError(f"no run of {dataset} {variant} seed {seed} in {root}: {prepared}: prepared dataset "
+                                f"not found (is {dataset!r} a dataset of this project, listed in params.yaml "
+                                "datasets, and has `dvc repro` run?)")
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
         raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "

@@ -176,8 +176,12 @@ def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
 
 
 def test_load_run_names_what_is_missing(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"data/prepared/swimmer\.parquet: prepared dataset not found"):
+    with pytest.raises(FileNotFoundError) as err:
         load_run(tmp_path, "swimmer", "psrnn", 0)
+    assert str(err.value) == (f"no run of swimmer psrnn seed 0 in {tmp_path}: "
+                              f"{tmp_path / 'data' / 'prepared' / 'swimmer.parquet'}: prepared dataset not found (is "
+                              "'swimmer' a dataset of this project, listed in params.yaml datasets, and has `dvc "
+                              "repro` run?)")
 
 
 def test_dataset_units_cover_every_feature(continuous_run):
