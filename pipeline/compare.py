@@ -8,8 +8,8 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
   on another CPU the baselines trained in torch agree to ~1e-8.
 * ``close``: equal to ``rtol`` relative (default :data:`CLOSE_RTOL`). The C recurrence is built for the CPU it runs
   on (``-march=native``) and rounds as its vector width does, which moved the epoch-0 metrics of the
-  2SR-initialised models by up to 5e-4 relative between an Intel Xeon and an AMD EPYC (one more PTB character
-  predicted right in 124774 is 8e-6 of the accuracy).
+  2SR-initialised models by up to 5.3e-4 relative between an Intel Xeon and an AMD EPYC (17 more of PTB's 124774
+  test characters predicted right by one model; one character is 3e-5 of its accuracy, relative).
 * ``within spread``: a final test metric whose two means differ by more, but by no more than the sum of their seed
   standard deviations (each mean ± its std reaches the other): the most a run on another CPU can be held to where
   SGD amplifies rounding (the factorized PSRNNs; the 2SR-initialised models on the continuous sets at lr 1).
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-#: the relative difference below which two numbers are the same (cross-CPU rounding of the epoch-0 metrics is
-#: ~1e-5 at most, 1e-8 for the baselines: 1e-6 separates a rerun on another CPU from a change that moved a number)
+#: the relative difference up to which two numbers are the same: a rerun on one machine is equal to the last digit,
+#: and on another CPU the baselines trained in torch agree to ~1e-8 (the 2SR models' epoch-0 metrics: ``close``)
 SAME_RTOL = 1e-6
 #: the default relative difference of a ``close`` number: cross-CPU rounding of the epoch-0 metrics (README,
 #: "Reference results")
