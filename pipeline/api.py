@@ -1263,13 +1263,13 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
     lr = fitted.extras["train_config"]["lr"]
     with_valid = "" if split == "valid" else " with valid=..."   # valid given: it already scores the epochs
     warnings.warn(f"fit_model: the returned model (epoch {final_epoch}) scores {split} {metric} {final:.4g}, "
-                  f"{_worse_by(initial, final)} than its 2SR initialisation (epoch 0: "
+                  f"{worse_by(initial, final)} than its 2SR initialisation (epoch 0: "
                   f"{initial:.4g}); BPTT made it worse: try a lower lr= (now {lr:g}), or "
                   f"train_options={{'restore_best': True}}{with_valid} to keep the best epoch's weights",
                   UserWarning, stacklevel=3)
 
 
-def _worse_by(initial: float, final: float) -> str:
+def worse_by(initial: float, final: float) -> str:
     """"40% worse", or "worse" from a perfect epoch 0 (an MSE or BPC of exactly 0: constant data, one symbol)."""
     return f"{100 * (final - initial) / abs(initial):.0f}% worse" if initial else "worse"
 

@@ -927,3 +927,24 @@ def test_a_run_marked_by_the_legacy_fingerprint_is_kept_and_not_logged_again(tmp
     assert "kept" in err and "logged again" not in err, err
     refine.refine(params, root, "hmm")   # the upgrade wrote tracked: kept quietly from now on
     assert "logged again" not in capsys.readouterr().err
+
+
+def test_refine_notes_the_2sr_runs_that_end_worse_than_their_start(tmp_path, clean_env, capsys):
+    """As fit_model warns: a 2SR-initialised run that BPTT left more than 10% worse than its epoch 0 (on the split
+    that scores its epochs) is named in one line, with the remedies; a Xavier baseline has no start to compare,
+    and with restore_best the final model is the best epoch's."""
+    params = _params(tmp_path, [0], variants=("psrnn", "gru"), epochs=2, overrides={"psrnn": {"lr": 30.0}})
+    histories = refine.refine(params, tmp_path, "hmm")
+    start, _, end = (e["train"]["bpc"] for e in histories["psrnn_s0"]["history"])
+    assert end > 1.5 * start and histories["psrnn_s0"]["best_epoch"] == 0
+    note = (f"refine hmm: note: 1 of 1 2SR-initialised runs end more than 10% worse than their 2SR start on the "
+            f"split that scores their epochs (psrnn_s0 train bpc {start:.4g} -> {end:.4g}, "
+            f"{100 * (end - start) / start:.0f}% worse): a lower lr for those variants (hmm.train.overrides, README "
+            "\"Per-variant training settings\") or train.restore_best: true keeps what 2SR gave")
+    assert note in capsys.readouterr().err.splitlines()
+    assert refine.worse_than_start_note(params.dataset("hmm"), {"gru_s0": histories["gru_s0"]}) is None
+    raw = copy.deepcopy(PARAMS)
+    raw["hmm"]["variants"] = ["psrnn", "gru"]
+    raw["hmm"]["train"]["overrides"] = {"psrnn": {"lr": 30.0, "restore_best": True}}
+    restored = _write_params(tmp_path, raw)
+    assert refine.worse_than_start_note(restored.dataset("hmm"), histories) is None

@@ -110,7 +110,44 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
         out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared,
                                          announce=variant_name is None)   # one run: the command prints it
+    note = worse_than_start_note(dp, out)
+    if note:
+        print(note, file=sys.stderr)
     return out
+
+
+def worse_than_start_note(dp, histories: dict[str, dict[str, Any]]) -> str | None:
+    """One line naming the 2SR-initialised runs (PSRNNs, factorized PSRNNs, Kalman filters) whose final model
+    scores more than ``pipeline.api.WORSE_THAN_2SR`` worse than their epoch 0 on the split that scores their
+    epochs, as ``fit_model`` warns: with the paper's SGD at lr 1 a small data set often makes them so, and the
+    trained model is then worse than what 2SR gave (the final model: the last epoch's weights, or the best epoch's
+    with ``train.restore_best``). None when there is none."""
+    import math
+
+    from pipeline.api import WORSE_THAN_2SR, worse_by
+    from pipeline.metrics import primary_metric
+
+    worse, counted = [], 0
+    for name, h in histories.items():
+        variant = dp.variant(h["variant"])
+        epochs = {e["epoch"]: e for e in h.get("history") or []}
+        if variant.init != "2sr" or 0 not in epochs:
+            continue
+        counted += 1
+        final = h["best_epoch"] if dp.train_config(variant.name).restore_best else max(epochs)
+        metric = primary_metric(h["kind"] == "discrete")
+        start, end = ((epochs[e].get(h["monitor"]) or {}).get(metric) for e in (0, final))
+        if (final == 0 or start is None or end is None or not (math.isfinite(start) and math.isfinite(end))
+                or end - start <= WORSE_THAN_2SR * abs(start)):
+            continue
+        worse.append(f"{name} {h['monitor']} {metric} {start:.4g} -> {end:.4g}, {worse_by(start, end)}")
+    if not worse:
+        return None
+    shown = "; ".join(worse[:6]) + (f"; and {len(worse) - 6} more" if len(worse) > 6 else "")
+    return (f"refine {dp.name}: note: {len(worse)} of {counted} 2SR-initialised runs end more than "
+            f"{100 * WORSE_THAN_2SR:.0f}% worse than their 2SR start on the split that scores their epochs ({shown}): "
+            f"a lower lr for those variants ({dp.name}.train.overrides, README \"Per-variant training settings\") or "
+            "train.restore_best: true keeps what 2SR gave")
 
 
 def check_devices(dp, variants: list[str]) -> None:
