@@ -246,26 +246,15 @@ def test_the_metrics_file_records_what_refine_trained(tmp_path, monkeypatch):
 def test_the_kf_parameter_count_is_the_trained_numbers_as_refine_logs_them(tmp_path, monkeypatch):
     """The KF's Cholesky factors count their lower triangles only (KalmanFilter.n_parameters): evaluate's metrics
     JSON, which the report's params column reads, must agree with refine's history and MLflow param."""
-    import copy
     import json
 
-    from test_refine_seeds import PARAMS, _write_params
+    from test_refine_seeds import _lgssm_kf_raw, _write_params
     from pipeline.workflow import data, evaluate, initialise, refine, spectral
     from pipeline.workflow.paths import model_dir
 
     for k in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME", "DVC_STAGE", "PSRNN_RETRAIN"):
         monkeypatch.delenv(k, raising=False)
-    raw = copy.deepcopy(PARAMS)
-    del raw["hmm"]
-    raw["datasets"] = ["lgssm"]
-    raw["lgssm"] = {
-        "source": {"state_dim": 2, "obs_dim": 2, "n_train": 6, "n_test": 2, "length": 40, "seed": 0},
-        "two_stage": {"n_features": 16, "state_dim": 3, "obs_dim": 2, "past_dim": 3, "past_window": 2,
-                      "future_window": 2},
-        "kf": {"state_dim": 2, "past_window": 3, "future_window": 3, "ridge": 0.001},
-        "variants": ["kf"],
-        "train": {"epochs": 1, "lr": 0.1, "clip": 0.25, "bptt": 0, "batch_size": 2, "device": "cpu"}}
-    params = _write_params(tmp_path, raw)
+    params = _write_params(tmp_path, _lgssm_kf_raw())
     data.prepare(params, tmp_path, "lgssm")
     for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
         stage(params, tmp_path, "lgssm", 0)

@@ -39,6 +39,21 @@ def _write_params(root, raw):
     return load_params(root / "params.yaml")
 
 
+def _lgssm_kf_raw():
+    """PARAMS with a tiny linear-Gaussian set (a Kalman filter of 2 states on 2-d observations) in place of hmm."""
+    raw = copy.deepcopy(PARAMS)
+    del raw["hmm"]
+    raw["datasets"] = ["lgssm"]
+    raw["lgssm"] = {
+        "source": {"state_dim": 2, "obs_dim": 2, "n_train": 6, "n_test": 2, "length": 40, "seed": 0},
+        "two_stage": {"n_features": 16, "state_dim": 3, "obs_dim": 2, "past_dim": 3, "past_window": 2,
+                      "future_window": 2},
+        "kf": {"state_dim": 2, "past_window": 3, "future_window": 3, "ridge": 0.001},
+        "variants": ["kf"],
+        "train": {"epochs": 1, "lr": 0.1, "clip": 0.25, "bptt": 0, "batch_size": 2, "device": "cpu"}}
+    return raw
+
+
 def _params(root, seeds, variants=("psrnn",), epochs=2, overrides=None, **tracking):
     p = copy.deepcopy(PARAMS)
     p["seeds"] = seeds
@@ -673,17 +688,7 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
 def test_initialise_refuses_a_kalman_filter_learned_with_other_kf_params(tmp_path, clean_env):
     """kf.state_dim changed without the two_stage stage, which learns the KF: initialise built a filter of the old
     size from the old kf.npz, without a word."""
-    raw = copy.deepcopy(PARAMS)
-    raw["lgssm"] = {
-        "source": {"state_dim": 2, "obs_dim": 2, "n_train": 6, "n_test": 2, "length": 40, "seed": 0},
-        "two_stage": {"n_features": 32, "state_dim": 3, "obs_dim": 3, "past_dim": 3, "past_window": 2,
-                      "future_window": 2},
-        "kf": {"state_dim": 2, "past_window": 3, "future_window": 3, "ridge": 0.001},
-        "variants": ["kf"],
-        "model": {"psrnn_bias_scale": 0.0, "factorized_bias_scale": 0.1},
-        "train": {"epochs": 1, "lr": 0.1, "clip": 0.25, "bptt": 0, "batch_size": 2, "device": "cpu"},
-    }
-    del raw["hmm"]
+    raw = _lgssm_kf_raw()
     params = _write_params(tmp_path, raw)
     data.prepare(params, tmp_path, "lgssm")
     spectral.features(params, tmp_path, "lgssm", 0)
