@@ -1247,7 +1247,6 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
     :data:`WORSE_THAN_2SR` on the split that scores epochs (``train_config.monitor``): with the paper's SGD at
     lr 1 a small data set often does, and the returned weights (the last epoch's) would silently be worse than
     what 2SR gave. Xavier and random initialisations are not compared: their epoch 0 is no model."""
-    import math
     import warnings
 
     from pipeline.metrics import primary_metric
@@ -1258,7 +1257,7 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
     if 0 not in entries or final_epoch == 0 or final_epoch not in entries:
         return
     initial, final = entries[0][split][metric], entries[final_epoch][split][metric]
-    if not (math.isfinite(initial) and math.isfinite(final)) or final - initial <= WORSE_THAN_2SR * abs(initial):
+    if not worse_than_start(initial, final):
         return
     lr = fitted.extras["train_config"]["lr"]
     with_valid = "" if split == "valid" else " with valid=..."   # valid given: it already scores the epochs
@@ -1267,6 +1266,13 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
                   f"{initial:.4g}); BPTT made it worse: try a lower lr= (now {lr:g}), or "
                   f"train_options={{'restore_best': True}}{with_valid} to keep the best epoch's weights",
                   UserWarning, stacklevel=3)
+
+
+def worse_than_start(initial: float, final: float) -> bool:
+    """Whether a final BPC / MSE is more than :data:`WORSE_THAN_2SR` worse than the epoch-0 one (both finite)."""
+    import math
+
+    return math.isfinite(initial) and math.isfinite(final) and final - initial > WORSE_THAN_2SR * abs(initial)
 
 
 def worse_by(initial: float, final: float) -> str:

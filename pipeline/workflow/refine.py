@@ -122,9 +122,7 @@ def worse_than_start_note(dp, histories: dict[str, dict[str, Any]]) -> str | Non
     epochs, as ``fit_model`` warns: with the paper's SGD at lr 1 a small data set often makes them so, and the
     trained model is then worse than what 2SR gave (the final model: the last epoch's weights, or the best epoch's
     with ``train.restore_best``). None when there is none."""
-    import math
-
-    from pipeline.api import WORSE_THAN_2SR, worse_by
+    from pipeline.api import WORSE_THAN_2SR, worse_by, worse_than_start
     from pipeline.metrics import primary_metric
 
     worse, counted = [], 0
@@ -137,8 +135,7 @@ def worse_than_start_note(dp, histories: dict[str, dict[str, Any]]) -> str | Non
         final = h["best_epoch"] if dp.train_config(variant.name).restore_best else max(epochs)
         metric = primary_metric(h["kind"] == "discrete")
         start, end = ((epochs[e].get(h["monitor"]) or {}).get(metric) for e in (0, final))
-        if (final == 0 or start is None or end is None or not (math.isfinite(start) and math.isfinite(end))
-                or end - start <= WORSE_THAN_2SR * abs(start)):
+        if final == 0 or start is None or end is None or not worse_than_start(start, end):
             continue
         worse.append(f"{name} {h['monitor']} {metric} {start:.4g} -> {end:.4g}, {worse_by(start, end)}")
     if not worse:
