@@ -350,3 +350,59 @@ def test_second_order_gradients_on_cuda_equal_the_cpu():
         grads.append([g.cpu() for g in torch.autograd.grad(penalty, leaves)])
     for name, a, r in zip(names, grads[1], grads[0]):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_a_trained_run_predicts_evaluates_and_forecasts_alike_on_both_devices(kind, discrete, continuous, tmp_path):
+    """``psrnn predict`` / ``forecast`` take ``--device auto``, so on a GPU machine they filter on CUDA: the files
+    and metrics they write match the CPU's (predictions streamed in blocks, state carried across them; sampled
+    draws come from numpy streams, so the devices draw alike where no probability sits within float32 rounding of
+    a draw)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.inference import TrainedRun, forecast_file, predict_file
+
+    data = discrete if kind == "discrete" else continuous
+    fitted = fit_model(data.train, data.test, model="factorized_psrnn", rank=5, state_dim=5, obs_dim=5,
+                       n_features=100, horizon=2, epochs=1, lr=0.05, batch_size=4, device="cpu")
+    if kind == "discrete":
+        run = TrainedRun(model=fitted.model, dataset="hmm", variant="f", seed=0, epoch=1, kind="discrete",
+                         vocab=[str(10 * (i + 1)) for i in range(6)])
+        raw = [np.asarray(run.vocab)[t] for t in data.test]
+        cols = {"symbol": np.concatenate(raw)}
+    else:
+        run = TrainedRun(model=fitted.model, dataset="lgssm", variant="f", seed=0, epoch=1, kind="continuous",
+                         features=["a", "b"], mean=np.array([1.0, -2.0]), std=np.array([3.0, 0.5]))
+        raw = [t * run.std + run.mean for t in data.test]
+        x = np.concatenate(raw)
+        cols = {"a": x[:, 0], "b": x[:, 1]}
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(raw)])
+    steps = np.concatenate([np.arange(len(t)) for t in raw])
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"trajectory": ids, "step": steps, **cols}), src)
+    tables = {}
+    for device in ("cpu", "cuda"):
+        summary = predict_file(run, src, tmp_path / f"pred_{device}.parquet", device=device, block_rows=7,
+                               probabilities=kind == "discrete")
+        assert next(run.model.parameters()).device.type == device
+        forecast_file(run, src, tmp_path / f"fc_{device}.parquet", steps=6, sample=kind == "discrete", seed=3,
+                      device=device)
+        tables[device] = (summary, pq.read_table(tmp_path / f"pred_{device}.parquet"),
+                          pq.read_table(tmp_path / f"fc_{device}.parquet"), run.evaluate(raw, device=device))
+    (s_cpu, p_cpu, f_cpu, e_cpu), (s_gpu, p_gpu, f_gpu, e_gpu) = tables["cpu"], tables["cuda"]
+    assert p_cpu.column_names == p_gpu.column_names and f_cpu.column_names == f_gpu.column_names
+    for cpu_table, gpu_table, rtol in ((p_cpu, p_gpu, 1e-4), (f_cpu, f_gpu, 1e-3)):
+        for name in cpu_table.column_names:
+            a, b = cpu_table.column(name), gpu_table.column(name)
+            if pa.types.is_list(a.type):   # the probabilities per row
+                a, b = pa.concat_arrays(a.chunks).flatten(), pa.concat_arrays(b.chunks).flatten()
+            a, b = a.to_numpy(zero_copy_only=False), b.to_numpy(zero_copy_only=False)
+            if a.dtype.kind == "f":
+                np.testing.assert_allclose(b, a, rtol=rtol, atol=rtol / 10, err_msg=name)
+            else:   # symbols too: no argmax or draw of this data sits within float32 rounding of a flip
+                assert a.tolist() == b.tolist(), name
+    for key, value in e_cpu.items():
+        assert e_gpu[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for key in s_cpu["metrics"]:
+        assert s_gpu["metrics"][key] == pytest.approx(s_cpu["metrics"][key], rel=1e-4, abs=1e-6), key
