@@ -632,11 +632,13 @@ def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean
     root = tmp_path
     refine.refine(_params(root, [0], ("psrnn", "gru")), root, "hmm")
     snapshot = {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file()}
-    if not torch.cuda.is_available():
-        params = _params(root, [0], ("psrnn", "gru"), epochs=3, overrides={"gru": {"device": "cuda"}})
-        with pytest.raises(ValueError, match=r"^hmm\.train\.overrides\.gru\.device='cuda': CUDA is not available"):
-            refine.refine(params, root, "hmm")
-        assert {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file()} == snapshot
+    # a device this machine lacks, with or without CUDA: one index past the last GPU where there is one
+    bad = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    lacks = "this machine has" if torch.cuda.is_available() else "CUDA is not available"
+    params = _params(root, [0], ("psrnn", "gru"), epochs=3, overrides={"gru": {"device": bad}})
+    with pytest.raises(ValueError, match=rf"^hmm\.train\.overrides\.gru\.device='{bad}': {lacks}"):
+        refine.refine(params, root, "hmm")
+    assert {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file()} == snapshot
     capsys.readouterr()
     refine.refine(_params(root, [1], ("psrnn", "gru")), root, "hmm")
     err = capsys.readouterr().err
