@@ -163,10 +163,9 @@ def test_the_c_kernels_refuse_a_tensor_that_is_not_in_host_memory():
     assert native._ptr(None) is None and native._ptr(G) == G.data_ptr()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_check_refuses_a_device_this_machine_lacks(tmp_path, defaults, capsys, monkeypatch):
     """`psrnn check` said valid to train.overrides.<v>.device: cuda on a machine without CUDA; refine stopped on it
-    after the spectral stages."""
+    after the spectral stages. Where CUDA is present, one index past the last GPU is the device it lacks."""
     import copy
 
     from pipeline import cli
@@ -176,11 +175,13 @@ def test_check_refuses_a_device_this_machine_lacks(tmp_path, defaults, capsys, m
     raw = copy.deepcopy(defaults)
     raw["datasets"] = ["hmm"]
     del raw["custom"]   # its file is not in tmp_path
-    raw["hmm"]["train"]["overrides"] = {"gru": {"device": "cuda"}}
+    bad = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    raw["hmm"]["train"]["overrides"] = {"gru": {"device": bad}}
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     assert capsys.readouterr().err.startswith(
-        "psrnn check: error: hmm.train.overrides.gru.device='cuda': CUDA is not available")
+        f"psrnn check: error: hmm.train.overrides.gru.device='{bad}': "
+        + ("this machine has" if torch.cuda.is_available() else "CUDA is not available"))
     raw["datasets"] = ["lgssm"]   # a dataset left out of datasets is not trained: its devices are not asked for
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
