@@ -13,11 +13,12 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
 * ``within spread``: a final test metric whose two means differ by more, but by no more than the sum of their seed
   standard deviations (each mean ± its std reaches the other): the most a run on another CPU can be held to where
   SGD amplifies rounding (the factorized PSRNNs; the 2SR-initialised models on the continuous sets at lr 1).
-* ``other seeds``: an epoch-0 metric (or a count of finite seeds) of a row whose seed counts differ, e.g. a
-  one-seed run against the two-seed reference: a mean over other 2SR draws, not comparable (the summary keeps no
-  per-seed values). The final test metrics of such a row are still judged by the spread.
-* ``differs``: anything else, including a parameter count, a seed count, a Bayes-optimal value or a naive
-  predictor's metric (the data or the model are not the same) that is not equal.
+* ``other seeds``: the seed count itself, and an epoch-0 metric (or a count of finite seeds), of a row whose seed
+  counts differ, e.g. a one-seed run against the two-seed reference: the count is a setting, not a result, and the
+  epoch-0 metric a mean over other 2SR draws, not comparable (the summary keeps no per-seed values). The final test
+  metrics of such a row are still judged by the spread.
+* ``differs``: anything else, including a parameter count, a Bayes-optimal value or a naive predictor's metric
+  (the data or the model are not the same) that is not equal.
 
 A variant or dataset in one summary only is listed as such. Derived numbers (``gap_*``, the difference of a
 final metric and the Bayes-optimal value) and the standard deviations themselves are not compared on their own.
@@ -163,7 +164,7 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
         elif f"{key}_std" in ours or f"{key}_std" in ref:   # a metric over seeds: its spread is the yardstick
             spread = (sa or 0.0) + (sb or 0.0)
             verdict = "within spread" if spread > 0 and abs(a - b) <= spread else "differs"
-        elif other_seeds and (key.startswith("init_") or key.endswith("_finite")):
+        elif other_seeds and (key == "seeds" or key.startswith("init_") or key.endswith("_finite")):
             verdict = "other seeds"
         else:
             verdict = "differs"
@@ -216,7 +217,7 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in ("same", "close", "within spread",
                                                                                   "differs"))
     if counts["other seeds"]:
-        summary += f" ({counts['other seeds']} not comparable: means over other seeds)"
+        summary += f" ({counts['other seeds']} not comparable: other seed counts)"
     variants = [f"{counts[v]} variant(s) {v}" for v in ("only ours", "only reference") if counts[v]]
     if variants:
         summary += "; " + ", ".join(variants)
