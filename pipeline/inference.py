@@ -595,8 +595,18 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
                                 "datasets, and has `dvc repro` run?)")
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
+        # a seed not run: the seeds that have the variant are what to ask for instead
+        seeds = sorted(int(p.parent.parent.name[1:]) for p in init.parents[2].glob(f"s*/init/{variant}.npz")
+                       if p.parent.parent.name[1:].isdigit())
+        if have:
+            found = f"have {', '.join(have)}"
+        elif seeds:
+            found = f"no variant of seed {seed}; {variant} has seed{'s' if len(seeds) > 1 else ''} " \
+                    f"{', '.join(map(str, seeds))}"
+        else:
+            found = "have none: has `dvc repro` run?"
         raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "
-                                f"{seed} (have {', '.join(have) if have else 'none: has `dvc repro` run?'})")
+                                f"{seed} ({found})")
     arrays, meta = load_npz(init)
     _check_variant(init, meta.get("model_config"), wanted)
     model = model_from_config(meta["model_config"], arrays, str(init))

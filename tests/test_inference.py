@@ -5,6 +5,7 @@ The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_
 import json
 import math
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -507,16 +508,25 @@ def test_load_run_names_the_variants_a_dataset_has(tmp_path, continuous_run):
     with pytest.raises(FileNotFoundError, match=r"init/lstm\.npz: initial weights not found: no variant 'lstm' of "
                                                 r"lgssm with seed 0 \(have psrnn\)$"):
         load_run(tmp_path, "lgssm", "lstm", 0, initial=True)
-    with pytest.raises(FileNotFoundError, match=r"no variant 'psrnn' of lgssm with seed 1 \(have none: has `dvc "
-                                                r"repro` run\?\)$"):
+    # a seed that was not run: the seeds that were (it said 'have none: has `dvc repro` run?')
+    with pytest.raises(FileNotFoundError, match=r"no variant 'psrnn' of lgssm with seed 1 \(no variant of seed 1; "
+                                                r"psrnn has seed 0\)$"):
+        load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
+    (tmp_path / "artifacts" / "lgssm" / "s0" / "init" / "psrnn.npz").rename(tmp_path / "psrnn.npz")
+    for seed in (3, 12):
+        target = tmp_path / "artifacts" / "lgssm" / f"s{seed}" / "init" / "psrnn.npz"
+        target.parent.mkdir(parents=True)
+        shutil.copy(tmp_path / "psrnn.npz", target)
+    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12\)$"):
+        load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
+    shutil.rmtree(tmp_path / "artifacts")
+    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(have none: has `dvc repro` run\?\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
 
 
 def test_load_run_refuses_another_variants_weights(tmp_path, continuous_run):
     """C9: an initial-weights file or checkpoint of another model (copied over the variant's) is not run under
     the variant's name."""
-    import shutil
-
     import torch
 
     from pipeline.io import save_npz
