@@ -1276,8 +1276,12 @@ def worse_than_start(initial: float, final: float) -> bool:
 
 
 def worse_by(initial: float, final: float) -> str:
-    """"40% worse", or "worse" from a perfect epoch 0 (an MSE or BPC of exactly 0: constant data, one symbol)."""
-    return f"{100 * (final - initial) / abs(initial):.0f}% worse" if initial else "worse"
+    """"40% worse", "10.4% worse" (one decimal below 20%, so that a run just past the 10% threshold does not read
+    as 10%), or "worse" from a perfect epoch 0 (an MSE or BPC of exactly 0: constant data, one symbol)."""
+    if not initial:
+        return "worse"
+    percent = 100 * (final - initial) / abs(initial)
+    return f"{percent:.1f}% worse" if percent < 20 else f"{percent:.0f}% worse"
 
 
 def _divergence_in_api_terms(message: str, tcfg: Any) -> str:

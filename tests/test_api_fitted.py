@@ -14,7 +14,7 @@ import torch
 
 import pipeline.api
 import pipeline.train
-from pipeline.api import FittedModel, fit_model, load_fitted
+from pipeline.api import FittedModel, fit_model, load_fitted, worse_by
 from pipeline.train import TrainingDiverged
 
 from conftest import SMALL, refused
@@ -425,6 +425,14 @@ def test_every_divergence_message_is_translated():
 
 # ------------------------------------------------------------------------------- 10. worse than 2SR at the end
 
+def test_worse_by_shows_a_run_just_past_the_threshold_as_past_it():
+    """The refine note said '2.115 -> 2.335, 10% worse' of a run it named as more than 10% worse (10.4%)."""
+    assert worse_by(2.115, 2.335) == "10.4% worse"
+    assert worse_by(1.0, 1.15) == "15.0% worse" and worse_by(1.0, 1.25) == "25% worse"
+    assert worse_by(0.01597, 0.08369) == "424% worse" and worse_by(-2.0, -1.0) == "50% worse"
+    assert worse_by(0.0, 0.5) == "worse"
+
+
 def test_a_fit_worse_than_its_2sr_start_warns(features, symbols):
     """SGD at lr=1 on a small set can end far worse than the 2SR initialisation; the returned (last) weights
     were silently the worse ones."""
@@ -434,7 +442,7 @@ def test_a_fit_worse_than_its_2sr_start_warns(features, symbols):
     (w,) = [w for w in caught if "worse than its 2SR initialisation" in str(w.message)]
     first, last = fitted.history[0]["train"]["mse"], fitted.history[-1]["train"]["mse"]
     assert str(w.message) == (f"fit_model: the returned model (epoch 2) scores train mse {last:.4g}, "
-                              f"{100 * (last - first) / first:.0f}% worse than its 2SR initialisation (epoch 0: "
+                              f"{worse_by(first, last)} than its 2SR initialisation (epoch 0: "
                               f"{first:.4g}); BPTT made it worse: try a lower lr= (now 5), or "
                               "train_options={'restore_best': True} with valid=... to keep the best epoch's weights")
     assert w.filename == __file__

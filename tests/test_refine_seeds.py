@@ -942,11 +942,13 @@ def test_refine_notes_the_2sr_runs_that_end_worse_than_their_start(tmp_path, cle
     and with restore_best the final model is the best epoch's."""
     params = _params(tmp_path, [0], variants=("psrnn", "gru"), epochs=2, overrides={"psrnn": {"lr": 30.0}})
     histories = refine.refine(params, tmp_path, "hmm")
+    from pipeline.api import worse_by
+
     start, _, end = (e["train"]["bpc"] for e in histories["psrnn_s0"]["history"])
     assert end > 1.5 * start and histories["psrnn_s0"]["best_epoch"] == 0
     note = (f"refine hmm: note: 1 of 1 2SR-initialised runs end more than 10% worse than their 2SR start on the "
             f"split that scores their epochs (psrnn_s0 train bpc {start:.4g} -> {end:.4g}, "
-            f"{100 * (end - start) / start:.0f}% worse): a lower lr for those variants (hmm.train.overrides, README "
+            f"{worse_by(start, end)}): a lower lr for those variants (hmm.train.overrides, README "
             "\"Per-variant training settings\") or train.restore_best: true keeps what 2SR gave")
     assert note in capsys.readouterr().err.splitlines()
     assert refine.worse_than_start_note(params.dataset("hmm"), {"gru_s0": histories["gru_s0"]}) is None
