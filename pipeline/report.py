@@ -51,6 +51,16 @@ PRIMARY = {"discrete": "bpc", "continuous": "mse"}
 METRICS = {"discrete": ("bpc", "accuracy"), "continuous": ("mse",)}
 LABELS = {"bpc": "BPC", "accuracy": "accuracy", "mse": "MSE"}
 AXIS_LABELS = {"bpc": "bits per character", "accuracy": "one-step prediction accuracy", "mse": "mean squared error"}
+#: the datasets whose symbols are characters (BPC as the paper writes it); any other discrete set's axis reads
+#: "bits per symbol" (hmm's states, a custom file's events)
+CHARACTER_DATASETS = ("ptb",)
+
+
+def axis_label(metric: str, dataset: str | None = None) -> str:
+    """The y-axis name of ``metric``: "bits per character" on PTB, "bits per symbol" on another discrete set."""
+    if metric == "bpc" and dataset is not None and dataset not in CHARACTER_DATASETS:
+        return "bits per symbol"
+    return AXIS_LABELS.get(metric, metric)
 LOWER_IS_BETTER = {"bpc": True, "mse": True, "accuracy": False}
 
 PAPER_MODELS = ["kf", "rnn", "gru", "lstm", "psrnn"]
@@ -397,7 +407,7 @@ def _use_log(values: list[float], logy: Any) -> bool:
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
                 partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
-                values_in_legend: bool = True) -> int:
+                values_in_legend: bool = True, dataset: str | None = None) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
     ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
@@ -407,7 +417,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     from matplotlib.ticker import MaxNLocator
 
     colors = _colors(variants, universe=list(by_variant))
-    drawn, extent = 0, []
+    drawn, extent, last_means = 0, [], []   # each curve's last finite mean
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
         c = _curve(runs, split, metric)
@@ -430,6 +440,9 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         if n > 1:
             ax.fill_between(epochs, lo, hi, where=full, color=colors[v], alpha=0.2, lw=0)
         extent += list(lo) + list(hi)
+        finite = np.asarray(mean, dtype=float)[np.isfinite(np.asarray(mean, dtype=float))]
+        if finite.size:
+            last_means.append(float(finite[-1]))
         if show_train:
             t = _curve(runs, "train", metric)
             if t is not None:
@@ -437,11 +450,15 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                 extent += list(t[1])
         drawn += 1
     def reference_line(value: float, name: str, **style) -> None:
-        # a legend shared by panels of different metrics names the line; each panel writes its value on it
+        # a legend shared by panels of different metrics names the line; each panel writes its value on it, at the
+        # right end on the side away from where most curves end (above the line, the Bayes optimum's value sat
+        # under the curves that approach it)
         ax.axhline(value, color="black", label=f"{name} ({value:.4g})" if values_in_legend else name, **style)
         if not values_in_legend:
-            ax.annotate(f"{value:.4g}", xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
-                        textcoords="offset points", ha="right", va="bottom", fontsize="x-small")
+            below = bool(last_means) and float(np.median(last_means)) > value
+            ax.annotate(f"{value:.4g}", xy=(1.0, value), xycoords=("axes fraction", "data"),
+                        xytext=(-3, -2 if below else 2), textcoords="offset points", ha="right",
+                        va="top" if below else "bottom", fontsize="x-small")
         extent.append(value)
 
     if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
@@ -457,7 +474,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.xaxis.set_major_formatter(_init_formatter())
     ax.set_xlabel("epoch")
-    ax.set_ylabel(f"{split} {AXIS_LABELS.get(metric, metric)}")
+    ax.set_ylabel(f"{split} {axis_label(metric, dataset)}")
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
@@ -468,7 +485,8 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
 
 def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str],
                    metrics: Sequence[str], *, title: str, split: str, show_train: bool,
-                   optimal: Mapping[str, float | None], logy: Any, notes: list[str]) -> None:
+                   optimal: Mapping[str, float | None], logy: Any, notes: list[str], dataset: str | None = None
+                   ) -> None:
     partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
@@ -479,7 +497,7 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
         for ax, m in zip(axes[0], metrics):
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
                         logy=logy if m == "mse" else False, partial=partial, legend=False,
-                        values_in_legend=len(metrics) == 1)
+                        values_in_legend=len(metrics) == 1, dataset=dataset)
         shown: dict[str, Any] = {}   # every panel's entries once (the Bayes optimum is drawn on BPC alone)
         for ax in axes[0]:
             for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -540,7 +558,7 @@ def _ptb_figure(name: str, cfg: dict, grouped, out_fig: Path, notes: list[str]) 
     optimal = {m: _bayes_optimal(runs, m) for m in metrics}
     path = out_fig / fname
     _metric_figure(path, by_variant, present, metrics, title=cfg["title"], split=cfg["split"],
-                   show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes)
+                   show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes, dataset=ds)
     return path
 
 
@@ -700,7 +718,8 @@ def _per_dataset(ds: str, cfg: dict, by_variant, out_fig: Path, notes: list[str]
     optimal = {m: _bayes_optimal(runs, m) for m in metrics}
     path = out_fig / fname
     _metric_figure(path, by_variant, present, metrics, title=f"{ds}: {cfg['split']} metrics vs epoch",
-                   split=cfg["split"], show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes)
+                   split=cfg["split"], show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes,
+                   dataset=ds)
     return path
 
 

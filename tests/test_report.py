@@ -302,3 +302,37 @@ def test_a_ptb_figure_moved_to_another_dataset_is_titled_by_it():
     cfg = _merge_config({"fig3a": {"dataset": "hmm"}, "fig3b": {"dataset": "hmm", "title": "mine"}})
     assert cfg["fig3a"]["title"] == DEFAULT_FIGURES["fig3a"]["title"].replace("PTB", "hmm")
     assert cfg["fig3b"]["title"] == "mine" and cfg["fig3c"]["title"] == DEFAULT_FIGURES["fig3c"]["title"]
+
+
+def test_panel_axis_names_the_symbols_and_reference_values_sit_clear_of_the_curves(project: Path):
+    """hmm's axis read 'bits per character' (its symbols are HMM outputs; a custom file's are events), and the
+    Bayes optimum's value was written above its line, under the curves that approach it from above."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.report import _plot_panel, axis_label
+
+    runs = collect_runs(project)
+
+    def panel(dataset, metric, **kw):
+        by_variant = {}
+        for r in runs:
+            if r["dataset"] == dataset and r["history"]:
+                by_variant.setdefault(r["variant"], []).append(r)
+        fig, ax = plt.subplots()
+        _plot_panel(ax, by_variant, sorted(by_variant), metric, split="test", show_train=False,
+                    values_in_legend=False, dataset=dataset, **kw)
+        texts = {t.get_text(): (t.get_va(), t.xyann[1]) for t in ax.texts}
+        label = ax.get_ylabel()
+        plt.close(fig)
+        return label, texts
+
+    label, texts = panel("hmm", "bpc", optimal=0.8)
+    assert label == "test bits per symbol"
+    assert texts["0.8"] == ("top", -2)          # the curves end at 1.0-1.7, above the optimum: its value below
+    label, texts = panel("ptb", "bpc", optimal=5.0)
+    assert label == "test bits per character"
+    assert texts["5"] == ("bottom", 2)          # a line above every curve: its value above it
+    assert panel("ptb", "accuracy", optimal=None)[0] == "test one-step prediction accuracy"
+    assert axis_label("bpc") == "bits per character" and axis_label("mse", "custom_x") == "mean squared error"
