@@ -1072,7 +1072,10 @@ def _check_options(name: str, options: dict[str, Any], config_class: type, shape
     known = {f.name for f in fields(config_class)}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise ValueError(f"{name}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+        from pipeline.config import did_you_mean
+
+        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+        raise ValueError(f"{name}: unknown key(s) {unknown}{hint}; expected some of {sorted(known)}")
     fixed = sorted(set(options) & set(shaped))
     if fixed:
         raise ValueError(f"{name}: {fixed} shape the model too; pass them as fit_model arguments")

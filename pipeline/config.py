@@ -346,7 +346,16 @@ def _unknown(key: str, k: Any, allowed: typing.Iterable[str]) -> ParamsError:
         comma = (" (a decimal comma, as in {lr: 1,0}, splits a flow mapping's entry in two: write 1.0)"
                  if isinstance(k, int) and not isinstance(k, bool) else "")
         return ParamsError(f"{key}: the key {_describe(k)} is not a name{comma}; expected one of {sorted(allowed)}")
-    return ParamsError(f"{key}.{k}: unknown key (expected one of {sorted(allowed)})")
+    return ParamsError(f"{key}.{k}: unknown key{did_you_mean(k, allowed)} (expected one of {sorted(allowed)})")
+
+
+def did_you_mean(k: str, allowed: typing.Iterable[str]) -> str:
+    """", did you mean 'state_dim'?" for a key one slip away from an allowed one (a typo must not run the
+    default, and the list of every allowed key hides which one was meant); "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(k, [a for a in allowed if isinstance(a, str)], n=1, cutoff=0.8)
+    return f", did you mean {close[0]!r}?" if close else ""
 
 
 def _is_int(v: Any) -> bool:
@@ -1043,8 +1052,10 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     allowed = {"seeds", "datasets", "data", "tracking", "report", *DATASETS}
     for k in raw:
         if k not in allowed and not (isinstance(k, str) and is_custom(k)):
-            raise ParamsError(f"{k}: unknown key in {source} (expected one of {sorted(allowed)}, or custom_<name> "
-                              "for another dataset of your own: lower-case letters, digits, underscores)")
+            hint = did_you_mean(k, allowed) if isinstance(k, str) else ""
+            raise ParamsError(f"{k}: unknown key in {source}{hint} (expected one of {sorted(allowed)}, or "
+                              "custom_<name> for another dataset of your own: lower-case letters, digits, "
+                              "underscores)")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and 0 <= s < SEED_LIMIT for s in seeds):
         raise ParamsError(f"seeds: expected a non-empty list of integers in [0, 2**32), got {_describe(seeds)}")

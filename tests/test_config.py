@@ -56,7 +56,8 @@ def test_cp_ranks_are_those_of_the_2sr_initialised_factorized_variants(defaults)
                                                        r"ptb\.two_stage\.layers >= 2, got 1"),
     (lambda p: p["ptb"]["two_stage"].update(layers=0),
      r"^ptb\.two_stage\.layers: expected a positive integer, got an integer 0"),
-    (lambda p: p["ptb"]["two_stage"].update(layer=2), r"^ptb\.two_stage\.layer: unknown key .*'layers'"),
+    (lambda p: p["ptb"]["two_stage"].update(layer=2),
+     r"^ptb\.two_stage\.layer: unknown key, did you mean 'layers'\? \(expected .*'layers'"),
     (lambda p: p["ptb"]["two_stage"].update(state_dim=3000), r"ptb\.two_stage.*state_dim=3000 exceeds n_features"),
     (lambda p: p["ptb"]["two_stage"].update(state_dim=0), r"^ptb\.two_stage\.state_dim: expected a positive "
                                                           r"integer, got an integer 0$"),
@@ -100,6 +101,24 @@ def test_bad_params_name_the_key(defaults, mutate, key):
     mutate(raw)
     with pytest.raises(ParamsError, match=key):
         parse_params(raw)
+
+
+def test_a_misspelt_key_names_the_key_it_is_closest_to(defaults):
+    """Among the 20-odd keys of a list, the one a typo was meant to be: at the top level and in a section; a
+    key close to none gets no guess ('train' at the top level is not 'tracking')."""
+    for where, key, message in (
+            ((), "datset", r"^datset: unknown key in params\.yaml, did you mean 'datasets'\? \(expected one of \["),
+            ((), "train", r"^train: unknown key in params\.yaml \(expected one of \["),
+            (("swimmer", "two_stage"), "stat_dim", r"^swimmer\.two_stage\.stat_dim: unknown key, did you mean "
+                                                   r"'state_dim'\? \(expected one of \["),
+            (("mocap", "train"), "epoch", r"^mocap\.train\.epoch: unknown key, did you mean 'epochs'\? ")):
+        raw = copy.deepcopy(defaults)
+        section = raw
+        for name in where:
+            section = section[name]
+        section[key] = 1
+        with pytest.raises(ParamsError, match=message):
+            parse_params(raw)
 
 
 def test_custom_section_needs_path_and_kind(defaults):
@@ -341,8 +360,12 @@ def _custom(**source):
                                                                r"number >= 0, got -1\.0$"),
     (lambda p: p["hmm"]["two_stage"].update(state_dim=1001), r"^hmm\.two_stage\.state_dim=1001 exceeds n_features"),
     # typos and unknown names run nothing
-    (lambda p: p["hmm"]["two_stage"].update(widths={"ob": 1.0}), r"^hmm\.two_stage\.widths\.ob: unknown key "
-                                                                 r"\(expected one of \['future', 'obs', 'past'\]\)"),
+    (lambda p: p["hmm"]["two_stage"].update(widths={"ob": 1.0}), r"^hmm\.two_stage\.widths\.ob: unknown key, did "
+                                                                 r"you mean 'obs'\? \(expected one of \['future', "
+                                                                 r"'obs', 'past'\]\)"),
+    # no allowed key close to it: no guess, the list alone
+    (lambda p: p["hmm"]["two_stage"].update(widths={"sigma": 1.0}), r"^hmm\.two_stage\.widths\.sigma: unknown key "
+                                                                    r"\(expected one of \['future', 'obs', 'past'\]\)"),
     (lambda p: p["report"].update(figure={"fig4b": {}}), r"^report\.figure: unknown key"),
     # figures of continuous data refuse a discrete dataset (an empty MSE panel, a trace of symbols)
     (lambda p: p["report"].update(figures={"fig4b": {"dataset": "hmm"}}), r"^report\.figures\.fig4b\.dataset: dataset 'hmm' "
@@ -719,7 +742,7 @@ def test_train_overrides_apply_to_their_variant_only(defaults):
 @pytest.mark.parametrize("overrides, key", [
     ({"kff": {"lr": 0.1}}, r"^swimmer\.train\.overrides\.kff: 'kff' is not in swimmer\.variants \[.*\]; expected "
                            r"one of them"),
-    ({"kf": {"lrr": 0.1}}, r"^swimmer\.train\.overrides\.kf\.lrr: unknown key \(expected one of \[.*'lr'"),
+    ({"kf": {"lrr": 0.1}}, r"^swimmer\.train\.overrides\.kf\.lrr: unknown key, did you mean 'lr'\? \(expected one of \[.*'lr'"),
     ({"kf": {"lr": -1}}, r"^swimmer\.train\.overrides\.kf\.lr: expected a finite number > 0, got -1"),
     ({"kf": {"seed": 3}}, r"^swimmer\.train\.overrides\.kf\.seed: unknown key"),
     ({"kf": {}}, r"^swimmer\.train\.overrides\.kf: empty; expected the train settings"),

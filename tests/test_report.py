@@ -227,7 +227,7 @@ def test_figure_config_overrides(project: Path, tmp_path: Path):
     assert "feature qvel_1" not in md and "factorized_psrnn_r60" not in md.split("## Not available")[1]
     with pytest.raises(ValueError, match="unknown figure"):
         write_report(project, out, figures={"fig5": {}})
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['feture'\], did you mean 'feature'\?; known: "):
         write_report(project, out, figures={"fig4b": {"feture": "x"}})
     off = {k: False for k in ("fig3a", "fig3b", "fig3c", "fig4a", "per_dataset")}
     res = write_report(project, tmp_path / "r2", figures={**off, "fig4b": {"trajectory": 99}})

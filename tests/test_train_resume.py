@@ -311,7 +311,8 @@ def test_fit_model_windows_and_bptt_defaults(continuous):
     assert kf.extras["windows"] == {"past_window": 5, "future_window": 3}
     with pytest.raises(ValueError, match="two_stage_options: .*obs_dim"):
         fit_model(ds.train, ds.test, two_stage_options={"obs_dim": 3}, **kw)
-    with pytest.raises(ValueError, match="train_options: unknown key.*'momentun'"):
+    with pytest.raises(ValueError,
+                       match=r"train_options: unknown key\(s\) \['momentun'\], did you mean 'momentum'\?; "):
         fit_model(ds.train, ds.test, train_options={"momentun": 0.9}, **kw)
 
 
