@@ -50,4 +50,10 @@ def main(path: Path = Path(__file__).with_suffix(".parquet")) -> Path:
 
 
 if __name__ == "__main__":
-    print(main())
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Deterministic: the same file every time.")
+    parser.add_argument("output", nargs="?", type=Path, default=Path(__file__).with_suffix(".parquet"),
+                        help="the Parquet file to write (default: examples/custom_series.parquet beside this script)")
+    print(main(parser.parse_args().output))

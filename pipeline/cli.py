@@ -50,6 +50,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="psrnn", description="PSRNN pipeline stages (normally run by `dvc repro`).")
+    from pipeline import __version__
+
+    p.add_argument("--version", action="version", version=f"psrnn {__version__}",
+                   help="print the version of psrnn-pipeline and exit")
     p.add_argument("--params", default=None, help="params file (default: <project root>/params.yaml)")
     p.add_argument("--root", default=None,
                    help="project root (default: $DVC_ROOT in the workspace, else the nearest folder of params.yaml, "
@@ -409,10 +413,14 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
     shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v)
     scored = (f"one-step {shown} over {summary['predicted_steps']} steps" if shown and summary["predicted_steps"]
               else "nothing scored (no trajectory has a next observation to compare a prediction with)")
-    dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
+    dropped = _dropped(summary["dropped"])
     n = summary["trajectories"]
     print(f"{args.output}: {summary['rows']} predictions for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); {scored}")
+
+
+def _dropped(n: int) -> str:
+    return f", {n} unknown-symbol row{'' if n == 1 else 's'} dropped" if n else ""
 
 
 def _forecast(args: argparse.Namespace, root: Path, params) -> None:
@@ -425,7 +433,7 @@ def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
                             seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)
     n = summary["trajectories"]
-    dropped = f", {summary['dropped']} unknown-symbol rows dropped" if summary["dropped"] else ""
+    dropped = _dropped(summary["dropped"])
     print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})")
     single = summary.get("single_row")

@@ -980,3 +980,23 @@ def test_a_trained_run_keeps_the_units_it_was_trained_in(tmp_path, continuous_ru
                                        "history": []})
     with pytest.raises(ValueError, match=r"history\.json: 1 features, but the model takes 2"):
         load_run(tmp_path, "lgssm", "psrnn", 0)
+
+
+def test_cli_counts_dropped_rows_in_the_singular_and_plural():
+    from pipeline.cli import _dropped
+
+    assert (_dropped(0), _dropped(1), _dropped(3)) == ("", ", 1 unknown-symbol row dropped",
+                                                       ", 3 unknown-symbol rows dropped")
+
+
+def test_cli_version_is_the_packages(capsys):
+    """`psrnn --version` said 'the following arguments are required: stage'; it prints the version that
+    pyproject.toml gives the package."""
+    import tomllib
+
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"psrnn {version}\n"
