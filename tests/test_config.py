@@ -768,6 +768,7 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     raw["mocap"]["variants"] = ["psrnn", "psrnn_2layer", "lstm"]  # its kf section stays
     raw["lgssm"]["two_stage"].update(layers=1, upper_future_window=1)
     raw["lgssm"]["variants"] = [v for v in raw["lgssm"]["variants"] if "layer" not in v]
+    del raw["lgssm"]["train"]["overrides"]["psrnn_2layer"]   # an override of a variant not listed is refused
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
