@@ -338,3 +338,50 @@ def test_stage_seeds_must_be_listed_and_evaluate_takes_variant_with_seed(capsys,
         (1, "", "psrnn features: error: seed 7 is not in params.yaml seeds [0, 1]")
     assert _cli(capsys, tmp_path, "evaluate", "hmm", "psrnn") == \
         (1, "", "psrnn evaluate: error: evaluate: give both variant and seed, or neither (every run of the dataset)")
+
+
+def test_cli_forecast_sample_without_seed_draws_with_seed_0(capsys, hmm_project):
+    from pipeline.inference import load_run
+
+    root, trajs = hmm_project
+    out = root / "fc.parquet"
+    status, _, err = _cli(capsys, root, "forecast", "hmm", "psrnn", "0", str(root / "in.parquet"), str(out),
+                          "--initial", "--device", "cpu", "--steps", "15", "--sample")
+    assert (status, err) == (0, "")
+    run = load_run(root, "hmm", "psrnn", 0, initial=True)
+    want = [v for values, _ in run.forecast(trajs, 15, sample=True, seed=0) for v in values]
+    assert pq.read_table(out).column("predicted").to_pylist() == want
+    assert want != [v for values, _ in run.forecast(trajs, 15, sample=True, seed=1) for v in values]
+
+
+def test_cli_predict_summary_says_one_trajectory(capsys, hmm_project):
+    root, _ = hmm_project
+    _write(root / "one.parquet", {"trajectory": [0, 0, 0], "symbol": ["a", "b", "c"]})
+    status, out, _ = _cli(capsys, root, "predict", "hmm", "psrnn", "0", str(root / "one.parquet"),
+                          str(root / "p1.parquet"), "--initial", "--device", "cpu")
+    assert status == 0 and f"{root / 'p1.parquet'}: 3 predictions for 1 trajectory (hmm psrnn seed 0" in out
+    status, out, _ = _cli(capsys, root, "forecast", "hmm", "psrnn", "0", str(root / "one.parquet"),
+                          str(root / "f1.parquet"), "--initial", "--device", "cpu", "--steps", "2")
+    assert status == 0 and f"{root / 'f1.parquet'}: 2-step forecasts of 1 trajectory (hmm psrnn seed 0" in out
+
+
+
+def test_cli_predict_of_single_rows_scores_nothing_and_forecast_notes_their_spacing(capsys, hmm_project):
+    """Trajectories of one row each: no prediction has a next observation to be scored against (NaN metrics are
+    not printed as numbers), and their forecasts continue at a spacing no trajectory could measure."""
+    root, _ = hmm_project
+    _write(root / "rows.parquet", {"trajectory": [0, 1, 2], "step": [5, 9, 40], "symbol": ["a", "b", "a"]})
+    status, out, _ = _cli(capsys, root, "predict", "hmm", "psrnn", "0", str(root / "rows.parquet"),
+                          str(root / "p.parquet"), "--initial", "--device", "cpu")
+    assert status == 0 and out.strip().endswith(
+        "(hmm psrnn seed 0, epoch 0); nothing scored (no trajectory has a next observation to compare a prediction "
+        "with)") and "nan" not in out
+    status, _, err = _cli(capsys, root, "forecast", "hmm", "psrnn", "0", str(root / "rows.parquet"),
+                          str(root / "f.parquet"), "--initial", "--device", "cpu", "--steps", "2")
+    assert status == 0 and err == ("note: 3 single-row trajectories, whose step spacing is unknown, continued at "
+                                   "spacing 1 (no trajectory has two rows to measure it from)")
+    _write(root / "mixed.parquet", {"trajectory": [0, 0, 0, 1], "step": [0, 3, 6, 2], "symbol": ["a", "b", "a", "b"]})
+    status, _, err = _cli(capsys, root, "forecast", "hmm", "psrnn", "0", str(root / "mixed.parquet"),
+                          str(root / "f2.parquet"), "--initial", "--device", "cpu", "--steps", "2")
+    assert status == 0 and err == ("note: 1 single-row trajectory, whose step spacing is unknown, continued at "
+                                   "spacing 3 (the median of the other trajectories')")
