@@ -921,6 +921,15 @@ def test_predict_and_forecast_warn_when_the_run_is_not_current(capsys, tmp_path,
         0, f"psrnn predict: warning: {csv}: written as Parquet (pyarrow), whatever its name ends with (.csv); "
            "expected a name ending in .parquet")
     assert pq.read_table(csv).num_rows == len(test[0]) + len(test[1])
+    # what the comparison reads is gone (the prepared data; the run keeps its own units): said, and the run used
+    (mdir / "history.json").write_text(json.dumps({"data_units": {"kind": "continuous", "features": run.features,
+                                                                  "mean": run.mean.tolist(),
+                                                                  "std": run.std.tolist()}}))
+    (tmp_path / "data" / "prepared" / "lgssm.parquet").unlink()
+    status, err = _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, out)
+    assert status == 0 and err.startswith("psrnn predict: warning: could not compare the run with the current "
+                                          "params and data (") and err.endswith("); using it as it is"), err
+    assert "lgssm.parquet" in err and pq.read_table(out).num_rows == len(test[0]) + len(test[1])
 
 
 def test_a_trained_run_keeps_the_units_it_was_trained_in(tmp_path, continuous_run):
