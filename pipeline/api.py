@@ -1284,7 +1284,7 @@ def worse_by(initial: float, final: float) -> str:
     if not initial:
         return "worse"
     percent = 100 * (final - initial) / abs(initial)
-    return f"{percent:.1f}% worse" if percent < 20 else f"{percent:.0f}% worse"
+    return f"{percent:.1f}% worse" if round(percent, 1) < 20 else f"{percent:.0f}% worse"
 
 
 def _divergence_in_api_terms(message: str, tcfg: Any) -> str:

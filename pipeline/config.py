@@ -196,6 +196,9 @@ class DatasetParams:
     layers: int = 1                      # two_stage.layers: the 2SR learns depths 1..layers
     train_overrides: dict[str, TrainConfig] = field(default_factory=dict)  # train.overrides, merged per variant
     overridden: dict[str, frozenset[str]] = field(default_factory=dict)    # the keys each override sets
+    #: train.overrides of well-formed variant names that ``variants`` does not list (checked, not used): a shipped
+    #: override outlives a trimmed list (``-S 'lgssm.variants=[psrnn]'``); ``psrnn check`` notes them
+    unused_overrides: list[str] = field(default_factory=list)
 
     @property
     def discrete(self) -> bool:
@@ -240,7 +243,8 @@ class DatasetParams:
                           "expected 'auto', 'train' or 'test'" + (f" (or {hint})" if hint else ""))
 
     def unused_spectral_work(self) -> list[str]:
-        """What the two_stage stage learns that no variant uses (not an error: it costs time only)."""
+        """What the section sets that no variant uses (not an error): 2SR depths, upper-layer windows or a linear
+        2SR learned for nothing (time only), and train.overrides of variants not listed."""
         notes = []
         deepest = max([v.n_layers for v in self.variants if v.family == "psrnn" and v.init == "2sr"] + [0])
         if self.layers > max(deepest, 1):
@@ -253,6 +257,9 @@ class DatasetParams:
         if self.kf is not None and not any(v.family == "kf" for v in self.variants):
             notes.append(f"{self.name}.kf is set but no variant is kf: its linear 2SR is learned for nothing "
                          f"({self.name}.kf: null skips it)")
+        for v in self.unused_overrides:
+            notes.append(f"{self.name}.train.overrides.{v} is set but {v} is not in {self.name}.variants: its "
+                         "settings are not used")
         return notes
 
     def train_configs(self) -> list[tuple[str, TrainConfig]]:
@@ -354,8 +361,21 @@ def did_you_mean(k: str, allowed: typing.Iterable[str]) -> str:
     default, and the list of every allowed key hides which one was meant); "" when none is close."""
     import difflib
 
+    if not isinstance(k, str):   # a YAML or dict key such as 1 or None: no name to be close to
+        return ""
     close = difflib.get_close_matches(k, [a for a in allowed if isinstance(a, str)], n=1, cutoff=0.8)
     return f", did you mean {close[0]!r}?" if close else ""
+
+
+def _is_variant_name(name: Any) -> bool:
+    """Whether ``name`` is a model variant's name (psrnn_2layer, factorized_psrnn_r10, lstm_delta, ...)."""
+    if not isinstance(name, str):
+        return False
+    try:
+        Variant.parse(name, "")
+    except ParamsError:
+        return False
+    return True
 
 
 def _is_int(v: Any) -> bool:
@@ -1113,10 +1133,10 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
         if len(set(names)) != len(names):
             raise ParamsError(f"{key}.variants: duplicated variant in {names}")
         variants = [Variant.parse(n, f"{key}.variants") for n in names]
-        train_overrides = {}
+        train_overrides, unused = {}, []
         for vname, changes in overrides.items():
             okey = f"{key}.train.overrides.{vname}"
-            if vname not in names:   # a long mistyped name is shown once, shortened
+            if vname not in names and not _is_variant_name(vname):   # a typo: a long one shown once, shortened
                 shown = brief(vname) if isinstance(vname, str) else _describe(vname)
                 where = okey if len(okey) <= 120 else f"{key}.train.overrides"
                 raise ParamsError(f"{where}: {shown} is not in {key}.variants {names}; expected one of them")
@@ -1124,10 +1144,15 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             if not changes:
                 raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "
                                   "{lr: 0.1}")
-            train_overrides[vname] = _train_config({**tr_section, **changes}, okey, shown=set(changes))
+            config = _train_config({**tr_section, **changes}, okey, shown=set(changes))
+            if vname in names:
+                train_overrides[vname] = config
+            else:
+                unused.append(vname)
         dp = DatasetParams(name=name, source=src, two_stage=ts, train=tr, variants=variants, kf=kf, model=model,
                            layers=layers, train_overrides=train_overrides,
-                           overridden={v: frozenset(c) for v, c in overrides.items()})
+                           overridden={v: frozenset(c) for v, c in overrides.items() if v in names},
+                           unused_overrides=unused)
         if _has_valid(name, src) is False:
             dp.check_valid_monitor(name)
         deltas = [v.name for v in variants if v.delta]

@@ -20,6 +20,7 @@ import collections.abc
 
 import json
 import os
+import re
 import math
 import stat
 import tempfile
@@ -596,8 +597,9 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
         # a seed not run: the seeds that have the variant are what to ask for instead
-        seeds = sorted(int(p.parent.parent.name[1:]) for p in init.parents[2].glob(f"s*/init/{variant}.npz")
-                       if p.parent.parent.name[1:].isdigit())
+        # the folders artifact_dir names (s0, s12): not s01, which would read as seed 1 that lives in s1
+        seeds = sorted({int(p.parent.parent.name[1:]) for p in init.parents[2].glob(f"s*/init/{variant}.npz")
+                        if re.fullmatch(r"s(0|[1-9][0-9]*)", p.parent.parent.name, re.ASCII)})
         if have:
             found = f"have {', '.join(have)}"
         elif seeds:

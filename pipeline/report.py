@@ -52,15 +52,8 @@ METRICS = {"discrete": ("bpc", "accuracy"), "continuous": ("mse",)}
 LABELS = {"bpc": "BPC", "accuracy": "accuracy", "mse": "MSE"}
 AXIS_LABELS = {"bpc": "bits per character", "accuracy": "one-step prediction accuracy", "mse": "mean squared error"}
 #: the datasets whose symbols are characters (BPC as the paper writes it); any other discrete set's axis reads
-#: "bits per symbol" (hmm's states, a custom file's events)
+#: "bits per symbol" (hmm's outputs, a custom file's events)
 CHARACTER_DATASETS = ("ptb",)
-
-
-def axis_label(metric: str, dataset: str | None = None) -> str:
-    """The y-axis name of ``metric``: "bits per character" on PTB, "bits per symbol" on another discrete set."""
-    if metric == "bpc" and dataset is not None and dataset not in CHARACTER_DATASETS:
-        return "bits per symbol"
-    return AXIS_LABELS.get(metric, metric)
 LOWER_IS_BETTER = {"bpc": True, "mse": True, "accuracy": False}
 
 PAPER_MODELS = ["kf", "rnn", "gru", "lstm", "psrnn"]
@@ -91,6 +84,13 @@ _FIXED_COLORS = {
 #: no greys: Figure 4b draws the test data in black under every prediction (the KF's grey was lost on it)
 _SPARE_COLORS = ["tab:olive", "tab:brown", "#17364f", "#8c6d31", "#637939", "#7b4173", "#3182bd", "#e6550d",
                  "#31a354", "#756bb1"]
+
+
+def axis_label(metric: str, dataset: str | None = None) -> str:
+    """The y-axis name of ``metric``: "bits per character" on PTB, "bits per symbol" on another discrete set."""
+    if metric == "bpc" and dataset is not None and dataset not in CHARACTER_DATASETS:
+        return "bits per symbol"
+    return AXIS_LABELS.get(metric, metric)
 
 
 # --------------------------------------------------------------------------------------------------------------- input

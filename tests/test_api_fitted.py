@@ -429,6 +429,7 @@ def test_worse_by_shows_a_run_just_past_the_threshold_as_past_it():
     """The refine note said '2.115 -> 2.335, 10% worse' of a run it named as more than 10% worse (10.4%)."""
     assert worse_by(2.115, 2.335) == "10.4% worse"
     assert worse_by(1.0, 1.15) == "15.0% worse" and worse_by(1.0, 1.25) == "25% worse"
+    assert worse_by(1.0, 1.1996) == "20% worse" and worse_by(1.0, 1.1994) == "19.9% worse"   # not "20.0%"
     assert worse_by(0.01597, 0.08369) == "424% worse" and worse_by(-2.0, -1.0) == "50% worse"
     assert worse_by(0.0, 0.5) == "worse"
 

@@ -103,6 +103,21 @@ def test_bad_params_name_the_key(defaults, mutate, key):
         parse_params(raw)
 
 
+def test_a_key_that_is_no_name_gets_no_guess(tmp_path):
+    """did_you_mean took a dict key of 1 or None to difflib, which needs a sequence: fit_model(train_options={1: 2})
+    and a report figure option of 1 raised TypeError instead of their one-line ValueError."""
+    from pipeline.api import fit_model
+    from pipeline.config import did_you_mean
+    from pipeline.report import write_report
+
+    assert did_you_mean(1, ["lr"]) == did_you_mean(None, ["lr"]) == did_you_mean(True, ["lr"]) == ""
+    with pytest.raises(ValueError, match=r"^train_options: unknown key\(s\) \[1\]; expected some of "):
+        fit_model([[0, 1, 0, 1, 1, 0]] * 4, train_options={1: 2})
+    with pytest.raises(ValueError, match=r"^report: figures\.fig3a: unknown option\(s\) \[1\]; known: "):
+        write_report(tmp_path, tmp_path / "reports", figures={"fig3a": {1: 2}})
+    assert not (tmp_path / "reports").exists()   # refused before anything is written
+
+
 def test_a_misspelt_key_names_the_key_it_is_closest_to(defaults):
     """Among the 20-odd keys of a list, the one a typo was meant to be: at the top level and in a section; a
     key close to none gets no guess ('train' at the top level is not 'tracking')."""
@@ -739,10 +754,33 @@ def test_train_overrides_apply_to_their_variant_only(defaults):
     assert dp.train_config("lstm") == dp.train and dp.train.lr == 1.0
 
 
+def test_a_shipped_override_outlives_a_trimmed_variant_list(defaults):
+    """lgssm ships overrides for three variants: -S 'lgssm.variants=[psrnn]' was refused ('psrnn_2layer' is not
+    in lgssm.variants). An override of a variant name not listed is checked and kept aside (psrnn check notes
+    it); one that names no variant at all is still a typo, refused."""
+    raw = copy.deepcopy(defaults)
+    raw["lgssm"]["variants"] = ["psrnn", "lstm"]
+    dp = parse_params(raw).dataset("lgssm")
+    assert dp.unused_overrides == ["psrnn_2layer", "factorized_psrnn_r10"] and list(dp.train_overrides) == ["psrnn"]
+    assert dp.train_config("psrnn").lr == 0.1 and dp.train_config("lstm").lr == 1.0
+    assert dp.setting_key("psrnn", "lr") == "lgssm.train.overrides.psrnn.lr"
+    assert dp.unused_spectral_work()[-2:] == [
+        "lgssm.train.overrides.psrnn_2layer is set but psrnn_2layer is not in lgssm.variants: its settings are not "
+        "used", "lgssm.train.overrides.factorized_psrnn_r10 is set but factorized_psrnn_r10 is not in "
+        "lgssm.variants: its settings are not used"]
+    raw["lgssm"]["train"]["overrides"]["gru"] = {"lr": -1}   # an unused override's values are checked all the same
+    with pytest.raises(ParamsError, match=r"^lgssm\.train\.overrides\.gru\.lr: expected a finite number > 0"):
+        parse_params(raw)
+    raw["lgssm"]["train"]["overrides"] = {"psrnn_2layr": {"lr": 0.1}}
+    with pytest.raises(ParamsError, match=r"^lgssm\.train\.overrides\.psrnn_2layr: 'psrnn_2layr' is not in "):
+        parse_params(raw)
+
+
 @pytest.mark.parametrize("overrides, key", [
     ({"kff": {"lr": 0.1}}, r"^swimmer\.train\.overrides\.kff: 'kff' is not in swimmer\.variants \[.*\]; expected "
                            r"one of them"),
-    ({"kf": {"lrr": 0.1}}, r"^swimmer\.train\.overrides\.kf\.lrr: unknown key, did you mean 'lr'\? \(expected one of \[.*'lr'"),
+    ({"kf": {"lrr": 0.1}}, r"^swimmer\.train\.overrides\.kf\.lrr: unknown key, did you mean 'lr'\? "
+                           r"\(expected one of \[.*'lr'"),
     ({"kf": {"lr": -1}}, r"^swimmer\.train\.overrides\.kf\.lr: expected a finite number > 0, got -1"),
     ({"kf": {"seed": 3}}, r"^swimmer\.train\.overrides\.kf\.seed: unknown key"),
     ({"kf": {}}, r"^swimmer\.train\.overrides\.kf: empty; expected the train settings"),
@@ -768,7 +806,6 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
     raw["mocap"]["variants"] = ["psrnn", "psrnn_2layer", "lstm"]  # its kf section stays
     raw["lgssm"]["two_stage"].update(layers=1, upper_future_window=1)
     raw["lgssm"]["variants"] = [v for v in raw["lgssm"]["variants"] if "layer" not in v]
-    del raw["lgssm"]["train"]["overrides"]["psrnn_2layer"]   # an override of a variant not listed is refused
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -778,7 +815,9 @@ def test_check_notes_spectral_work_no_variant_uses(defaults, tmp_path, capsys, m
         "note: ptb.two_stage.layers is 3 but the deepest 2SR-initialised PSRNN variant has 2 layer(s): the 2SR of "
         "the deeper layers is learned for nothing",
         "note: mocap.kf is set but no variant is kf: its linear 2SR is learned for nothing (mocap.kf: null skips it)",
-        "note: lgssm.two_stage.upper_future_window is set but two_stage.layers is 1: only layers 2 and up read it"]
+        "note: lgssm.two_stage.upper_future_window is set but two_stage.layers is 1: only layers 2 and up read it",
+        "note: lgssm.train.overrides.psrnn_2layer is set but psrnn_2layer is not in lgssm.variants: its settings are "
+        "not used"]
     assert parse_params(copy.deepcopy(defaults)).dataset("ptb").unused_spectral_work() == []
 
 

@@ -519,6 +519,12 @@ def test_load_run_names_the_variants_a_dataset_has(tmp_path, continuous_run):
         shutil.copy(tmp_path / "psrnn.npz", target)
     with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
+    for odd in ("s01", "s\u00b2", "sx", "s-1", "s"):   # folders artifact_dir never names: not seeds (s01 read as 1)
+        target = tmp_path / "artifacts" / "lgssm" / odd / "init" / "psrnn.npz"
+        target.parent.mkdir(parents=True)
+        shutil.copy(tmp_path / "psrnn.npz", target)
+    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12\)$"):
+        load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     shutil.rmtree(tmp_path / "artifacts")
     with pytest.raises(FileNotFoundError, match=r"with seed 1 \(have none: has `dvc repro` run\?\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)

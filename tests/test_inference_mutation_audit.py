@@ -365,7 +365,6 @@ def test_cli_predict_summary_says_one_trajectory(capsys, hmm_project):
     assert status == 0 and f"{root / 'f1.parquet'}: 2-step forecasts of 1 trajectory (hmm psrnn seed 0" in out
 
 
-
 def test_cli_predict_of_single_rows_scores_nothing_and_forecast_notes_their_spacing(capsys, hmm_project):
     """Trajectories of one row each: no prediction has a next observation to be scored against (NaN metrics are
     not printed as numbers), and their forecasts continue at a spacing no trajectory could measure."""
