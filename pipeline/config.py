@@ -1072,8 +1072,7 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     allowed = {"seeds", "datasets", "data", "tracking", "report", *DATASETS}
     for k in raw:
         if k not in allowed and not (isinstance(k, str) and is_custom(k)):
-            hint = did_you_mean(k, allowed) if isinstance(k, str) else ""
-            raise ParamsError(f"{k}: unknown key in {source}{hint} (expected one of {sorted(allowed)}, or "
+            raise ParamsError(f"{k}: unknown key in {source}{did_you_mean(k, allowed)} (expected one of {sorted(allowed)}, or "
                               "custom_<name> for another dataset of your own: lower-case letters, digits, "
                               "underscores)")
     seeds = raw.get("seeds", [0])

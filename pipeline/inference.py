@@ -596,10 +596,10 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
                                 "datasets, and has `dvc repro` run?)")
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
-        # a seed not run: the seeds that have the variant are what to ask for instead
-        # the folders artifact_dir names (s0, s12): not s01, which would read as seed 1 that lives in s1
-        seeds = sorted({int(p.parent.parent.name[1:]) for p in init.parents[2].glob(f"s*/init/{variant}.npz")
-                        if re.fullmatch(r"s(0|[1-9][0-9]*)", p.parent.parent.name, re.ASCII)})
+        # a seed not run: the seeds that have the variant are what to ask for instead, from the folders artifact_dir
+        # names (s0, s12; not s01, which would read as seed 1, whose folder is s1)
+        seeds = sorted(int(d.name[1:]) for d in init.parents[2].glob("s*")
+                       if re.fullmatch(r"s(0|[1-9][0-9]*)", d.name, re.ASCII) and (d / "init" / init.name).is_file())
         if have:
             found = f"have {', '.join(have)}"
         elif seeds:

@@ -440,7 +440,8 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         if n > 1:
             ax.fill_between(epochs, lo, hi, where=full, color=colors[v], alpha=0.2, lw=0)
         extent += list(lo) + list(hi)
-        finite = np.asarray(mean, dtype=float)[np.isfinite(np.asarray(mean, dtype=float))]
+        finite = np.asarray(mean, dtype=float)
+        finite = finite[np.isfinite(finite)]
         if finite.size:
             last_means.append(float(finite[-1]))
         if show_train:

@@ -259,20 +259,22 @@ def hmm_project(tmp_path, dmodel):
     return tmp_path, [list(syms[test[0]]), list(syms[test[1]])]
 
 
-def test_cli_forecast_passes_steps_and_sample_seed(capsys, hmm_project):
+@pytest.mark.parametrize("seed_args, seed, other", [(["--sample-seed", "9"], 9, 0),
+                                                     ([], 0, 1)])   # without --sample-seed: seed 0
+def test_cli_forecast_passes_steps_and_sample_seed(capsys, hmm_project, seed_args, seed, other):
     from pipeline.inference import load_run
 
     root, trajs = hmm_project
     run = load_run(root, "hmm", "psrnn", 0, initial=True)
     out = root / "fc.parquet"
     status, _, err = _cli(capsys, root, "forecast", "hmm", "psrnn", "0", str(root / "in.parquet"), str(out),
-                          "--initial", "--device", "cpu", "--steps", "15", "--sample", "--sample-seed", "9")
+                          "--initial", "--device", "cpu", "--steps", "15", "--sample", *seed_args)
     assert (status, err) == (0, "")
     table = pq.read_table(out)
     assert table.column("horizon").to_pylist() == list(range(1, 16)) * 2
-    want = [v for values, _ in run.forecast(trajs, 15, sample=True, seed=9) for v in values]
+    want = [v for values, _ in run.forecast(trajs, 15, sample=True, seed=seed) for v in values]
     assert table.column("predicted").to_pylist() == want
-    assert want != [v for values, _ in run.forecast(trajs, 15, sample=True, seed=0) for v in values]
+    assert want != [v for values, _ in run.forecast(trajs, 15, sample=True, seed=other) for v in values]
 
 
 def test_cli_predict_refuses_unknown_symbols_unless_told(capsys, hmm_project):
@@ -338,20 +340,6 @@ def test_stage_seeds_must_be_listed_and_evaluate_takes_variant_with_seed(capsys,
         (1, "", "psrnn features: error: seed 7 is not in params.yaml seeds [0, 1]")
     assert _cli(capsys, tmp_path, "evaluate", "hmm", "psrnn") == \
         (1, "", "psrnn evaluate: error: evaluate: give both variant and seed, or neither (every run of the dataset)")
-
-
-def test_cli_forecast_sample_without_seed_draws_with_seed_0(capsys, hmm_project):
-    from pipeline.inference import load_run
-
-    root, trajs = hmm_project
-    out = root / "fc.parquet"
-    status, _, err = _cli(capsys, root, "forecast", "hmm", "psrnn", "0", str(root / "in.parquet"), str(out),
-                          "--initial", "--device", "cpu", "--steps", "15", "--sample")
-    assert (status, err) == (0, "")
-    run = load_run(root, "hmm", "psrnn", 0, initial=True)
-    want = [v for values, _ in run.forecast(trajs, 15, sample=True, seed=0) for v in values]
-    assert pq.read_table(out).column("predicted").to_pylist() == want
-    assert want != [v for values, _ in run.forecast(trajs, 15, sample=True, seed=1) for v in values]
 
 
 def test_cli_predict_summary_says_one_trajectory(capsys, hmm_project):
