@@ -5,9 +5,9 @@ Input: ``raw_dir/pendigits-orig.tra`` (7494 digits, 30 writers) and ``raw_dir/pe
 a ``.COMMENT <label> <writer> <sample>`` line and one or more strokes (``.PEN_DOWN`` ... ``.PEN_UP``) of integer
 ``x y`` samples taken every 100 ms (y grows upward).
 
-Features. The paper uses "x, y and pressure", but **the files contain no pressure** (the UCI description says the
-tablet's pressure values were ignored and never distributed), so each time step has ``x`` and ``y`` and, with
-``pen_up=True`` (default), a third column ``pen_up``:
+Features. The paper's are "$x$ and $y$ tablet coordinates and pressure levels of the pen", but **the files contain
+no pressure** (the UCI description says the tablet's pressure values were ignored and never distributed), so each
+time step has ``x`` and ``y`` and, with ``pen_up=True`` (default), a third column ``pen_up``:
 
 * a digit's strokes are concatenated into ONE trajectory, in file order;
 * ``pen_up`` is 1.0 on the first point of every stroke after the first (the sample that follows a pen lift: the jump

@@ -1,7 +1,8 @@
 """CMU motion capture (Acclaim ASF/AMC) → 3D joint positions → fixed-length walking tracks.
 
-The paper's Mocap data set is "48 skeletal tracks from three human subjects walking, 300 timesteps each, Vicon,
-features are the 3D positions of skeletal parts (e.g. upper back, thorax, clavicle)". It does not name the CMU
+The paper's Mocap data set consists "of 48 skeletal tracks from three human subjects collected while they were
+walking. The tracks have 300 timesteps each, and are from a Vicon motion capture system. [...] Features consist of
+the 3D positions of the skeletal parts (e.g., upper back, thorax, clavicle)." It does not name the CMU
 trials. This module implements, with numpy only (no ``pyacclaim``):
 
 * :func:`parse_asf` — the skeleton file (bone directions, lengths, local axes, degrees of freedom, hierarchy);

@@ -1,6 +1,6 @@
 """Swimmer data: the authors' group's recorded trajectories, or a fresh gymnasium/MuJoCo simulation.
 
-The paper: "the 3-link simulated swimmer robot from OpenAI gym. The observation model returns the angular position
+The paper: "the 3-link simulated swimmer robot from the open-source package OpenAI gym. The observation model returns the angular position
 of the nose as well as the angles of the two joints. We collect 25 trajectories from a robot that is trained to
 swim forward (via the cross entropy with a linear policy), with a train/test split of 20/5."
 
