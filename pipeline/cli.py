@@ -187,7 +187,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.root).resolve() if args.root else project_root()
     params_path = Path(args.params) if args.params else root / "params.yaml"
     with _terminate_cleanly():
-        return _run(args, root, params_path)
+        status = _run(args, root, params_path)
+    try:
+        sys.stdout.flush()   # `psrnn check | head -1`: the reader may be gone before the buffer's last write
+    except BrokenPipeError:
+        return _reader_gone()
+    return status
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed the pipe (``| head``): stop quietly with the status of a process killed by
+    SIGPIPE, as a Unix tool would, instead of a "Broken pipe" error; stdout goes to /dev/null so that the
+    interpreter's own flush at exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + int(getattr(signal, "SIGPIPE", 13))
 
 
 class Terminated(BaseException):
@@ -234,6 +249,10 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if _debug(args):
+            raise
+        return _reader_gone()
     except Terminated:
         resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
         print(f"psrnn {args.stage}: terminated (SIGTERM); no half-written file is left{resume}", file=sys.stderr)

@@ -213,3 +213,23 @@ def test_check_fails_when_the_summaries_share_no_dataset(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == ("0 numbers compared: 0 same, 0 close, 0 within spread, 0 differs; datasets only in ours: "
                        "custom; datasets only in the reference: hmm, swimmer (the two summaries share no dataset)")
+
+
+def test_a_reader_that_closes_the_pipe_stops_the_command_quietly(tmp_path):
+    """`psrnn compare --all | head -1`: the reader is gone before the output is written. The command stops with
+    SIGPIPE's status (141, as a Unix tool killed by it) and says nothing, instead of "error: [Errno 32] Broken
+    pipe" on stderr."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "pipeline.cli", "--root", str(tmp_path), "compare",
+           str(REFERENCE / "default" / "summary.json"), "--reference",
+           str(REFERENCE / "continuous-lr" / "summary.json"), "--all"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()   # before the child writes a byte: its first write (or its flush at exit) fails
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert stderr == ""
+    whole = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)   # read in full: all of it
+    assert whole.returncode == 0, whole.stderr
+    assert len(whole.stdout.splitlines()) > 100 and whole.stderr == ""
