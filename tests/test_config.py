@@ -762,7 +762,7 @@ def test_a_shipped_override_outlives_a_trimmed_variant_list(defaults):
     raw["lgssm"]["variants"] = ["psrnn", "lstm"]
     dp = parse_params(raw).dataset("lgssm")
     assert dp.unused_overrides == ["psrnn_2layer", "factorized_psrnn_r10"] and list(dp.train_overrides) == ["psrnn"]
-    assert dp.train_config("psrnn").lr == 0.1 and dp.train_config("lstm").lr == 1.0
+    assert dp.train_config("psrnn").lr == 0.3 and dp.train_config("lstm").lr == 1.0
     assert dp.setting_key("psrnn", "lr") == "lgssm.train.overrides.psrnn.lr"
     assert dp.unused_spectral_work()[-2:] == [
         "lgssm.train.overrides.psrnn_2layer is set but psrnn_2layer is not in lgssm.variants: its settings are not "
