@@ -1223,6 +1223,12 @@ def fit_model(
     elif model == "kf":
         lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
     net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=train)
+    note = far_side_note(net, {"train": train, "valid": plan.valid, "test": plan.test})
+    if note:
+        import warnings
+
+        warnings.warn(f"fit_model: {note}; a small bias_scale= (0.05 to 0.2) breaks the symmetry", UserWarning,
+                      stacklevel=2)
     completed: list[dict[str, Any]] = []
     try:
         result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
@@ -1239,6 +1245,26 @@ def fit_model(
     if cfg.init == "2sr" and tcfg.epochs >= 1:
         _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)))
     return fitted
+
+
+def far_side_note(model, splits: dict[str, Sequence[np.ndarray] | None]) -> str | None:
+    """What :meth:`pipeline.models.PSRNN.far_side_trajectories` finds in a 2SR-initialised PSRNN, as one clause
+    ("layer 2: 2 of 10 test trajectories keep the state on the far side of ..."), or None: nothing found, no
+    bias-free layer, not a 2SR PSRNN, or fewer than two training trajectories (one stream is its own mean)."""
+    from pipeline.models import PSRNN
+
+    if not isinstance(model, PSRNN) or model.config.init != "2sr" or len(splits.get("train") or ()) < 2:
+        return None
+    train = splits["train"]   # a split that is the training list itself (fit_model without test=) once
+    counts = model.far_side_trajectories({name: t for name, t in splits.items()
+                                          if t and (name == "train" or t is not train)})
+    found = [f"layer {level}: {n} of {len(splits[name])} {'training' if name == 'train' else name} trajectories"
+             for name, per_layer in counts.items() for level, n in enumerate(per_layer, 1) if n]
+    if not found:
+        return None
+    return (f"{', '.join(found)} keep the state on the far side of the training states' mean (q·m < 0 for a "
+            "tenth of their steps or more in a row): without a bias the update is odd in q, q and −q filter alike, "
+            "and the decoder reads the mirror image wrong")
 
 
 #: a final model this much worse than a 2SR initialisation (relative, on the monitored split) gets a warning

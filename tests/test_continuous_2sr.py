@@ -1,6 +1,8 @@
 """The 2SR-initialised PSRNN on continuous data (the Swimmer / Mocap / Handwriting path), before any BPTT, against
 the Bayes-optimal Kalman filter of a known linear-Gaussian system and the mean predictor."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,8 @@ def lgssm(request):
     return ds, optimal, mean_mse
 
 
+# the 2-layer PSRNN has no bias: a state of a training trajectory that flips (on some CPUs) gets fit_model's note
+@pytest.mark.filterwarnings("ignore:fit_model. layer")
 @pytest.mark.parametrize("variant", [
     pytest.param(dict(model="psrnn", bias_scale=0.1), id="psrnn_bias"),
     pytest.param(dict(model="factorized_psrnn", rank=10), id="factorized_psrnn_r10"),
@@ -63,18 +67,27 @@ def test_upper_layer_windows_of_one_state_keep_the_2layer_start_near_the_1layer_
     trajs = [np.stack([np.sin(0.2 * t + ph), np.cos(0.13 * t + ph)], 1) + 0.05 * rng.standard_normal((120, 2))
              for ph in rng.uniform(0, 6, 8)]
     common = dict(model="psrnn", epochs=0, state_dim=6, n_features=100, past_window=5, horizon=5)
-    layer_one_windows = []
+    layer_one_windows, warned = [], []
     for seed in (0, 1, 4):
-        one = fit_model(trajs, seed=seed, **common).history[0]["train"]["mse"]
-        upper = fit_model(trajs, seed=seed, n_layers=2, two_stage_options={"upper_past_window": 1,
-                                                                         "upper_future_window": 1}, **common)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # no state on the far side (fit_model would warn)
+            one = fit_model(trajs, seed=seed, **common).history[0]["train"]["mse"]
+            upper = fit_model(trajs, seed=seed, n_layers=2, two_stage_options={"upper_past_window": 1,
+                                                                             "upper_future_window": 1}, **common)
         assert upper.history[0]["train"]["mse"] < 1.5 * one, seed
-        same = fit_model(trajs, seed=seed, n_layers=2, **common)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            same = fit_model(trajs, seed=seed, n_layers=2, **common)
         layer_one_windows.append(same.history[0]["train"]["mse"] / one)
-    # the failure the option avoids, on these data: seed 0's layer 2 flips (20x the 1-layer MSE)
+        warned.append(any("layer 2: 2 of 8 training trajectories keep the state on the far side" in str(w.message)
+                          for w in caught))
+    # the failure the option avoids, on these data: seed 0's and 4's layer 2 flip on 2 of the 8 trajectories
+    # (20x and 12x the 1-layer MSE), and fit_model says so for those two seeds only
     assert max(layer_one_windows) > 5, layer_one_windows
+    assert warned == [ratio > 5 for ratio in layer_one_windows] == [True, False, True], layer_one_windows
 
 
+@pytest.mark.filterwarnings("ignore:fit_model. layer")   # the bias-free fits flip, on some CPUs: fit_model says so
 def test_a_bias_keeps_the_state_on_the_mean_states_side():
     """Why the PSRNN above is tested with a bias. Without one the filter is odd in q: started from −q₁ it runs
     through exactly the negated states, and a state that crosses to the far side of the mean state has no reason

@@ -24,7 +24,7 @@ contraction before the (cheap) sequential part.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -476,10 +476,10 @@ class PSRNN(SequenceModel):
         h, new_state = self.decoder_inputs(x, state, reset)
         return self.emit(self.decoder(h), x), new_state
 
-    def decoder_inputs(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """What the decoder reads after each step, (L, B, d) (the top layer's state q⁽ᴸ⁾_{t+1}, or with
-        ``decoder_input="all"`` every layer's side by side, (L, B, L·d)), and the new state."""
+    def layer_states(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
+                     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """Every layer's states after each step, [(L, B, d)] × layers (layer l+1 reads layer l's), and the new
+        state."""
         new_state, outputs = [], []
         h = x
         for encoder, core, q in zip(self.encoders, self.cores, state):
@@ -490,30 +490,77 @@ class PSRNN(SequenceModel):
             new_state.append(states[-1])
             outputs.append(states)
             h = states
-        if self.config.decoder_input == "all" and len(outputs) > 1:
-            h = torch.cat(outputs, dim=-1)
-        return h, tuple(new_state)
+        return outputs, tuple(new_state)
 
-    def filtered_decoder_inputs(self, trajectories: Sequence[np.ndarray], *, chunk: int = 4096
-                                ) -> list[np.ndarray]:
-        """Per trajectory, the decoder's inputs at every step as float64 (T, d): the filter run from q₁ through
-        the whole trajectory (blocks of ``chunk`` steps carry the state, so that no (T × n_rff) encoder output
-        is ever held), on the model's device, without a graph."""
+    def decoder_inputs(self, x: torch.Tensor, state: Sequence[torch.Tensor], reset: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """What the decoder reads after each step, (L, B, d) (the top layer's state q⁽ᴸ⁾_{t+1}, or with
+        ``decoder_input="all"`` every layer's side by side, (L, B, L·d)), and the new state."""
+        outputs, new_state = self.layer_states(x, state, reset)
+        if self.config.decoder_input == "all" and len(outputs) > 1:
+            return torch.cat(outputs, dim=-1), new_state
+        return outputs[-1], new_state
+
+    def filtered_layer_states(self, trajectories: Sequence[np.ndarray], *, chunk: int = 4096
+                              ) -> list[list[np.ndarray]]:
+        """Per trajectory, every layer's states at every step as float64 [(T, d)] × layers: the filter run from
+        q₁ through the whole trajectory (blocks of ``chunk`` steps carry the state, so that no (T × n_rff)
+        encoder output is ever held), on the model's device, without a graph."""
         p = next(self.parameters())
         out = []
         with torch.no_grad():
             for traj in trajectories:
                 a = np.asarray(traj)
                 state = self.init_state(1)
-                parts = []
+                parts: list[list[np.ndarray]] = [[] for _ in self.cores]
                 for s in range(0, len(a), chunk):
                     block = a[s:s + chunk]
                     x = (torch.as_tensor(block, dtype=torch.int64, device=p.device).reshape(len(block), 1)
                          if self.config.discrete else
                          torch.as_tensor(block.reshape(len(block), 1, -1), dtype=p.dtype, device=p.device))
-                    h, state = self.decoder_inputs(x, state)
-                    parts.append(h[:, 0].double().cpu().numpy())
-                out.append(np.concatenate(parts) if parts else np.zeros((0, self.decoder.in_features)))
+                    outputs, state = self.layer_states(x, state)
+                    for level, h in enumerate(outputs):
+                        parts[level].append(h[:, 0].double().cpu().numpy())
+                out.append([np.concatenate(ps) if ps else np.zeros((0, self.config.state_dim)) for ps in parts])
+        return out
+
+    def filtered_decoder_inputs(self, trajectories: Sequence[np.ndarray], *, chunk: int = 4096
+                                ) -> list[np.ndarray]:
+        """Per trajectory, the decoder's inputs at every step as float64 (T, d) (see :meth:`decoder_inputs`), from
+        :meth:`filtered_layer_states`."""
+        every = self.config.decoder_input == "all" and len(self.cores) > 1
+        return [np.concatenate(layers, axis=1) if every else layers[-1]
+                for layers in self.filtered_layer_states(trajectories, chunk=chunk)]
+
+    def far_side_trajectories(self, splits: Mapping[str, Sequence[np.ndarray]], reference: str = "train"
+                              ) -> dict[str, list[int | None]]:
+        """Per split and layer, how many of the split's trajectories keep that layer's state on the far side of
+        the mean of the states filtered from ``splits[reference]`` (the training trajectories), q⁽ˡ⁾_t · m < 0
+        with m the mean state's direction, for a run of at least a tenth of their steps (and two); None for a
+        layer with a bias (b ≠ 0), whose update is not odd in q.
+
+        Without a bias the update of Eq. (5) is odd in q: q and −q filter alike, mirrored, so a near-zero update
+        can leave the state on the far side, where it stays, and an affine decoder reads the mirror image wrong.
+        On data whose states cluster on one side of their mean, as every shipped set's do, a count above zero is
+        that failure (lgssm's 2-layer PSRNN without a bias: layer 2, 2 of 10 test trajectories); a small bias
+        (``model.psrnn_bias_scale``) breaks the symmetry."""
+        biased = [bool((core.b.detach() != 0).any()) for core in self.cores]
+        if all(biased):
+            return {name: [None] * len(biased) for name in splits}
+        states = {reference: self.filtered_layer_states(splits[reference])}
+        means: list[np.ndarray | None] = []
+        for level in range(len(biased)):
+            steps = [layers[level] for layers in states[reference] if len(layers[level])]
+            m = np.concatenate(steps).mean(axis=0) if steps else None
+            norm = float(np.linalg.norm(m)) if m is not None else 0.0
+            means.append(m / norm if norm > 0 else None)
+        out: dict[str, list[int | None]] = {}
+        for name, trajectories in splits.items():
+            if name not in states:
+                states[name] = self.filtered_layer_states(trajectories)
+            out[name] = [None if has_bias or m is None else
+                         sum(1 for layers in states[name] if _stays_far(layers[level] @ m < 0))
+                         for level, (has_bias, m) in enumerate(zip(biased, means))]
         return out
 
     # ------------------------------------------------------------------ initialisation from 2SR / at random
@@ -576,6 +623,17 @@ class PSRNN(SequenceModel):
             nn.init.xavier_uniform_(self.decoder.weight, generator=g)
             self.decoder.bias.zero_()
         return self
+
+
+def _stays_far(far: np.ndarray) -> bool:
+    """Whether a trajectory's far-side flags hold for a run of at least a tenth of its steps, and two: a state
+    that flipped stays flipped (the trajectories of the shipped sets have none on the far side at all), while a
+    step or two across, and back, is a near-zero update's noise."""
+    longest = run = 0
+    for flag in far:
+        run = run + 1 if flag else 0
+        longest = max(longest, run)
+    return longest >= max(2, 0.1 * len(far))
 
 
 def _t(x: np.ndarray) -> torch.Tensor:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.config import DatasetParams, Params, Variant
 from pipeline.data.schema import SequenceDataset
@@ -79,12 +83,35 @@ def initialise(params: Params, root: Path, dataset: str, seed: int) -> Path:
     dp = params.dataset(dataset)
     out = artifact_dir(root, dataset, seed) / "init"
     out.mkdir(parents=True, exist_ok=True)
+    notes: dict[str, str | None] = {}   # by the filter's weights: psrnn_2layer and its _skip filter alike
     for variant in dp.variants:
-        model, _ = initial_model(params, root, dataset, variant.name, seed)
+        model, ds = initial_model(params, root, dataset, variant.name, seed)
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         save_npz(out / f"{variant.name}.npz", state, meta={"model_config": model.config.to_dict(), "seed": seed,
                                                            "n_params": model.n_parameters()})
+        note = _far_side(model, ds, state, notes)
+        if note:
+            key = f"{dataset}.model.{'factorized' if variant.rank is not None else 'psrnn'}_bias_scale"
+            print(f"initialise {dataset} s{seed}: note: {variant.name}: {note}; {key} 0.05 to 0.2 breaks the "
+                  "symmetry (docs/params.md)", file=sys.stderr)
     return out
+
+
+def _far_side(model, ds: SequenceDataset, state: dict, notes: dict[str, str | None]) -> str | None:
+    """:func:`pipeline.api.far_side_note` of a 2SR PSRNN on the dataset's splits, once per filter."""
+    from pipeline.api import far_side_note
+
+    if model.config.init != "2sr" or model.config.model not in ("psrnn", "factorized_psrnn"):
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        if not name.startswith("decoder."):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(state[name]).tobytes())
+    key = digest.hexdigest()
+    if key not in notes:
+        notes[key] = far_side_note(model, {"train": ds.train, "valid": ds.valid, "test": ds.test})
+    return notes[key]
 
 
 def load_initial(root: Path, dataset: str, variant: str, seed: int):
