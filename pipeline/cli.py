@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import itertools
 import logging
 import os
@@ -199,10 +200,26 @@ def _reader_gone() -> int:
     """The reader of stdout closed the pipe (``| head``): stop quietly with the status of a process killed by
     SIGPIPE, as a Unix tool would, instead of a "Broken pipe" error; stdout goes to /dev/null so that the
     interpreter's own flush at exit does not raise again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):   # no file descriptor (in-process)
+        pass
     return 128 + int(getattr(signal, "SIGPIPE", 13))
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on its write end): a broken
+    pipe of a socket or a subprocess is an error like any other, not a reader that has read enough."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 class Terminated(BaseException):
@@ -249,15 +266,13 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        if _debug(args):
-            raise
-        return _reader_gone()
     except Terminated:
         resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
         print(f"psrnn {args.stage}: terminated (SIGTERM); no half-written file is left{resume}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except Exception as exc:  # one clear line, not a traceback, for every expected failure
+        if isinstance(exc, BrokenPipeError) and not _debug(args) and _stdout_reader_gone():
+            return _reader_gone()
         if _debug(args) or not expected_failure(exc):
             raise
         print(f"psrnn {args.stage}: error: {one_line(exc)}", file=sys.stderr)

@@ -215,21 +215,41 @@ def test_check_fails_when_the_summaries_share_no_dataset(tmp_path, capsys):
                        "custom; datasets only in the reference: hmm, swimmer (the two summaries share no dataset)")
 
 
-def test_a_reader_that_closes_the_pipe_stops_the_command_quietly(tmp_path):
+@pytest.mark.parametrize("flag, buffered", [
+    ("--all", False),   # 34 kB, written as printed: a print fails inside the command
+    (None, True),       # 1.5 kB, block-buffered: the flush at exit fails, after the command returned
+])
+def test_a_reader_that_closes_the_pipe_stops_the_command_quietly(tmp_path, flag, buffered):
     """`psrnn compare --all | head -1`: the reader is gone before the output is written. The command stops with
     SIGPIPE's status (141, as a Unix tool killed by it) and says nothing, instead of "error: [Errno 32] Broken
-    pipe" on stderr."""
+    pipe" on stderr (or, at exit, "Exception ignored ... BrokenPipeError" and status 120)."""
+    import os
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "pipeline.cli", "--root", str(tmp_path), "compare",
            str(REFERENCE / "default" / "summary.json"), "--reference",
-           str(REFERENCE / "continuous-lr" / "summary.json"), "--all"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           str(REFERENCE / "continuous-lr" / "summary.json"), *([flag] if flag else [])]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED" or not buffered}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()   # before the child writes a byte: its first write (or its flush at exit) fails
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, stderr
     assert stderr == ""
-    whole = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)   # read in full: all of it
+    whole = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)   # read in full
     assert whole.returncode == 0, whole.stderr
-    assert len(whole.stdout.splitlines()) > 100 and whole.stderr == ""
+    assert len(whole.stdout.splitlines()) > (100 if flag else 5) and whole.stderr == ""
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch, capsys):
+    """Only a closed stdout is a reader that has read enough: a broken pipe of anything else (a socket, a
+    subprocess) fails as any error does, and stdout stays as it was."""
+    def broken(*args):
+        raise BrokenPipeError(32, "Broken pipe", "the tracking server's socket")
+
+    monkeypatch.setattr(cli, "_compare", broken)
+    assert cli.main(["--root", str(tmp_path), "compare"]) == 1   # an OSError: one line, as for a failed download
+    assert capsys.readouterr().err == (
+        "psrnn compare: error: [Errno 32] Broken pipe: \"the tracking server's socket\"\n")
+    print("still here")
+    assert capsys.readouterr().out == "still here\n"
