@@ -1227,8 +1227,8 @@ def fit_model(
     if note:
         import warnings
 
-        warnings.warn(f"fit_model: {note}; a small bias_scale= (0.05 to 0.2) breaks the symmetry", UserWarning,
-                      stacklevel=2)
+        warnings.warn(f"fit_model: {note}; where their error stands apart, a small bias_scale= (0.05 to 0.2) "
+                      "breaks the symmetry", UserWarning, stacklevel=2)
     completed: list[dict[str, Any]] = []
     try:
         result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
@@ -1253,11 +1253,12 @@ def far_side_note(model, splits: dict[str, Sequence[np.ndarray] | None]) -> str 
     bias-free layer, not a 2SR PSRNN, or fewer than two training trajectories (one stream is its own mean)."""
     from pipeline.models import PSRNN
 
-    if not isinstance(model, PSRNN) or model.config.init != "2sr" or len(splits.get("train") or ()) < 2:
+    train = splits.get("train")
+    if not isinstance(model, PSRNN) or model.config.init != "2sr" or train is None or len(train) < 2:
         return None
-    train = splits["train"]   # a split that is the training list itself (fit_model without test=) once
+    # a split that is the training list itself (fit_model without test=) once
     counts = model.far_side_trajectories({name: t for name, t in splits.items()
-                                          if t and (name == "train" or t is not train)})
+                                          if t is not None and len(t) and (name == "train" or t is not train)})
     found = [f"layer {level}: {n} of {len(splits[name])} {'training' if name == 'train' else name} trajectories"
              for name, per_layer in counts.items() for level, n in enumerate(per_layer, 1) if n]
     if not found:

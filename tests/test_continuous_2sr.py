@@ -81,10 +81,11 @@ def test_upper_layer_windows_of_one_state_keep_the_2layer_start_near_the_1layer_
         layer_one_windows.append(same.history[0]["train"]["mse"] / one)
         warned.append(any("layer 2: 2 of 8 training trajectories keep the state on the far side" in str(w.message)
                           for w in caught))
-    # the failure the option avoids, on these data: seed 0's and 4's layer 2 flip on 2 of the 8 trajectories
-    # (20x and 12x the 1-layer MSE), and fit_model says so for those two seeds only
+    # the failure the option avoids, on these data: a seed's layer 2 flips (on the AMD EPYC and the Xeon, seeds 0
+    # and 4, on 2 of the 8 trajectories: 20x and 12x the 1-layer MSE), and fit_model says so for those seeds only
     assert max(layer_one_windows) > 5, layer_one_windows
-    assert warned == [ratio > 5 for ratio in layer_one_windows] == [True, False, True], layer_one_windows
+    assert all(said == (ratio > 5) for said, ratio in zip(warned, layer_one_windows) if not 1.5 <= ratio <= 5), (
+        warned, layer_one_windows)
 
 
 @pytest.mark.filterwarnings("ignore:fit_model. layer")   # the bias-free fits flip, on some CPUs: fit_model says so

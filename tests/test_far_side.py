@@ -66,26 +66,41 @@ def test_a_layer_with_a_bias_is_not_checked():
     assert far_side_note(model, {"train": TRAIN, "test": TEST}) is None
 
 
-def test_the_decoder_inputs_are_the_layer_states():
+@pytest.mark.parametrize("discrete", [False, True])
+@pytest.mark.parametrize("decoder_input", ["top", "all"])
+def test_the_decoder_inputs_are_the_layer_states(discrete, decoder_input):
     """filtered_decoder_inputs (which the decoder refit reads) is built on filtered_layer_states: the top layer's
-    states, or every layer's side by side with skip connections."""
+    states, or every layer's side by side with skip connections, as the model's own forward pass filters them
+    in one block; an empty trajectory has none."""
     rng = np.random.default_rng(0)
-    trajs = [rng.standard_normal((12, 3)), rng.standard_normal((5, 3))]
-    for decoder_input in ("top", "all"):
-        torch.manual_seed(0)
-        model = build_model(ModelConfig(model="psrnn", discrete=False, input_dim=3, output_dim=3, state_dim=4,
-                                        obs_dim=3, n_layers=2, n_rff=16, init="random", decoder_input=decoder_input))
-        model.random_init(0)
-        layers = model.filtered_layer_states(trajs, chunk=4)
-        inputs = model.filtered_decoder_inputs(trajs, chunk=4)
-        for per_layer, h, traj in zip(layers, inputs, trajs):
-            assert [s.shape for s in per_layer] == [(len(traj), 4)] * 2
-            expected = np.concatenate(per_layer, axis=1) if decoder_input == "all" else per_layer[1]
-            np.testing.assert_array_equal(h, expected)
-            with torch.no_grad():   # and they are what the model's own forward pass filters
-                x = torch.as_tensor(traj[:, None, :], dtype=torch.float32)
-                direct, _ = model.decoder_inputs(x, model.init_state(1))
-            np.testing.assert_allclose(h, direct[:, 0].double().numpy(), rtol=1e-5, atol=1e-6)   # float32, chunked
+    trajs = ([rng.integers(0, 3, 12), rng.integers(0, 3, 5), np.zeros(0, dtype=np.int64)] if discrete else
+             [rng.standard_normal((12, 3)), rng.standard_normal((5, 3)), np.zeros((0, 3))])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(model="psrnn", discrete=discrete, input_dim=3, output_dim=3, state_dim=4,
+                                    obs_dim=3, n_layers=2, n_rff=16, init="random", decoder_input=decoder_input))
+    model.random_init(0)
+    layers = model.filtered_layer_states(trajs, chunk=4)
+    inputs = model.filtered_decoder_inputs(trajs, chunk=4)
+    width = 8 if decoder_input == "all" else 4
+    assert inputs[2].shape == (0, width) and [s.shape for s in layers[2]] == [(0, 4)] * 2
+    for per_layer, h, traj in zip(layers[:2], inputs, trajs):
+        assert [s.shape for s in per_layer] == [(len(traj), 4)] * 2 and h.shape == (len(traj), width)
+        expected = np.concatenate(per_layer, axis=1) if decoder_input == "all" else per_layer[1]
+        np.testing.assert_array_equal(h, expected)
+        with torch.no_grad():   # what the model's own forward pass filters, in one block
+            x = (torch.as_tensor(traj).reshape(len(traj), 1) if discrete else
+                 torch.as_tensor(traj[:, None, :], dtype=torch.float32))
+            direct, _ = model.decoder_inputs(x, model.init_state(1))
+        np.testing.assert_allclose(h, direct[:, 0].double().numpy(), rtol=1e-5, atol=1e-6)   # float32, chunked
+
+
+def test_splits_given_as_arrays_are_read_like_lists():
+    """A split of equal-length trajectories may be one (N, T) array: its truth value is no test of emptiness."""
+    model = _sign_model()
+    assert far_side_note(model, {"train": np.stack(TRAIN), "test": np.stack([TEST[0], TEST[1]])}).startswith(
+        "layer 1: 1 of 2 test trajectories keep")
+    assert far_side_note(model, {"train": np.stack(TRAIN), "valid": np.zeros((0, 20), dtype=np.int64),
+                                 "test": None}) is None
 
 
 LGSSM = dict(model="psrnn", n_layers=2, state_dim=10, obs_dim=10, n_features=1000, horizon=5, past_window=5,
@@ -99,8 +114,8 @@ def test_fit_model_warns_of_lgssms_flipped_upper_layer_and_a_bias_removes_it():
     168 of 200 on)."""
     ds, _ = make_lgssm_dataset(seed=0)
     with pytest.warns(UserWarning, match=r"^fit_model: layer 1: 3 of 40 training trajectories, layer 2: 2 of 10 "
-                                         r"test trajectories keep the state on the far side .*; a small bias_scale= "
-                                         r"\(0\.05 to 0\.2\) breaks the symmetry$"):
+                                         r"test trajectories keep the state on the far side .*; where their error stands "
+                                         r"apart, a small bias_scale= \(0\.05 to 0\.2\) breaks the symmetry$"):
         bare = fit_model(ds.train, ds.test, bias_scale=0.0, **LGSSM)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -126,8 +141,9 @@ def test_the_initialise_stage_names_the_bias_key(tmp_path, defaults, capsys):
         "initialise lgssm s0: note: psrnn_2layer", "initialise lgssm s0: note: psrnn_2layer_skip"]
     assert all(n.endswith("2 of 10 test trajectories keep the state on the far side of the training states' mean "
                           "(q·m < 0 for a tenth of their steps or more in a row): without a bias the update is odd "
-                          "in q, q and −q filter alike, and the decoder reads the mirror image wrong; "
-                          "lgssm.model.psrnn_bias_scale 0.05 to 0.2 breaks the symmetry (docs/params.md)")
+                          "in q, q and −q filter alike, and the decoder reads the mirror image wrong; where their "
+                          "error stands apart, lgssm.model.psrnn_bias_scale 0.05 to 0.2 breaks the symmetry "
+                          "(docs/params.md)")
                for n in notes)
     lg["model"]["psrnn_bias_scale"] = 0.2   # as shipped
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))

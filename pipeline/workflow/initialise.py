@@ -92,8 +92,8 @@ def initialise(params: Params, root: Path, dataset: str, seed: int) -> Path:
         note = _far_side(model, ds, state, notes)
         if note:
             key = f"{dataset}.model.{'factorized' if variant.rank is not None else 'psrnn'}_bias_scale"
-            print(f"initialise {dataset} s{seed}: note: {variant.name}: {note}; {key} 0.05 to 0.2 breaks the "
-                  "symmetry (docs/params.md)", file=sys.stderr)
+            print(f"initialise {dataset} s{seed}: note: {variant.name}: {note}; where their error stands apart, "
+                  f"{key} 0.05 to 0.2 breaks the symmetry (docs/params.md)", file=sys.stderr)
     return out
 
 
