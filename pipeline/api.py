@@ -1072,9 +1072,9 @@ def _check_options(name: str, options: dict[str, Any], config_class: type, shape
     known = {f.name for f in fields(config_class)}
     unknown = sorted(set(options) - known)
     if unknown:
-        from pipeline.config import did_you_mean
+        from pipeline.config import did_you_mean_each
 
-        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+        hint = did_you_mean_each(unknown, known)
         raise ValueError(f"{name}: unknown key(s) {unknown}{hint}; expected some of {sorted(known)}")
     fixed = sorted(set(options) & set(shaped))
     if fixed:

@@ -367,6 +367,17 @@ def did_you_mean(k: str, allowed: typing.Iterable[str]) -> str:
     return f", did you mean {close[0]!r}?" if close else ""
 
 
+def did_you_mean_each(unknown: typing.Sequence[Any], allowed: typing.Iterable[str]) -> str:
+    """:func:`did_you_mean` for several unknown keys at once: ", did you mean 'lr'?" for one, and for more
+    "; did you mean 'lr' for 'lrr', 'epochs' for 'epoch'?" naming only those one slip from an allowed key."""
+    allowed = list(allowed)
+    if len(unknown) == 1:
+        return did_you_mean(unknown[0], allowed)
+    pairs = [(k, did_you_mean(k, allowed)) for k in unknown]
+    pairs = [f"{hint[len(', did you mean '):-1]} for {k!r}" for k, hint in pairs if hint]
+    return f"; did you mean {', '.join(pairs)}?" if pairs else ""
+
+
 def _is_variant_name(name: Any) -> bool:
     """Whether ``name`` is a model variant's name (psrnn_2layer, factorized_psrnn_r10, lstm_delta, ...)."""
     if not isinstance(name, str):

@@ -937,9 +937,9 @@ def _merge_config(figures: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
             raise ValueError(f"report: figures.{key} must be a mapping, a list of variants, or false")
         unknown = set(value) - set(DEFAULT_FIGURES[key])
         if unknown:
-            from pipeline.config import did_you_mean
+            from pipeline.config import did_you_mean_each
 
-            hint = did_you_mean(next(iter(unknown)), DEFAULT_FIGURES[key]) if len(unknown) == 1 else ""
+            hint = did_you_mean_each(sorted(unknown, key=str), DEFAULT_FIGURES[key])
             raise ValueError(f"report: figures.{key}: unknown option(s) {sorted(unknown)}{hint}; "
                              f"known: {sorted(DEFAULT_FIGURES[key])}")
         merged = {**DEFAULT_FIGURES[key], **copy.deepcopy(dict(value))}

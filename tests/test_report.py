@@ -229,6 +229,9 @@ def test_figure_config_overrides(project: Path, tmp_path: Path):
         write_report(project, out, figures={"fig5": {}})
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['feture'\], did you mean 'feature'\?; known: "):
         write_report(project, out, figures={"fig4b": {"feture": "x"}})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['feture', 'trajectori'\]; did you mean 'feature' "
+                                         r"for 'feture', 'trajectory' for 'trajectori'\?; known: "):
+        write_report(project, out, figures={"fig4b": {"trajectori": 1, "feture": "x"}})
     off = {k: False for k in ("fig3a", "fig3b", "fig3c", "fig4a", "per_dataset")}
     res = write_report(project, tmp_path / "r2", figures={**off, "fig4b": {"trajectory": 99}})
     assert res == {"written": ["results.md", "summary.json"], "skipped": ["figures/fig4b.png"]}

@@ -314,6 +314,9 @@ def test_fit_model_windows_and_bptt_defaults(continuous):
     with pytest.raises(ValueError,
                        match=r"train_options: unknown key\(s\) \['momentun'\], did you mean 'momentum'\?; "):
         fit_model(ds.train, ds.test, train_options={"momentun": 0.9}, **kw)
+    with pytest.raises(ValueError, match=r"train_options: unknown key\(s\) \['epoch', 'momentun', 'zzz'\]; did you "
+                                         r"mean 'epochs' for 'epoch', 'momentum' for 'momentun'\?; expected some of "):
+        fit_model(ds.train, ds.test, train_options={"momentun": 0.9, "epoch": 3, "zzz": 1}, **kw)
 
 
 @pytest.mark.parametrize("model", ["factorized_psrnn", "kf"])
