@@ -160,7 +160,7 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
                              "expected one value per step") from None
         if v.ndim != 1:
             raise ValueError(f"{where}: column {brief(c)} of shape {v.shape}; expected one value per step (1-D)")
-        values.append(v)
+        values.append(column_values(f"{where}: column {brief(c)}", v))
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
         raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
@@ -175,6 +175,42 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
                          f"{brief_list(columns)}; expected one column, the symbols (e.g. {{{text[0]!r}: ...}}, or "
                          f"frame[[{text[0]!r}]]), or numeric feature columns only")
     return values[0] if len(values) == 1 else np.column_stack(values)
+
+
+def is_missing(value: Any) -> bool:
+    """Whether one value of a column is a missing observation: None, a float NaN, pandas' NA or NaT."""
+    return (value is None or isinstance(value, (float, np.floating)) and value != value
+            or type(value).__name__ in ("NAType", "NaTType"))
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value   # nan, not np.float64(nan), in messages
+
+
+def first_missing(values: np.ndarray) -> int | None:
+    """The first step of a 1-D column that holds a missing value (:func:`is_missing`), or None."""
+    if values.dtype.kind == "f":
+        gaps = np.flatnonzero(np.isnan(values))
+        return int(gaps[0]) if len(gaps) else None
+    if values.dtype.kind == "O":
+        return next((t for t, v in enumerate(values.tolist()) if is_missing(v)), None)
+    return None
+
+
+def column_values(where: str, v: np.ndarray) -> np.ndarray:
+    """One named column (``where`` names it) as numbers or strings: missing values, and dtypes that are neither
+    numbers nor text (datetimes, durations, complex, bytes), refused in one line that names the column; stacked
+    beside a float column they failed deep in numpy ("Float64DType could not be promoted by DateTime64DType")."""
+    gap = first_missing(v)
+    if gap is not None:
+        raise ValueError(f"{where}: a missing value ({brief(_scalar(v[gap]), 20)}) at step {gap}; expected a value at every "
+                         "step (fill or drop missing observations first)")
+    if v.dtype.kind == "O":
+        v = _object_values(where, v)
+    if v.dtype.kind not in "biufU":
+        raise ValueError(f"{where}: values of dtype {v.dtype}; expected numbers (features) or symbols (integers "
+                         "or strings)")
+    return v
 
 
 def _object_values(where: str, a: np.ndarray) -> np.ndarray:

@@ -211,6 +211,12 @@ class TrainedRun:
                 shown = f"the single value {brief(values.item())}" if values.ndim == 0 else f"shape {values.shape}"
                 raise ValueError(f"{shown}; expected a 1-D sequence of symbols (a str is one symbol: list(text) "
                                  "for its characters)")
+            from pipeline.api import _scalar, first_missing
+
+            gap = first_missing(values)
+            if gap is not None:   # else None and NaN would be the symbols 'None' and 'nan', dropped or refused as unseen
+                raise ValueError(f"a missing value ({brief(_scalar(values[gap]), 20)}) at row {gap} of the trajectory; expected "
+                                 "a symbol at every step (fill or drop missing observations first)")
             index, keep = self._symbol_indices(values, unknown)
             return index[keep]
         try:
@@ -255,8 +261,19 @@ class TrainedRun:
             raise ValueError(f"no column {', '.join(map(repr, missing))} (columns present: {names}); expected "
                              f"{expected}")
         if self.discrete:
-            return trajectory[self.symbol_column]
-        return np.column_stack([np.asarray(trajectory[n]) for n in wanted])
+            return trajectory[self.symbol_column]   # symbols are compared as text, whatever their type
+        from pipeline.api import column_values
+
+        columns = []
+        for n in wanted:
+            v = np.asarray(trajectory[n])
+            if v.ndim != 1:
+                raise ValueError(f"column {n!r} of shape {v.shape}; expected one value per step (1-D)")
+            columns.append(column_values(f"column {n!r}", v))
+        if len({len(v) for v in columns}) > 1:
+            raise ValueError(f"columns of different lengths ({', '.join(f'{n!r} {len(v)}' for n, v in zip(wanted, columns))}); "
+                             "expected one value per step in each")
+        return np.column_stack(columns)
 
     def _encode_all(self, trajectories: Sequence[Any], unknown: str) -> list[np.ndarray]:
         """:meth:`encode` of every trajectory, each with at least one observation left; errors name the index

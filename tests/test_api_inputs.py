@@ -119,6 +119,41 @@ def test_a_dataframe_is_refused_in_one_line(no_work):
     refused(f"train: a DataFrame; {A_LIST}", fit_model, pd.DataFrame({"x": np.zeros(30)}), **SMALL)
 
 
+def test_frame_columns_that_are_no_numbers_or_have_gaps_are_named(features, no_work):
+    """A datetime or complex column beside the features, or a missing value (NaN, None, pandas' NA) in one: one
+    line naming the trajectory, the column and the step (a datetime column stacked beside a float one failed deep
+    in numpy, a TypeError; a gap was "nan at step 1, feature 0", naming no column)."""
+    pd = pytest.importorskip("pandas")
+    x = features.train[0]
+    frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1]})
+    bad_kind = "expected numbers (features) or symbols (integers or strings)"
+    when = pd.date_range("2020-01-01", periods=len(x))
+    refused(f"train[0]: column 't': values of dtype {np.asarray(when).dtype}; {bad_kind}",
+            fit_model, [frame.assign(t=when)], **SMALL)
+    refused(f"train[0]: column 't': values of dtype timedelta64[ns]; {bad_kind}",
+            fit_model, [frame.assign(t=np.arange(len(x)).astype("timedelta64[ns]"))], **SMALL)
+    refused(f"train[0]: column 'b': values of dtype complex128; {bad_kind}",
+            fit_model, [frame.assign(b=x[:, 1] + 1j)], **SMALL)
+    gap = "expected a value at every step (fill or drop missing observations first)"
+    holed = frame.copy()
+    holed.loc[3, "b"] = np.nan
+    refused(f"test[0]: column 'b': a missing value (nan) at step 3; {gap}", fit_model, [frame], [holed], **SMALL)
+    nullable = frame.assign(n=pd.array([1, None] + [2] * (len(x) - 2), dtype="Int64"))
+    refused(f"train[0]: column 'n': a missing value (nan) at step 1; {gap}", fit_model, [nullable], **SMALL)
+    words = pd.DataFrame({"s": pd.Series(["a", "b", None] + ["a"] * 27, dtype=object)})
+    refused(f"train[0]: column 's': a missing value (None) at step 2; {gap}", fit_model, [words], **SMALL)
+
+
+def test_a_fitted_model_names_frame_columns_that_are_no_numbers(features):
+    pd = pytest.importorskip("pandas")
+    x = features.train[0]
+    frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1]})
+    named = fit_model([frame], [frame], **{**SMALL, "epochs": 0})
+    when = pd.date_range("2020-01-01", periods=len(x))
+    refused(f"trajectories[1]: column 'a': values of dtype {np.asarray(when).dtype}; expected numbers (features) or "
+            "symbols (integers or strings)", named.predict, [frame, frame.assign(a=when)])
+
+
 def test_test_and_valid_sets_are_checked_too(features, no_work):
     refused("test[0]: shape (40, 2, 1); expected an array of shape (T,) or (T, m), one row per step", fit_model,
              features.train, [features.test[0][:, :, None]], **SMALL)

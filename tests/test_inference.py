@@ -781,6 +781,23 @@ def test_trajectories_with_named_columns_are_read_by_name(continuous_run, discre
     with pytest.raises(ValueError, match=re.escape("trajectories[0]: no column 'symbol' (columns present: ['sym']); "
                                                    "expected the symbol column 'symbol'")):
         drun.predict([{"sym": symbols}])
+    # columns that are no numbers, and gaps, are named: a datetime column stacked beside a float one failed deep in
+    # numpy, and None or NaN among symbols were the symbols 'None' and 'nan' (dropped by unknown='drop')
+    when = pd.date_range("2020-01-01", periods=len(raw))
+    with pytest.raises(ValueError, match=re.escape(f"trajectories[0]: column 'b': values of dtype "
+                                                   f"{np.asarray(when).dtype}; expected numbers (features) or ")):
+        run.predict([frame.assign(b=when)])
+    with pytest.raises(ValueError, match=re.escape("trajectories[0]: column 'a': a missing value (nan) at step 2; "
+                                                   "expected a value at every step (fill or drop missing")):
+        run.predict([frame.assign(a=[1.0, 2.0, None] + [3.0] * (len(raw) - 3))])
+    for gap in (None, np.nan, pd.NA):
+        holed = pd.Series(symbols[:2] + [gap] + symbols[3:], dtype=object)
+        for unknown in ("error", "drop", "map"):
+            with pytest.raises(ValueError, match=re.escape(f"trajectories[0]: a missing value ({gap}) at row 2 of "
+                                                           "the trajectory; expected a symbol at every step")):
+                drun.predict([holed], unknown=unknown)
+        with pytest.raises(ValueError, match=re.escape(f"trajectories[0]: a missing value ({gap}) at row 2")):
+            drun.predict([pd.DataFrame({"symbol": holed})], unknown="drop")
 
 
 def test_sample_and_unknown_are_checked_up_front(discrete_run, continuous_run, tmp_path):
