@@ -349,6 +349,10 @@ def _features(where: str, a: np.ndarray, width: int, source: str) -> np.ndarray:
     return x
 
 
+#: how far out a fitted model's inputs are, in the non-finite output errors: fit_model does not standardise them
+_UNITS = "in absolute value, in the units fitted on"
+
+
 @dataclass
 class _Data:
     """The splits as :func:`_checked_splits` reads them: in model units, with what the model must remember to read
@@ -912,9 +916,13 @@ class FittedModel:
         its characters), or (T, m) finite features of the trained width m ((T,) when m = 1). A frame or a dict of
         columns is read by name (the columns of train); plain arrays by position. Anything else is a one-line
         ValueError naming the trajectory index."""
+        from pipeline.inference import check_finite_outputs
         from pipeline.train import predict
 
-        return predict(self.model, self._inputs(trajectories))
+        inputs = self._inputs(trajectories)
+        outputs = predict(self.model, inputs)
+        check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", _UNITS)
+        return outputs
 
     def evaluate(self, trajectories: Sequence[Any]) -> dict[str, float]:
         """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (read as :meth:`predict` reads them):
@@ -922,14 +930,17 @@ class FittedModel:
         in the units of the given arrays (fit_model does not standardise them), and what repeating the last
         observation scores on the same steps (:mod:`pipeline.naive`'s yardstick); ``{"bpc", "accuracy"}`` for a
         discrete one, the bits per symbol of the next symbol and the fraction predicted most likely."""
+        from pipeline.inference import check_finite_outputs
         from pipeline.naive import last_value_mse
-        from pipeline.train import check_scorable, evaluate
+        from pipeline.train import check_scorable, evaluate, evaluate_and_predict
 
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
-        metrics = evaluate(self.model, inputs)
-        if not self.model.config.discrete:
-            metrics["last_value_mse"] = last_value_mse(inputs)
+        if self.model.config.discrete:
+            return evaluate(self.model, inputs)
+        metrics, outputs = evaluate_and_predict(self.model, inputs)
+        check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", _UNITS)   # else NaN metrics
+        metrics["last_value_mse"] = last_value_mse(inputs)
         return metrics
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
@@ -954,7 +965,7 @@ class FittedModel:
                          kind="discrete" if c.discrete else "continuous",
                          mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
         out = run.forecast_encoded(inputs, steps, sample=sample, seed=seed,
-                                   device=str(next(self.model.parameters()).device))
+                                   device=str(next(self.model.parameters()).device), units=_UNITS)
         vocab = self.extras.get("vocab")
         if vocab is not None:
             symbols = np.asarray(vocab, dtype=str)

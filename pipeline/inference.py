@@ -332,7 +332,9 @@ class TrainedRun:
 
         encoded = self._encode_all(trajectories, unknown)
         self.model.to(resolve_device(device, "device="))
-        return [self.decode(o) for o in predict(self.model, encoded)]
+        outputs = predict(self.model, encoded)
+        check_finite_outputs(outputs, encoded, _indexed)
+        return [self.decode(o) for o in outputs]
 
     def evaluate(self, trajectories: Sequence[Any], *, unknown: str = "error", device: str = "cpu"
                  ) -> dict[str, float]:
@@ -357,6 +359,7 @@ class TrainedRun:
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
             return evaluate(self.model, encoded)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
+        check_finite_outputs(outputs, encoded, _indexed)   # else NaN metrics
         metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
         metrics["last_value_mse"] = last_value_mse(encoded)
         return metrics
@@ -395,11 +398,13 @@ class TrainedRun:
                     for t, (values, probs) in zip(_trajectory_list("trajectories", trajectories), out)]
         return out
 
-    def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str
-                          ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str,
+                         name: Any = None, units: str = "standard deviations from the training mean"
+                         ) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """:meth:`forecast` of trajectories already in model units (vocabulary indices, standardised features);
         discrete values are vocabulary indices. They are checked (:func:`pipeline.api.model_inputs`): a float
-        symbol is not truncated, NaN is not fed to the model, a wrong width is named."""
+        symbol is not truncated, NaN is not fed to the model, a wrong width is named; so are forecasts that are not
+        finite (:func:`check_finite_outputs`; ``name(k)`` names trajectory k, default ``trajectories[k]``)."""
         import torch
 
         from pipeline.api import model_inputs
@@ -438,6 +443,7 @@ class TrainedRun:
         by_step = np.stack(values, axis=1)                # (B, steps) indices or (B, steps, m) values
         if self.discrete:
             return list(zip(by_step, np.stack(probs, axis=1)))
+        check_finite_outputs(by_step, encoded, name or _indexed, units, what="forecast")
         return [(v, None) for v in by_step]
 
 
@@ -458,6 +464,32 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, list[Any]]:
     table: dict[Any, int] = {}
     codes = np.array([table.setdefault(v, len(table)) for v in values.tolist()], dtype=np.int64)
     return codes, list(table)
+
+
+def _indexed(k: int) -> str:
+    return f"trajectories[{k}]"
+
+
+def check_finite_outputs(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray], name: Any,
+                         units: str = "standard deviations from the training mean", *, row: Any = None,
+                         what: str = "prediction") -> None:
+    """Refuse outputs that are not finite, in one line: ``name(k)`` names trajectory k, ``row(k, t)`` its row t
+    (default "row t"). A model's arithmetic is float32: a continuous input far enough out (|x| near 1e38) overflows the
+    RFF encoder's Ωᵀx and turns every later output NaN, which predict_file wrote and psrnn predict reported as a
+    success. The message says how far out the inputs were (``units``) up to that row."""
+    for k, (o, x) in enumerate(zip(outputs, inputs)):
+        bad = ~np.isfinite(o)
+        if not bad.any():
+            continue
+        t = int(np.argwhere(bad)[0][0])
+        seen = np.asarray(x)[: t + 1] if what == "prediction" else np.asarray(x)
+        reach = ""
+        if seen.dtype.kind == "f" and seen.size:
+            reach = (f" (the inputs{' up to there' if what == 'prediction' else ''} reach "
+                     f"{float(np.abs(seen).max()):.3g} {units}: too far out for the model's float32 arithmetic)")
+        at = (row(k, t) if row is not None else f"row {t}") if what == "prediction" else f"horizon {t + 1}"
+        raise ValueError(f"{name(k)}: the model's {what} is not finite at {at}{reach}; expected inputs on the scale "
+                         "of the training data")
 
 
 def _check_lengths(encoded: Sequence[np.ndarray], name: str = "trajectories") -> None:
@@ -1024,6 +1056,10 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     def block_table(pieces: list[tuple[int, int, np.ndarray]]) -> Any:
         """The output rows of filtered pieces (k, start, outputs): rows start … of trajectory k, as one table."""
         nonlocal sq_data_units, n_data_units, sq_last, bits_sum, correct
+        # checked before a row is written: the output file is only renamed into place once all are
+        check_finite_outputs([o for _, _, o in pieces], [encoded[k][start:start + len(o)] for k, start, o in pieces],
+                             lambda j: f"{input_path}: trajectory {brief(data.ids[pieces[j][0]])}",
+                             row=lambda j, t: f"step {data.steps[pieces[j][0]][pieces[j][1] + t]}")
         out = np.concatenate([o for _, _, o in pieces])
         n = len(out)
         traj = np.repeat(np.array([k for k, _, _ in pieces], dtype=np.int64), [len(o) for _, _, o in pieces])
@@ -1160,7 +1196,8 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
-    result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device)
+    result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device,
+                                  name=lambda k: f"{input_path}: trajectory {brief(data.ids[k])}")
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
         "trajectory": _arrow_values(np.repeat(data.ids, steps)),

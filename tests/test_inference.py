@@ -1035,3 +1035,46 @@ def test_cli_version_is_the_packages(capsys):
         main(["--version"])
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert exit_info.value.code == 0 and capsys.readouterr().out == f"psrnn {version}\n"
+
+
+def test_inputs_that_overflow_the_float32_arithmetic_are_refused_not_predicted_nan(continuous_run, tmp_path):
+    """A feature at ~1e38 (within float32, so the input check lets it through) overflows the RFF encoder's Ωᵀx:
+    cos(inf) is NaN and so is every later prediction. predict_file wrote those NaNs and psrnn predict reported
+    success with the NaN metrics left out; now every path refuses at the first non-finite output, naming the
+    trajectory and the row (the file's step), and predict_file and forecast_file leave no output."""
+    from pipeline.inference import forecast_file
+
+    run, test = continuous_run
+    raw = test[0] * run.std + run.mean
+    far = raw.copy()
+    far[:, 0] = (test[0][:, 0] * 1.5e38) * run.std[0] + run.mean[0]   # ~1.5e38 standard deviations out
+    assert np.all(np.abs((far - run.mean) / run.std) < np.finfo(np.float32).max)
+    assert np.isnan(predict(run.model, [(far - run.mean) / run.std])[0]).any()   # what the model gives
+    out = r"the inputs up to there reach \S+ standard deviations from the training mean: too far out for the " \
+          r"model's float32 arithmetic\); expected inputs on the scale of the training data$"
+    with pytest.raises(ValueError, match=r"^trajectories\[1\]: the model's prediction is not finite at row \d+ \(" + out):
+        run.predict([raw, far])
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's prediction is not finite at row \d+ \(" + out):
+        run.evaluate([far, raw])
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's forecast is not finite at horizon 1 \("):
+        run.forecast([far], 2)
+    steps = np.arange(len(far)) * 5 + 100
+    src = _write(tmp_path / "far.parquet", {"trajectory": np.full(len(far), "walk"), "step": steps,
+                                            "a": far[:, 0], "b": far[:, 1]})
+    with pytest.raises(ValueError, match=r"far\.parquet: trajectory 'walk': the model's prediction is not finite at "
+                                         r"step (\d+) \("):
+        predict_file(run, src, tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match=r"far\.parquet: trajectory 'walk': the model's forecast is not finite"):
+        forecast_file(run, src, tmp_path / "f.parquet", steps=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["far.parquet"]
+    # a fitted model likewise, in the units it was fitted on
+    fitted = fit_model(test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2, epochs=0)
+    z = (far - run.mean) / run.std
+    assert np.isnan(predict(fitted.model, [z])[0]).any()
+    fitted_out = r"\(the inputs up to there reach \S+ in absolute value, in the units fitted on: too far out"
+    for call in (fitted.predict, fitted.evaluate):
+        with pytest.raises(ValueError, match=r"^trajectories\[1\]: the model's prediction is not finite at row \d+ "
+                                             + fitted_out):
+            call([test[0], z])
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's forecast is not finite at horizon 1"):
+        fitted.forecast([z], 3)
