@@ -761,7 +761,8 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     (``tracking.log_checkpoints: false``) has only the ``mlflow.pytorch`` model, a pickle that runs code when
     loaded: that is used only with ``allow_pickle=True``, for a store you trust."""
     from pipeline.config import project_root
-    from pipeline.tracking import check_run_id, redacted, sqlite_path, tracking_uri as default_uri, uri_problem
+    from pipeline.tracking import check_run_id, redacted, server_problem, sqlite_path, tracking_uri as default_uri, \
+        uri_problem
 
     check_run_id(run_id)   # MLflow raises its own exception for "" or "../x", a TypeError for None
 
@@ -774,7 +775,9 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     uri = tracking_uri or default_uri(project_root())   # from a subfolder too, as `psrnn predict` finds runs
     where = "tracking_uri" if tracking_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") \
         else "the default: mlflow.db at the root of the project around the working directory, if any, else in it"
-    problem = uri_problem(uri)   # an in-memory database holds no run; a mistyped URL would be taken for a folder
+    # an in-memory database holds no run; a mistyped URL would be taken for a folder; a server that does not answer
+    # kept MLflow's client retrying for four minutes
+    problem = uri_problem(uri) or server_problem(uri)
     if problem is not None:
         raise ValueError(f"{redacted(uri)} ({where}): {problem}")
     db = sqlite_path(uri)

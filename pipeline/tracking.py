@@ -241,31 +241,36 @@ def uri_problem(uri: str) -> str | None:
     return None
 
 
+def server_problem(uri: str, timeout: float = 5.0) -> str | None:
+    """What keeps an HTTP(S) tracking server from being used, asked with GET /health within ``timeout`` seconds
+    (MLflow's own client retries for minutes before it gives up); None when it answers, or when ``uri`` is no
+    HTTP URI."""
+    if not uri.lower().startswith(("http://", "https://")):
+        return None
+    try:
+        request = _health_request(uri)
+    except ValueError as exc:
+        return f"not a URL that can be read ({exc}); expected http(s)://host:port, e.g. http://127.0.0.1:5000"
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        return f"tracking server unreachable ({getattr(exc, 'reason', exc)})"
+    if status != 200:  # an MLflow server answers GET /health with 200 "OK"
+        return f"GET /health answered HTTP {status}; expected 200 from an MLflow tracking server"
+    return None
+
+
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Fail fast (seconds, before any training) when the URI cannot be a lasting store (:func:`uri_problem`: an
     in-memory database, a mistyped URL), when an HTTP tracking server does not answer, or when the folder of a
     SQLite database does not exist."""
-    problem = uri_problem(uri)
+    problem = uri_problem(uri) or server_problem(uri, timeout)
     if problem is not None:
         raise TrackingError(f"{_store_label(uri)}: {problem}")
-    if uri.startswith(("http://", "https://")):
-        try:
-            request = _health_request(uri)
-        except ValueError as exc:
-            raise TrackingError(f"{_store_label(uri)}: not a URL that can be read ({exc}); expected "
-                                "http(s)://host:port, e.g. http://127.0.0.1:5000") from None
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as resp:
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise TrackingError(f"{_store_label(uri)}: tracking server unreachable ({reason})") from None
-        if status != 200:  # an MLflow server answers GET /health with 200 "OK"
-            raise TrackingError(f"{_store_label(uri)}: GET /health answered HTTP {status}; expected 200 "
-                                "from an MLflow tracking server")
-    elif uri.startswith("sqlite:///"):
+    if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
         if not db.parent.exists():
             raise TrackingError(f"{_store_label(uri)}: directory {db.parent} does not exist")
@@ -367,7 +372,7 @@ class RunTracker:
         self.continued = self.foreign = False
         uri = tracking_uri(root)
         check_tracking_uri(uri)
-        # an unreachable server must not keep a stage hanging in MLflow's retry loop
+        # a server that goes away later must not keep a stage hanging in MLflow's retry loop
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         import mlflow

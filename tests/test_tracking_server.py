@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import os
 import signal
 import socket
@@ -332,3 +333,17 @@ def test_unreachable_tracking_server_fails_fast_in_run_tracker(clean_env, tmp_pa
         RunTracker(root=tmp_path, experiment="e", run_name="r")
     assert time.perf_counter() - t0 < 5
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_load_mlflow_run_from_an_unreachable_server_fails_fast(clean_env, tmp_path):
+    """load_mlflow_run asks the server's /health first: MLflow's client had retried for about four minutes."""
+    from pipeline.inference import load_mlflow_run
+
+    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"^{re.escape(uri)} \(tracking_uri\): tracking server unreachable \("):
+        load_mlflow_run("0123456789abcdef0123456789abcdef", tracking_uri=uri)
+    clean_env.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(ValueError, match=rf"^{re.escape(uri)} \(MLFLOW_TRACKING_URI\): tracking server unreachable"):
+        load_mlflow_run("0123456789abcdef0123456789abcdef")
+    assert time.perf_counter() - t0 < 10
