@@ -248,6 +248,7 @@ def _terminate_cleanly():
 def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
     from pipeline.config import ParamsError, load_params
 
+    params = None
     try:
         if args.stage == "compare":   # two JSON files: no params.yaml needed
             return _compare(args, root)
@@ -275,8 +276,39 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
             return _reader_gone()
         if _debug(args) or not expected_failure(exc):
             raise
-        print(f"psrnn {args.stage}: error: {one_line(exc)}", file=sys.stderr)
+        message = one_line(exc)
+        sizes = _size_keys(params, args.stage, getattr(args, "dataset", None)) if isinstance(exc, MemoryError) \
+            else ""
+        if sizes:   # name the keys of this stage's sizes rather than the generic list
+            message = message.replace(_MEMORY_ADVICE, f"expected sizes that fit this machine's memory: {sizes}")
+        print(f"psrnn {args.stage}: error: {message}", file=sys.stderr)
         return 1
+
+
+#: per stage, the parts of a dataset's params section, and their keys, whose values decide the stage's memory
+_STAGE_SIZES = {
+    "preprocess": (("source", ("length", "n_train", "n_test", "n_trajectories", "state_dim", "obs_dim", "n_states",
+                               "n_symbols")),),
+    **{stage: (("two_stage", ("n_features", "state_dim", "obs_dim", "past_dim", "past_window", "future_window",
+                              "layers")),) for stage in ("features", "two_stage", "decompose", "initialise")},
+    **{stage: (("two_stage", ("n_features", "state_dim", "obs_dim", "layers")), ("train", ("batch_size", "bptt")))
+       for stage in ("refine", "evaluate")},
+}
+
+
+def _size_keys(params: Any, stage: str, dataset: Any) -> str:
+    """For an out-of-memory error of a dataset's stage, the keys of params.yaml that size it, with their values
+    ("swimmer.two_stage.n_features = 100000, swimmer.two_stage.state_dim = 20, ..."); "" when none is set."""
+    raw = getattr(params, "raw", None)
+    section = raw.get(dataset) if isinstance(raw, dict) and isinstance(dataset, str) else None
+    if not isinstance(section, dict):
+        return ""
+    keys = []
+    for part, names in _STAGE_SIZES.get(stage, ()):
+        values = section.get(part)
+        if isinstance(values, dict):
+            keys += [f"{dataset}.{part}.{k} = {values[k]}" for k in names if k in values]
+    return ", ".join(keys)
 
 
 def _compare(args: argparse.Namespace, root: Path) -> int:

@@ -4,6 +4,7 @@ The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_
 
 import json
 import math
+import os
 import re
 import shutil
 import stat
@@ -614,6 +615,40 @@ def test_out_of_memory_is_one_line():
     assert one_line(exc) == ("out of memory: Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000) "
                              f"and data type float64; {advice}")
     assert one_line(MemoryError()) == f"out of memory; {advice}"
+
+
+def test_out_of_memory_in_a_stage_names_the_keys_that_size_it(tmp_path):
+    """A stage that runs out of memory names the keys of its dataset's section that size it, with their values
+    (preprocess: the source's sizes), not the generic list; run under an address-space limit, as a machine with
+    less memory than the params ask for would be."""
+    import resource
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "params.yaml").read_text()
+    shipped = re.search(r"\nlgssm:\n  source: \{[^}]*length: (\d+)", text)
+    start, end = shipped.span(1)   # 2 x 40 x 2e9 floats: far beyond 3 GiB
+    (tmp_path / "params.yaml").write_text(text[:start] + "2000000000" + text[end:])
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert params["lgssm"]["source"]["length"] == 2_000_000_000
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2 ** 30, 3 * 2 ** 30))
+
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "--root", str(tmp_path), "preprocess", "lgssm"],
+                          capture_output=True, text=True, preexec_fn=limit, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 1, done.stderr
+    source = params["lgssm"]["source"]
+    assert re.fullmatch(r"psrnn preprocess: error: out of memory: Unable to allocate [^;\n]+; expected sizes that fit "
+                        r"this machine's memory: " + re.escape(", ".join(
+                            f"lgssm.source.{k} = {source[k]}"
+                            for k in ("length", "n_train", "n_test", "state_dim", "obs_dim"))) + "\n",
+                        done.stderr), done.stderr
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").rglob("*.parquet"))
 
 
 # ------------------------------------------------------------------------------ input checks (audit of the API)
