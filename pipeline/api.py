@@ -982,6 +982,7 @@ class FittedModel:
         to a temporary file and renamed."""
         from pipeline.train import save_checkpoint
 
+        _check_path_argument(path)
         if Path(path).is_dir():   # the rename onto it would fail naming a temporary file
             raise ValueError(f"{path}: a directory; expected a file path to write the model to, e.g. "
                              f"{Path(path) / 'model.pt'}")
@@ -991,6 +992,15 @@ class FittedModel:
                    "history": _plain(self.history, "history"), "extras": _plain(self.extras, "extras")}
         payload["digest"] = _fitted_digest(payload)
         save_checkpoint(path, payload)
+
+
+def _check_path_argument(path: Any) -> None:
+    """A file path as FittedModel.save and load_fitted take it: a non-empty str or os.PathLike (5 or None were
+    os.fspath's TypeError, a traceback in the CLI's terms)."""
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path={brief(path)}: expected a file path (str or os.PathLike), not {type(path).__name__}")
+    if not os.fspath(path):
+        raise ValueError("path='': empty; expected a file path, e.g. 'model.pt'")
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -1062,6 +1072,7 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
     from pipeline.train import load_checkpoint, resolve_device
 
     expected = "expected a model file saved by FittedModel.save"
+    _check_path_argument(path)
     if Path(path).is_dir():
         raise ValueError(f"{path}: a directory; {expected}")
     # pipeline.train.load_checkpoint's own messages are about the pipeline's checkpoints (rerun refine ...):

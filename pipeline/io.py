@@ -146,6 +146,10 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}{_host_tag()}-{os.getpid()}-",
                                    suffix=suffix or ".tmp", dir=path.parent)
     except OSError as exc:   # the error would name the random temporary file, not the output asked for
+        blocking = next((a for a in path.parents if a.exists() and not a.is_dir()), None)
+        if blocking is not None:   # "File exists" from mkdir, or "Not a directory", left the cause to guess
+            raise OSError(exc.errno, f"cannot write {path}: {blocking} is a file, not a directory; expected a "
+                                     "path inside a directory") from None
         raise OSError(exc.errno, f"cannot write {path} (a temporary file in {path.parent} is needed first): "
                                  f"{exc.strerror or exc}") from None
     os.close(fd)

@@ -1,6 +1,8 @@
 """Training: exact resume from a checkpoint, determinism, refusal of foreign checkpoints, divergence handling, and
 the short Python API."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -352,6 +354,13 @@ def test_fitted_model_saves_to_one_pickle_free_file_and_loads_back(model, contin
     (tmp_path / "junk.pt").write_bytes(b"junk")
     with pytest.raises(ValueError, match=r"junk\.pt: not a readable checkpoint"):
         load_fitted(tmp_path / "junk.pt")
+    # a path that is no path: one line, not os.fspath's TypeError
+    for bad, shown in ((5, "path=5: expected a file path (str or os.PathLike), not int"),
+                       (None, "path=None: expected a file path (str or os.PathLike), not NoneType"),
+                       ("", "path='': empty; expected a file path, e.g. 'model.pt'")):
+        for call in (fitted.save, load_fitted):
+            with pytest.raises(ValueError, match="^" + re.escape(shown) + "$"):
+                call(bad)
     # a file from another version of the code: a config key this one lacks, or weights of other shapes
     for i, (change, message) in enumerate([
             (lambda r: r["model_config"].update(attention_heads=4), r"its model_config does not fit this version.s ModelConfig \(.*attention_heads"),
