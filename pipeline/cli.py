@@ -187,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     root = Path(args.root).resolve() if args.root else project_root()
     params_path = Path(args.params) if args.params else root / "params.yaml"
-    with _terminate_cleanly():
+    from pipeline.messages import command_options
+
+    with _terminate_cleanly(), command_options(args.root, args.params):
         status = _run(args, root, params_path)
     try:
         sys.stdout.flush()   # `psrnn check | head -1`: the reader may be gone before the buffer's last write
@@ -253,6 +255,8 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         if args.stage == "compare":   # two JSON files: no params.yaml needed
             return _compare(args, root)
         if not params_path.exists():
+            if args.params:
+                raise ParamsError(f"{params_path}: params file not found (--params); expected an existing file")
             raise ParamsError(f"{params_path}: params file not found; expected to run inside a project (or give "
                               "--root DIR or --params FILE)")
         params = load_params(params_path)
@@ -260,7 +264,8 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         validation = _project_files() if os.environ.get("PSRNN_TRACE_IMPORTS") else set()
         seed = getattr(args, "seed", None)
         if seed is not None and seed not in params.seeds:
-            raise ParamsError(f"seed {seed} is not in params.yaml seeds {params.seeds}")
+            raise ParamsError(f"seed {seed} is not in {params_path.name if args.params else 'params.yaml'} seeds "
+                              f"{params.seeds}")
         status = _dispatch(args, params, root)
         _trace_imports(args.stage, validation)
         return status

@@ -8,14 +8,36 @@ nothing here changes a result (dvc.yaml does not list this module).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Iterable
+import shlex
+from typing import Any, Iterable, Iterator
 
 #: integers of more bits than this (from about 73 digits on) are described by their size ("an integer of about 101
 #: digits"); shorter ones are printed whole
 INT_SHOWN_BITS = 240
 #: the most digits Python's str() prints by default (sys.get_int_max_str_digits); past it the size is estimated
 _STR_DIGITS = 4300
+#: the ``--root`` / ``--params`` options of the running ``psrnn`` command (:func:`command_options`), which the
+#: commands that an error suggests repeat, so that they act on the same project and params file
+_COMMAND_OPTIONS: list[str] = []
+
+
+def psrnn_command(*words: Any) -> str:
+    """The command line ``psrnn <words>`` as an error suggests it, with the running command's ``--root`` and
+    ``--params`` (``psrnn --params k.yaml refine custom psrnn 0``): without them it would act on another file."""
+    return " ".join(["psrnn", *_COMMAND_OPTIONS, *(str(w) for w in words)])
+
+
+@contextlib.contextmanager
+def command_options(root: str | None, params: str | None) -> Iterator[None]:
+    """Within the block, :func:`psrnn_command` repeats these options (those given on the command line)."""
+    before = list(_COMMAND_OPTIONS)
+    _COMMAND_OPTIONS[:] = [f"--{k} {shlex.quote(str(v))}" for k, v in (("root", root), ("params", params)) if v]
+    try:
+        yield
+    finally:
+        _COMMAND_OPTIONS[:] = before
 
 
 def brief(value: Any, limit: int = 80) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,6 +136,22 @@ def test_cli_psrnn_debug_off_values_keep_the_one_line_error(tmp_path, monkeypatc
     monkeypatch.setenv("PSRNN_DEBUG", value)
     assert cli.main(["--root", str(tmp_path), "check"]) == 1
     assert capsys.readouterr().err.startswith(f"psrnn check: error: {tmp_path / 'params.yaml'}: params file not found")
+
+
+def test_cli_names_the_params_file_given_with_params(tmp_path, capsys):
+    """With --params FILE, a missing file does not advise giving --params, and a seed not in the file's list names
+    the file, not params.yaml."""
+    import shutil
+
+    from pipeline import cli
+
+    missing = tmp_path / "k.yaml"
+    assert cli.main(["--root", str(tmp_path), "--params", str(missing), "check"]) == 1
+    assert capsys.readouterr().err == f"psrnn check: error: {missing}: params file not found (--params); expected an " \
+                                      "existing file\n"
+    shutil.copy(Path(__file__).resolve().parents[1] / "params.yaml", missing)
+    assert cli.main(["--root", str(tmp_path), "--params", str(missing), "features", "hmm", "7"]) == 1
+    assert capsys.readouterr().err == "psrnn features: error: seed 7 is not in k.yaml seeds [0, 1]\n"
 
 
 def test_cli_one_line_of_a_key_error_is_its_message_unquoted():

@@ -176,6 +176,13 @@ def test_an_id_column_read_as_symbols_gets_a_warning(tmp_path: Path, caplog: pyt
     with caplog.at_level(logging.WARNING, logger="pipeline.data.custom"):
         load_custom(events, kind="discrete", symbol_column="event", test_fraction=0.25)
     assert not caplog.records
+    # ids unique to each row: test's are never seen in train, an error that must ask the same question
+    unique = _write(tmp_path, {"trajectory": np.repeat(np.arange(10), 30), "event": np.arange(300).astype(str)},
+                    "unique.parquet")
+    with pytest.raises(ValueError, match=re.escape("column 'event': test has symbols not seen in train: ") + ".*"
+                       + re.escape("; expected only train symbols (is 'event' an id rather than a symbol? 240 distinct "
+                                   "symbols in 240 training steps)") + "$"):
+        load_custom(unique, kind="discrete", symbol_column="event", test_fraction=0.2)
 
 
 def test_check_refuses_a_vocabulary_the_features_stage_could_not_hold(tmp_path: Path,

@@ -182,6 +182,25 @@ def test_404_fails_fast(server: _Server, tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
+def test_a_failed_first_download_leaves_no_empty_folder(server: _Server, tmp_path: Path) -> None:
+    """The folders a failed fetch created (data/raw/<source>/ and those of its files' paths) are removed when
+    empty; folders that were there before, and those holding a file already obtained, stay."""
+    server.routes["/a.txt"] = _ok(PAYLOAD)
+    dest = tmp_path / "raw" / "handwriting"
+    files = [RawFile("a.txt", server.url("/a.txt"), SHA), RawFile("sub/deep/b.txt", server.url("/missing"), SHA)]
+    with pytest.raises(DownloadError):
+        fetch(files, dest, retries=0)
+    assert _leftovers(dest) == ["a.txt"] and sorted(p.name for p in dest.iterdir()) == ["a.txt"]
+    empty = tmp_path / "fresh"
+    with pytest.raises(DownloadError):
+        fetch(files[1:], empty, retries=0)
+    assert not empty.exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DownloadError):
+        fetch(files[1:], tmp_path / "kept", retries=0)
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())
+
+
 def test_retry_after_503(server: _Server, tmp_path: Path) -> None:
     def flaky(h: http.server.BaseHTTPRequestHandler, n: int) -> None:
         if n <= 2:

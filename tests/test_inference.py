@@ -964,7 +964,8 @@ def test_predict_and_forecast_warn_when_the_run_is_not_current(capsys, tmp_path,
                                                                   "mean": run.mean.tolist(),
                                                                   "std": run.std.tolist()}}))
     stale = (f"warning: {mdir}: trained with other params, data, initial weights or training code than the current "
-             "ones; run refine first (psrnn refine lgssm psrnn 0); using it as it is")
+             f"ones; run refine first (psrnn --root {tmp_path} --params {REPO / 'params.yaml'} refine lgssm psrnn 0); "
+             "using it as it is")
     out = str(tmp_path / "out.parquet")
     for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
         status, err = _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", src, out, *extra)

@@ -307,18 +307,28 @@ def test_evaluate_refuses_an_unfinished_run(tmp_path, clean_env):
         evaluate.evaluate_dataset(params, root, "hmm")
 
 
-def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env):
+def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env, capsys):
     """Stages run by hand, out of order: a training param changed (or the data prepared again) without refine
     must not score the old model as if it were the new one, neither for the dataset nor for one run."""
     root = tmp_path
     refine.refine(_params(root, [0]), root, "hmm")
     params = _params(root, [0], epochs=3)
-    want = r"models/hmm/psrnn/s0: trained with other params, .*; run refine first \(psrnn refine hmm psrnn 0\)$"
+    want = (r"models/hmm/psrnn/s0: trained with other train settings than the current ones \(hmm\.train\.epochs was 2, "
+            r"now 3\); run refine first \(psrnn refine hmm psrnn 0\)$")
     with pytest.raises(RuntimeError, match=want):
         evaluate.evaluate_dataset(params, root, "hmm")
     with pytest.raises(RuntimeError, match=want):
         evaluate.evaluate_run(params, root, "hmm", "psrnn", 0)
     assert not (root / "metrics").exists()
+    # from the command line with another params file: the command it suggests reads that file too
+    from pipeline.cli import main
+
+    other = tmp_path / "my params.yaml"
+    shutil.copy(root / "params.yaml", other)
+    assert main(["--root", str(root), "evaluate", "hmm", "psrnn", "0", "--params", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(f"; run refine first (psrnn --root {root} --params '{other}' refine hmm psrnn 0)\n"), err
+    assert "hmm.train.epochs was 2, now 3" in err
     refine.refine(params, root, "hmm")
     result = evaluate.evaluate_dataset(params, root, "hmm")["psrnn_s0"]
     assert result["epochs"] == 3

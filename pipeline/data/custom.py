@@ -563,6 +563,8 @@ def load_custom(
         if len(vocab_values) < 2:
             raise fail(f"column {symbol_column!r} has a single symbol {_py(vocab_values[0])!r} in train; a discrete "
                        "dataset needs at least 2 distinct symbols")
+        n_steps = len(train_rows)
+        id_like = len(vocab_values) > n_steps / 2   # the symbols must recur to be learned
         for s in ("valid", "test"):
             if not members[s]:
                 continue
@@ -570,12 +572,12 @@ def load_custom(
             unseen = np.setdiff1d(np.unique(values[idx]), vocab_values)
             if unseen.size:
                 measured = (" (a float column of measurements? kind: continuous reads it as a feature)"
-                            if np.asarray(values).dtype.kind == "f" else "")
+                            if np.asarray(values).dtype.kind == "f" else
+                            f" (is {symbol_column!r} an id rather than a symbol? {len(vocab_values)} distinct symbols "
+                            f"in {n_steps} training steps)" if id_like else "")
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
                            f"{brief_list([_py(v) for v in unseen])}; expected only train symbols{measured}")
-        n_steps = len(train_rows)
-        if len(vocab_values) > n_steps / 2:
-            # the symbols must recur to be learned, and the features stage's maps grow with their number
+        if id_like:   # and the features stage's maps grow with their number
             log.warning("%s: column %r has %d distinct symbols in %d training steps, more than half as many; is %r "
                         "an id rather than a symbol?", path, symbol_column, len(vocab_values), n_steps,
                         symbol_column)

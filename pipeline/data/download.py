@@ -61,6 +61,7 @@ the destination, directly or through links.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -330,12 +331,29 @@ def fetch(
     if problem is not None and any(not (dest / f.path).is_file() for f in files):
         log.warning("%s: the mirror cannot be used: %s; fetching from the upstream URLs", dest, problem)
     hashes: dict[str, str] = {}
-    for f in files:
-        hashes[f.path] = _obtain(f, dest, mirror, retries=retries, timeout=timeout, backoff=backoff,
-                                 stall=(stall_window, min_rate))
-        if f.sha256 is None:
-            _record_unpinned(dest, f, hashes[f.path])
+    folders = _folders(dest)
+    try:
+        for f in files:
+            hashes[f.path] = _obtain(f, dest, mirror, retries=retries, timeout=timeout, backoff=backoff,
+                                     stall=(stall_window, min_rate))
+            if f.sha256 is None:
+                _record_unpinned(dest, f, hashes[f.path])
+    except BaseException:
+        _remove_new_empty_folders(dest, folders)   # a failed first download left an empty data/raw/<source>/
+        raise
     return hashes
+
+
+def _folders(dest: Path) -> set[Path]:
+    """The folders at and under ``dest`` that exist now."""
+    return {dest, *(p for p in dest.rglob("*") if p.is_dir())} if dest.is_dir() else set()
+
+
+def _remove_new_empty_folders(dest: Path, before: set[Path]) -> None:
+    """Remove the folders at and under ``dest`` that were not in ``before`` and are empty, deepest first."""
+    for folder in sorted(_folders(dest) - before, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):   # not empty (a file it holds was kept), or gone
+            folder.rmdir()
 
 
 def _obtain(f: RawFile, dest: Path, mirror: Path | None, *, retries: int, timeout: float, backoff: float,

@@ -14,6 +14,7 @@ import numpy as np
 from pipeline.config import Params
 from pipeline.data.schema import SequenceDataset
 from pipeline.io import read_json, write_json
+from pipeline.messages import psrnn_command
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, prune, run_name
@@ -44,8 +45,30 @@ def check_current(params: Params, root: Path, dataset: str, variant_name: str, s
 
     mdir = model_dir(root, dataset, variant_name, seed)
     if (mdir / "done").read_text().strip() != run_fingerprints(params, root, dataset, variant_name, seed, shared)[0]:
-        raise RuntimeError(f"{mdir}: trained with other params, data, initial weights or training code than the "
-                           f"current ones; run refine first (psrnn refine {dataset} {variant_name} {seed})")
+        raise RuntimeError(f"{mdir}: {_what_changed(params, mdir, dataset, variant_name, seed)}; run refine first "
+                           f"({psrnn_command('refine', dataset, variant_name, seed)})")
+
+
+def _what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, seed: int) -> str:
+    """Why a finished run is not current, as far as its checkpoint tells: the train settings that differ (the
+    checkpoint keeps those it trained with), each by its key; else the rest of what the fingerprint holds."""
+    from dataclasses import asdict, replace
+
+    from pipeline.train import load_checkpoint
+
+    dp = params.dataset(dataset)
+    now = asdict(replace(dp.train_config(variant_name), seed=seed))
+    try:
+        then = load_checkpoint(mdir / "checkpoint.pt").get("train_config") or {}
+    except (OSError, ValueError, RuntimeError):
+        then = {}
+    changed = [f"{dp.setting_key(variant_name, k)} was {then[k]!r}, now {now[k]!r}"
+               for k in sorted(now) if k in then and then[k] != now[k]]
+    if changed:
+        return f"trained with other train settings than the current ones ({'; '.join(changed)})"
+    if not then:   # a checkpoint that does not say: any of them
+        return "trained with other params, data, initial weights or training code than the current ones"
+    return "trained with other data, initial weights or training code than the current ones (the same train settings)"
 
 
 def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,

@@ -8,6 +8,7 @@ from pathlib import Path
 from pipeline.config import DatasetParams, Params, Variant
 from pipeline.data.schema import SequenceDataset
 from pipeline.io import load_npz, save_npz
+from pipeline.messages import psrnn_command
 from pipeline.workflow.paths import artifact_dir, load_prepared
 
 
@@ -55,14 +56,15 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
             tsm.decoder_for(every_layer=variant.skip, delta=variant.delta)
         except ValueError as exc:
             raise ValueError(f"{adir / '2sr' / f'L{variant.n_layers}.npz'}: {exc}; {variant.name} needs it: run the "
-                             f"two_stage stage first (psrnn two_stage {dataset} {seed})") from None
+                             f"two_stage stage first ({psrnn_command('two_stage', dataset, seed)})") from None
         if variant.rank is not None:
             path = adir / "cp" / f"r{variant.rank}.npz"
             a, m = load_npz(path)
             digest = tensor_digest(tsm.layers[0].W)
             if m.get("tensor_sha256", digest) != digest:   # an artifact without one predates the record
                 raise ValueError(f"{path}: decomposed from another layer-1 2SR tensor than {adir / '2sr' / 'L1.npz'}"
-                                 f" holds now; run the decompose stage first (psrnn decompose {dataset} {seed})")
+                                 f" holds now; run the decompose stage first "
+                                 f"({psrnn_command('decompose', dataset, seed)})")
             cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
     elif variant.family == "kf":
         path = adir / "2sr" / "kf.npz"

@@ -537,5 +537,6 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
     _log_outcome(tracker, params, ds, model, mdir, history)
     write_text(mdir / "tracked", tracked + "\n")
     print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, logged "
-          f"again for the changed tracking params (MLflow run {tracker.run_id})", file=sys.stderr)
+          f"again: the tracking params or the tracking store (MLFLOW_TRACKING_URI) changed (MLflow run "
+          f"{tracker.run_id})", file=sys.stderr)
     return history

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from pipeline.config import DatasetParams, Params, check_windows
 from pipeline.io import load_npz, save_npz, write_json
+from pipeline.messages import psrnn_command
 from pipeline.workflow.paths import artifact_dir, load_prepared
 
 
@@ -63,7 +64,7 @@ def refuse_stale(path: Path, stored: Any, cfg, keys: Sequence[str] | None, made:
     for k in sorted(now) if keys is None else keys:
         if k in stored and stored[k] != now[k]:
             raise ValueError(f"{path}: {made} with {dataset}.{section}.{k}={stored[k]!r}, but params.yaml now says "
-                             f"{now[k]!r}; run the {stage} stage first (psrnn {stage} {dataset} {seed})")
+                             f"{now[k]!r}; run the {stage} stage first ({psrnn_command(stage, dataset, seed)})")
 
 
 def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
