@@ -486,7 +486,7 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
               else "nothing scored (no trajectory has a next observation to compare a prediction with)")
     dropped = _dropped(summary["dropped"])
     n = summary["trajectories"]
-    print(f"{args.output}: {summary['rows']} predictions for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
+    print(f"{args.output}: {_count(summary['rows'], 'prediction')} for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); {scored}")
 
 
@@ -553,8 +553,8 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
     if left_out:
         print(f"note: {', '.join(left_out)} {'has a section' if len(left_out) == 1 else 'have sections'} but "
               f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
-              "(a plain `dvc repro` still prepares their data where dvc.yaml has their preprocess stage; "
-              "`dvc repro report` does not)")
+              f"(a plain `dvc repro` still prepares {'its' if len(left_out) == 1 else 'their'} data where dvc.yaml "
+              f"has {'its' if len(left_out) == 1 else 'their'} preprocess stage; `dvc repro report` does not)")
 
 
 def _count(n: int, noun: str) -> str:
@@ -583,7 +583,8 @@ def _check_dvc_yaml(root: Path, params) -> None:
         if key == "datasets":   # the library defaults it (all sections), so say what to write
             raise ValueError(f"datasets: required, {path} iterates over it; expected the datasets to run, e.g. "
                              f"datasets: [{', '.join(params.datasets)}]")
-        raise ValueError(f"{key}: required, {path} {where}; expected it in params.yaml (the shipped "
+        none = " (`kf: null` for no Kalman filter)" if key.endswith(".kf") else ""
+        raise ValueError(f"{key}: required, {path} {where}; expected it in params.yaml{none} (the shipped "
                          "params.yaml has every key dvc.yaml reads)")
     for name in params.selected:
         if not is_custom(name):
