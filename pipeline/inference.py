@@ -408,6 +408,7 @@ class TrainedRun:
         import torch
 
         from pipeline.api import model_inputs
+        from pipeline.progress import progress
         from pipeline.train import resolve_device
 
         check_steps(steps)
@@ -426,7 +427,9 @@ class TrainedRun:
             out, state = _final_states(self.model, encoded, dev)   # (B, output_dim): the forecast of h = 1
             # then all trajectories side by side, one step at a time
             values, probs = [], []
-            for h in range(steps):
+            # a bar on a terminal: a long horizon runs one model step at a time (a million steps: minutes)
+            horizons = range(steps) if steps < 10_000 else progress(range(steps), desc="forecast", unit="step")
+            for h in horizons:
                 o = out.double().cpu().numpy()
                 if self.discrete:
                     p = self.decode(o)

@@ -1114,3 +1114,15 @@ def test_inputs_that_overflow_the_float32_arithmetic_are_refused_not_predicted_n
             call([test[0], z])
     with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's forecast is not finite at horizon 1"):
         fitted.forecast([z], 3)
+
+
+def test_a_reserved_column_named_as_the_symbol_column_is_refused_naming_the_file_and_the_flag(discrete_run,
+                                                                                              tmp_path):
+    run, test = discrete_run
+    src = _write(tmp_path / "in.parquet", {"trajectory": np.zeros(len(test[0]), dtype=np.int64),
+                                           "symbol": np.array(run.vocab)[test[0]]})
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{src}: the symbol column 'trajectory' is one of the reserved columns ['trajectory', 'step', 'split']; "
+            "expected the column of symbols: name it with --symbol-column NAME (symbol_column= in Python)") + "$"):
+        predict_file(run, src, tmp_path / "out.parquet", symbol_column="trajectory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]

@@ -320,7 +320,8 @@ def read_rows(
     if kind == "discrete":
         require(symbol_column, f"the discrete observation; {symbol_column_is}")
         if symbol_column in RESERVED:
-            raise ValueError(f"symbol_column={brief(symbol_column)}: that is a reserved column")
+            raise fail(f"the symbol column {symbol_column!r} is one of the reserved columns {list(RESERVED)}; expected "
+                       f"the column of symbols: {symbol_column_is}")
         value_columns = [symbol_column]
     else:
         if features is None:
