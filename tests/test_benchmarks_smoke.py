@@ -282,6 +282,28 @@ def test_ablate_init_smoke(tmp_path):
     assert "kf: test MSE" in out
 
 
+def test_ridge_sweep_smoke(tmp_path):
+    """Both parts: the datasets part on a tiny prepared lgssm workspace (its stages rerun per ridge in a scratch
+    folder), the sine part at its quick size."""
+    from pipeline.workflow.data import prepare
+
+    root = tmp_path / "workspace"
+    root.mkdir()
+    raw = read_yaml((ROOT / "tests" / "fixtures" / "tiny_params.yaml").read_text())
+    raw["seeds"] = [0]
+    (root / "params.yaml").write_text(dump_yaml(raw))
+    prepare(parse_params(raw), root, "lgssm")
+    out = _run("ridge_sweep.py", "--root", str(root), "--datasets", "lgssm", "--ridges", "1e-2,1e-4", "--seeds", "0",
+               "--quick", "--threads", "1", out_dir=tmp_path / "out")
+    d = _load(tmp_path / "out" / "ridge_sweep_quick.json")
+    _check_machine(d["machine"])
+    assert [(r["dataset"], r["ridge"]) for r in d["datasets"]] == [("lgssm", 0.01), ("lgssm", 0.0001)]
+    assert all(0 < r["init_mse"] < 10 for r in d["datasets"])
+    assert [r["ridge"] for r in d["sine"]] == [0.01, 0.0001] and d["sine_setting"]["length"] == 120
+    assert all(0 <= r["one_step_mse"] < 1 and r["forecast_mse"] >= 0 for r in d["sine"])
+    assert "PSRNN epoch-0 test MSE" in out and "noiseless sine" in out
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 
 
