@@ -571,6 +571,7 @@ class _FitPlan:
     kf_ridge: float | None = None          # the Kalman filter's linear 2SR
     columns: list[str] | None = None       # the names of train's columns (frames, dicts of columns)
     vocab: list[str] | None = None         # the symbols of a model of strings, in index order
+    standardize: dict[str, list[float]] | None = None   # standardize=True: train's mean and std per feature
 
 
 #: a training feature whose mean or standard deviation exceeds this in absolute value gets a warning
@@ -593,14 +594,16 @@ def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | N
     large = np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))
     if large.size:
         warnings.warn(f"train: {_features_shown(large, mean, std, columns)} in large units; fit_model takes features "
-                      "as they are (the pipeline standardises them): subtract the training mean and divide by the "
-                      "std first, and scale predictions back, or SGD may diverge", UserWarning, stacklevel=4)
+                      "as they are (the pipeline standardises them): pass standardize=True, or subtract the training "
+                      "mean and divide by the std first and scale predictions back, or SGD may diverge", UserWarning,
+                      stacklevel=4)
     small = np.flatnonzero((std > 0) & (std < SMALL_SCALE))
     if small.size:
         warnings.warn(f"train: {_features_shown(small, mean, std, columns)} in small units; fit_model takes features "
                       "as they are (the pipeline standardises them): the loss and its gradients scale with the square "
-                      "of the units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): divide "
-                      "by the training std first, and scale predictions back", UserWarning, stacklevel=4)
+                      "of the units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): pass "
+                      "standardize=True, or divide by the training std first and scale predictions back", UserWarning,
+                      stacklevel=4)
 
 
 def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names: Sequence[str] | None) -> str:
@@ -609,6 +612,20 @@ def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names:
 
     shown = ", ".join(f"{name(j)} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in which[:3])
     return shown + (f" and {which.size - 3} more" if which.size > 3 else "")
+
+
+def _standardisation(train: Sequence[np.ndarray]) -> dict[str, list[float]]:
+    """Train's mean and std per feature (float64), as the pipeline standardises a custom file: a constant
+    feature gets std 1."""
+    x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
+    std = x.std(axis=0)
+    std[std == 0] = 1.0
+    return {"mean": x.mean(axis=0).tolist(), "std": std.tolist()}
+
+
+def _standardised(trajectories: Sequence[np.ndarray], units: dict[str, list[float]]) -> list[np.ndarray]:
+    mean, std = np.asarray(units["mean"]), np.asarray(units["std"])
+    return [(t.reshape(len(t), -1) - mean) / std for t in trajectories]
 
 
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
@@ -682,9 +699,18 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         if other:
             raise ValueError(f"two_stage_options: {other} apply to the PSRNNs' 2SR on random features; the Kalman "
                              "filter's linear 2SR takes past_window, future_window and ridge")
+    if not isinstance(a["standardize"], (bool, np.bool_)):
+        raise ValueError(f"standardize={brief(a['standardize'])}: expected True or False")
     checked = _checked_splits(data, a["kind"])
     discrete, input_dim, arrays = checked.discrete, checked.input_dim, checked.arrays
-    if not discrete:
+    units = None
+    if a["standardize"]:
+        if discrete:
+            raise ValueError("standardize=True: standardises continuous features, and train holds discrete symbols; "
+                             "leave it out")
+        units = _standardisation(arrays["train"])
+        arrays = {name: _standardised(ts, units) for name, ts in arrays.items()}
+    elif not discrete:
         _warn_unstandardised(arrays["train"], checked.columns)
     how = ("strings" if checked.vocab is not None else
            "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
@@ -742,7 +768,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     train = arrays["train"]
     return _FitPlan(train=train, test=arrays.get("test") or train,   # none given: train is scored as "test"
                     valid=valid, model=cfg, train_config=tcfg, two_stage=ts_cfg, windows=windows,
-                    kf_ridge=kf_ridge, columns=checked.columns, vocab=checked.vocab)
+                    kf_ridge=kf_ridge, columns=checked.columns, vocab=checked.vocab, standardize=units)
 
 
 #: the fit_model arguments that set the TwoStageConfig field of the name (future_window: horizon); the
@@ -874,7 +900,9 @@ class FittedModel:
       2SR); None for the others, and after :func:`load_fitted` (not saved).
     * ``extras``: ``train_config``, ``windows`` (past/future), ``two_stage_config``, ``best_epoch``,
       ``stopped_early`` (the reason, or None); ``columns``, the names of train's columns when it had names (frames
-      and dicts are then read by name), and ``vocab``, the symbols of a model fitted on strings (index order).
+      and dicts are then read by name), ``vocab``, the symbols of a model fitted on strings (index order), and
+      ``standardize``, train's ``{"mean", "std"}`` per feature of a model fitted with ``standardize=True`` (None
+      otherwise).
     """
 
     model: SequenceModel
@@ -902,7 +930,23 @@ class FittedModel:
         inputs = model_inputs(arrays, self.model.config)
         if not inputs:
             raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
-        return inputs
+        units = self.extras.get("standardize")
+        return inputs if units is None else _standardised(inputs, units)
+
+    def _units(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The mean and std a model fitted with ``standardize=True`` standardises its inputs with; else None."""
+        units = self.extras.get("standardize")
+        return None if units is None else (np.asarray(units["mean"]), np.asarray(units["std"]))
+
+    def _in_data_units(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
+        units = self._units()
+        if units is None:
+            return outputs
+        mean, std = units
+        return [(o.astype(np.float64) * std + mean).astype(o.dtype) for o in outputs]
+
+    def _what_inputs_are(self) -> str:   # the non-finite output errors say how far out the inputs were
+        return "standard deviations from the training mean" if self._units() is not None else _UNITS
 
     def predict(self, trajectories: Sequence[Any]) -> list[np.ndarray]:
         """Per trajectory, row t = the prediction of o_{t+1}, made after reading o_0 … o_t.
@@ -915,20 +959,22 @@ class FittedModel:
         only with integer values, 2.0, never 0.9), strings of the vocabulary (a model fitted on strings; a str is
         its characters), or (T, m) finite features of the trained width m ((T,) when m = 1). A frame or a dict of
         columns is read by name (the columns of train); plain arrays by position. Anything else is a one-line
-        ValueError naming the trajectory index."""
+        ValueError naming the trajectory index. A model fitted with ``standardize=True`` standardises the
+        features as it did train's and gives its predictions back in their units."""
         from pipeline.inference import check_finite_outputs
         from pipeline.train import predict
 
         inputs = self._inputs(trajectories)
         outputs = predict(self.model, inputs)
-        check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", _UNITS)
-        return outputs
+        check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", self._what_inputs_are())
+        return self._in_data_units(outputs)
 
     def evaluate(self, trajectories: Sequence[Any]) -> dict[str, float]:
         """The metrics of :func:`pipeline.train.evaluate` on ``trajectories`` (read as :meth:`predict` reads them):
         ``{"mse", "last_value_mse"}`` for a continuous model, the mean squared one-step error per feature and step
-        in the units of the given arrays (fit_model does not standardise them), and what repeating the last
-        observation scores on the same steps (:mod:`pipeline.naive`'s yardstick); ``{"bpc", "accuracy"}`` for a
+        in the units of the given arrays, and what repeating the last observation scores on the same steps
+        (:mod:`pipeline.naive`'s yardstick); with ``standardize=True`` both in standardised units, as the pipeline
+        reports them, and ``mse_data_units`` the one-step error in the arrays' units; ``{"bpc", "accuracy"}`` for a
         discrete one, the bits per symbol of the next symbol and the fraction predicted most likely."""
         from pipeline.inference import check_finite_outputs
         from pipeline.naive import last_value_mse
@@ -939,8 +985,12 @@ class FittedModel:
         if self.model.config.discrete:
             return evaluate(self.model, inputs)
         metrics, outputs = evaluate_and_predict(self.model, inputs)
-        check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", _UNITS)   # else NaN metrics
+        check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", self._what_inputs_are())
         metrics["last_value_mse"] = last_value_mse(inputs)
+        units = self._units()
+        if units is not None:   # the same one-step errors in the data's units
+            err = [((o[:-1].astype(np.float64) - x[1:]) * units[1]) ** 2 for o, x in zip(outputs, inputs) if len(x) > 1]
+            metrics["mse_data_units"] = float(np.concatenate(err).mean())
         return metrics
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
@@ -959,13 +1009,14 @@ class FittedModel:
         check_seed(seed)
         check_sample(sample, c.discrete)
         inputs = self._inputs(trajectories)
-        # the inputs are already in the model's units: no vocabulary lookup, an identity standardisation
+        # the inputs are already in the model's units (indices, standardised features): no vocabulary lookup, and
+        # the fit's standardisation (identity without standardize=True) brings the forecasts back to the data's
+        mean, std = self._units() or (np.zeros(c.input_dim), np.ones(c.input_dim))
         run = TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
                          epoch=self.epoch,
-                         kind="discrete" if c.discrete else "continuous",
-                         mean=np.zeros(c.input_dim), std=np.ones(c.input_dim))
+                         kind="discrete" if c.discrete else "continuous", mean=mean, std=std)
         out = run.forecast_encoded(inputs, steps, sample=sample, seed=seed,
-                                   device=str(next(self.model.parameters()).device), units=_UNITS)
+                                   device=str(next(self.model.parameters()).device), units=self._what_inputs_are())
         vocab = self.extras.get("vocab")
         if vocab is not None:
             symbols = np.asarray(vocab, dtype=str)
@@ -1167,6 +1218,7 @@ def fit_model(
     two_stage_options: dict[str, Any] | None = None,
     train_options: dict[str, Any] | None = None,
     kind: str = "auto",
+    standardize: bool = False,
 ) -> FittedModel:
     """Initialise ``model`` (2SR for PSRNNs and the KF) and refine it by BPTT; returns the model and history.
 
@@ -1247,6 +1299,12 @@ def fit_model(
       continuous features, all of one width m and finite.
     * ``kind="discrete"`` reads every trajectory as symbols (floats with integer values, 2.0, as those integers),
       ``kind="continuous"`` every one as features (integer counts or readings cast to float).
+    * ``standardize=True`` (continuous data) standardises every feature with train's mean and std, as the pipeline
+      does (a constant feature: std 1), kept in ``extras['standardize']``: the model trains on standardised
+      features, its history's metrics are in standardised units, and predict, evaluate and forecast take and
+      give data in the original units (evaluate's ``mse`` standardised, as the pipeline reports it, with
+      ``mse_data_units`` beside it). Without it the arrays are used as they are, with a warning for features in
+      large or small units.
     * Symbols that occur in valid or test but never in train are part of the vocabulary, with a warning naming
       them.
     * A trajectory with named columns (a pandas DataFrame, or a dict of column name -> 1-D array) is read by
@@ -1269,7 +1327,7 @@ def fit_model(
                                 horizon=horizon,
                                 past_window=past_window, ridge=ridge, init=init, bias_scale=bias_scale,
                                 epochs=epochs, lr=lr, bptt=bptt, batch_size=batch_size, clip=clip, device=device,
-                                seed=seed, kind=kind), two_stage_options, train_options)
+                                seed=seed, kind=kind, standardize=standardize), two_stage_options, train_options)
     cfg, tcfg, ts_cfg, windows, train = plan.model, plan.train_config, plan.two_stage, plan.windows, plan.train
     tsm = lss = None
     cps = None
@@ -1299,7 +1357,7 @@ def fit_model(
                          extras={"train_config": asdict(tcfg), "windows": windows,
                                  "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
                                  "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
-                                 "columns": plan.columns, "vocab": plan.vocab})
+                                 "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize})
     if cfg.init == "2sr" and tcfg.epochs >= 1:
         _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)))
     return fitted

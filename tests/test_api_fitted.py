@@ -530,3 +530,44 @@ def test_the_worse_than_2sr_warning_survives_a_perfect_epoch_0():
                     extras={"train_config": {"lr": 1.0}})
     with pytest.warns(UserWarning, match=r"scores train bpc 0\.5, worse than its 2SR initialisation \(epoch 0: 0\)"):
         pipeline.api._warn_if_worse_than_2sr(f, "train")
+
+
+# ------------------------------------------------------------------------------------------- standardize=True
+
+def test_standardize_fits_as_on_standardised_data_and_answers_in_the_data_units(features, tmp_path):
+    """standardize=True is the same fit as on data standardised by hand (identical history) with predict and
+    forecast mapped back to the data's units, evaluate's mse standardised (as the pipeline reports it) beside
+    mse_data_units; no warning for features in large and small units; the units survive save / load."""
+    scale, shift = np.array([300.0, 0.002]), np.array([1013.0, -5.0])
+    train = [x * scale + shift for x in features.train]
+    test = [x * scale + shift for x in features.test]
+    stacked = np.concatenate(train)
+    mean, std = stacked.mean(axis=0), stacked.std(axis=0)
+    by_hand = {"train": [(x - mean) / std for x in train], "test": [(x - mean) / std for x in test]}
+    kw = {**SMALL, "epochs": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)   # a units warning would fail here
+        warnings.filterwarnings("ignore", message="fit_model: (layer|the returned model)")
+        fitted = fit_model(train, test, standardize=True, **kw)
+        plain = fit_model(by_hand["train"], by_hand["test"], **kw)
+    assert fitted.history == [{**h, "seconds": f["seconds"]} for h, f in zip(plain.history, fitted.history)]
+    assert np.allclose(fitted.extras["standardize"]["mean"], mean) and \
+        np.allclose(fitted.extras["standardize"]["std"], std) and plain.extras["standardize"] is None
+    for ours, theirs in zip(fitted.predict(test), plain.predict(by_hand["test"])):
+        assert ours.dtype == np.float32
+        np.testing.assert_allclose(ours, theirs.astype(np.float64) * std + mean, rtol=1e-6)
+    for ours, theirs in zip(fitted.forecast(test, 3), plain.forecast(by_hand["test"], 3)):
+        np.testing.assert_allclose(ours, theirs * std + mean, rtol=1e-9)
+    scores = fitted.evaluate(test)
+    assert {k: scores[k] for k in ("mse", "last_value_mse")} == plain.evaluate(by_hand["test"])
+    errors = [((p[:-1].astype(np.float64) - x[1:]) * std) ** 2 for p, x in zip(plain.predict(by_hand["test"]),
+                                                                               by_hand["test"])]
+    assert scores["mse_data_units"] == pytest.approx(float(np.concatenate(errors).mean()), rel=1e-9)
+    fitted.save(tmp_path / "m.pt")
+    assert _same(load_fitted(tmp_path / "m.pt").predict(test), fitted.predict(test))
+
+
+def test_standardize_is_for_continuous_data_and_a_boolean(symbols, features, no_work):
+    refused("standardize=True: standardises continuous features, and train holds discrete symbols; leave it out",
+            fit_model, symbols.train, standardize=True, **SMALL)
+    refused("standardize='yes': expected True or False", fit_model, features.train, standardize="yes", **SMALL)
