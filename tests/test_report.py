@@ -299,6 +299,18 @@ def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Pat
     assert len(_table_rows(md, "hmm")[0]) == 7   # variant, seeds, params, BPC, accuracy and their init: no lr
 
 
+def test_a_spread_that_rounds_to_zero_is_not_shown_as_zero():
+    """The std takes the mean's notation, but a non-zero one that rounds to 0.000 there is shown in two digits of
+    its own: "± 0.000" reads as seeds that agree exactly (handwriting's lstm_delta, 0.0150 and 0.0152)."""
+    from pipeline.report import _mean_std
+
+    assert _mean_std([0.0150, 0.0152]) == "0.015 ± 1.4e-04"
+    assert _mean_std([0.020, 0.020]) == "0.020 ± 0.000"            # equal: zero, as it is
+    assert _mean_std([0.505, 0.515]) == "0.510 ± 0.007"
+    assert _mean_std([4e-4, 5e-4]) == "4.500e-04 ± 7.071e-05"      # small means keep their notation
+    assert _mean_std([0.0150, float("nan"), 0.0152]) == "0.015 ± 1.4e-04 (2/3 finite)"
+
+
 def test_a_ptb_figure_moved_to_another_dataset_is_titled_by_it():
     from pipeline.report import DEFAULT_FIGURES, _merge_config
 
