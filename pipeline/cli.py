@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
     d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
     command("report", help="figures and results.md from every run's outputs")
+    d = command("runs", help="list the trained runs (models/<dataset>/<variant>/s<seed>) with their status "
+                             "(trained, stale, unfinished, not trained), last epoch, test metric and MLflow run id; "
+                             "not a DVC stage")
+    d.add_argument("dataset", nargs="?", default=None, help="only this dataset (default: every one)")
+    d.add_argument("--json", action="store_true", help="one JSON object per run, one per line, instead of the table")
     d = command("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "
                                            "shipped preprocess_custom, renamed); append it with >> dvc.yaml")
     d.add_argument("name", help="the dataset: custom_<name>, a section of params.yaml")
@@ -380,6 +385,17 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         return 0
     if stage == "custom-stage":
         print(_custom_stage_text(root, params, args.name), end="")
+        return 0
+    if stage == "runs":
+        from pipeline.workflow.runs import format_runs, list_runs
+
+        rows = list_runs(params, root, args.dataset)
+        if args.json:
+            import json
+
+            print("".join(json.dumps(r) + "\n" for r in rows), end="")
+        else:
+            print(format_runs(rows), end="")
         return 0
     module = {"check": None, "download": "data", "preprocess": "data", "features": "spectral",
               "two_stage": "spectral", "decompose": "spectral", "initialise": "initialise", "refine": "refine",

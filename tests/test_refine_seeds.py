@@ -967,3 +967,40 @@ def test_refine_notes_the_2sr_runs_that_end_worse_than_their_start(tmp_path, cle
     raw["hmm"]["train"]["overrides"] = {"psrnn": {"lr": 30.0, "restore_best": True}}
     restored = _write_params(tmp_path, raw)
     assert refine.worse_than_start_note(restored.dataset("hmm"), histories) is None
+
+
+def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys):
+    """`psrnn runs`: trained runs with their last epoch, test metric and MLflow run id; a run whose params
+    changed is stale, one without its done marker unfinished (at its checkpoint's epoch), a listed seed without a
+    folder not trained, and a folder params.yaml no longer lists is shown as such."""
+    from pipeline.cli import main
+    from pipeline.workflow.runs import list_runs
+
+    root = tmp_path
+    params = _params(root, [0], variants=("psrnn", "gru"))
+    refine.refine(params, root, "hmm")
+    history = json.loads((model_dir(root, "hmm", "psrnn", 0) / "history.json").read_text())
+    rows = {(r["variant"], r["seed"]): r for r in list_runs(params, root)}
+    assert {k: r["status"] for k, r in rows.items()} == {("gru", 0): "trained", ("psrnn", 0): "trained"}
+    assert rows[("psrnn", 0)]["epoch"] == 2 and rows[("psrnn", 0)]["run_id"] == history["run_id"]
+    assert rows[("psrnn", 0)]["metric"] == "bpc" and rows[("psrnn", 0)]["value"] == history["history"][-1]["test"]["bpc"]
+
+    # gru off the list, seed 1 on it (not trained yet), psrnn's epochs changed: stale; gru's checkpoint unfinished
+    params = _params(root, [0, 1], variants=("psrnn",), epochs=3)
+    (model_dir(root, "hmm", "gru", 0) / "done").unlink()
+    rows = {(r["variant"], r["seed"]): r for r in list_runs(params, root)}
+    assert {k: (r["status"], r["listed"]) for k, r in rows.items()} == {
+        ("gru", 0): ("unfinished", False), ("psrnn", 0): ("stale", True), ("psrnn", 1): ("not trained", True)}
+    assert rows[("psrnn", 1)]["epoch"] is None and rows[("psrnn", 1)]["run_id"] is None
+    assert main(["--root", str(root), "runs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["dataset", "variant", "seed", "status", "epoch", "test", "MLflow", "run"]
+    assert out[1].split()[:5] == ["hmm", "gru", "0", "unfinished", "(not"]
+    assert out[2].split()[:5] == ["hmm", "psrnn", "0", "stale", "2"] and out[2].endswith(history["run_id"])
+    assert out[3].split() == ["hmm", "psrnn", "1", "not", "trained"]
+    assert out[4] == "3 runs: 1 unfinished, 1 stale, 1 not trained"
+    assert main(["--root", str(root), "runs", "hmm", "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["status"] for line in lines] == ["unfinished", "stale", "not trained"]
+    assert main(["--root", str(root), "runs", "nosuch"]) == 1
+    assert "dataset 'nosuch' is not configured in params.yaml" in capsys.readouterr().err

@@ -1,0 +1,145 @@
+"""``psrnn runs``: the trained runs of a project, what state each is in, and what each scored; not a DVC stage.
+
+One row per run folder under ``models/<dataset>/<variant>/s<seed>/`` (and per run that ``params.yaml`` lists
+but that has no folder): so that ``psrnn predict`` / ``forecast`` and :func:`pipeline.inference.load_run` can
+be pointed at a run without browsing folders, and so that a run that did not finish, or that was trained with
+other params, data or code than the current ones, is seen before it is used. The status of a run:
+
+* ``trained``: finished (its ``done`` marker) with the current params, data, initial weights and training code
+  (:func:`pipeline.workflow.refine.run_fingerprints`), as ``evaluate`` checks it;
+* ``stale``: finished with other ones (``evaluate`` refuses it, ``predict`` warns; ``refine`` trains it again);
+* ``finished``: finished, but not checkable against the current params (its dataset, variant or seed is not in
+  ``params.yaml``, or its initial weights are gone);
+* ``unfinished``: a checkpoint without the ``done`` marker (killed, diverged, or being trained): ``refine``
+  resumes it;
+* ``not trained``: listed in ``params.yaml`` (a variant of ``<ds>.variants`` and a seed of ``seeds``, of a dataset
+  of ``datasets``) with no run folder.
+
+The metric is the last epoch's test metric of the run's history (``epoch`` is that epoch; with
+``restore_best`` the weights are the best epoch's, ``model_epoch``), the MLflow run id the one the run was
+logged to.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Params
+from pipeline.io import read_json
+from pipeline.workflow.paths import dataset_models_dir, model_dir
+
+_SEED_DIR = re.compile(r"s(0|[1-9][0-9]*)", re.ASCII)   # s0, s12; not s01, which would read as seed 1
+
+
+def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[dict[str, Any]]:
+    """Every run of ``dataset`` (None: of every dataset with a ``models/`` folder or listed in ``datasets``),
+    sorted by dataset, variant and seed: ``{"dataset", "variant", "seed", "status", "epoch", "model_epoch",
+    "metric", "value", "run_id", "listed"}`` (``listed``: whether params.yaml trains it now)."""
+    from pipeline.workflow.refine import run_fingerprints, shared_digest
+
+    models = root / "models"
+    names = sorted({p.name for p in models.iterdir() if p.is_dir()} if models.is_dir() else set())
+    if dataset is not None:
+        params.dataset(dataset)   # a name params.yaml does not have: one line naming the sections it has
+        names = [dataset]
+    else:
+        names = sorted(set(names) | set(params.selected))
+    rows = []
+    for name in names:
+        dp = params.datasets.get(name)
+        listed = ({(v.name, s) for v in dp.variants for s in params.seeds}
+                  if dp is not None and name in params.selected else set())
+        found: set[tuple[str, int]] = set()
+        shared = shared_digest(params, root, name) if dp is not None else None
+        base = dataset_models_dir(root, name)
+        for vdir in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
+            for sdir in sorted((p for p in vdir.iterdir() if p.is_dir() and _SEED_DIR.fullmatch(p.name)),
+                               key=lambda p: int(p.name[1:])):
+                seed = int(sdir.name[1:])
+                if not (sdir / "checkpoint.pt").is_file() and not (sdir / "done").is_file():
+                    continue   # an empty folder left by hand: no run
+                found.add((vdir.name, seed))
+                rows.append(_run_row(params, root, name, vdir.name, seed, (vdir.name, seed) in listed, shared,
+                                     run_fingerprints))
+        for variant, seed in sorted(listed - found, key=lambda vs: (vs[0], vs[1])):
+            rows.append({"dataset": name, "variant": variant, "seed": seed, "status": "not trained", "epoch": None,
+                         "model_epoch": None, "metric": None, "value": None, "run_id": None, "listed": True})
+    return sorted(rows, key=lambda r: (r["dataset"], r["variant"], r["seed"]))
+
+
+def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, listed: bool, shared: Any,
+             run_fingerprints: Any) -> dict[str, Any]:
+    mdir = model_dir(root, dataset, variant, seed)
+    row: dict[str, Any] = {"dataset": dataset, "variant": variant, "seed": seed, "epoch": None, "model_epoch": None,
+                           "metric": None, "value": None, "run_id": None, "listed": listed}
+    history = _read(mdir / "history.json")
+    if (mdir / "done").is_file():
+        row["status"] = "finished"
+        if listed:
+            try:
+                current = run_fingerprints(params, root, dataset, variant, seed, shared)[0]
+                row["status"] = "trained" if (mdir / "done").read_text().strip() == current else "stale"
+            except (OSError, ValueError, KeyError):   # initial weights or prepared data gone: not checkable
+                pass
+        epochs = (history or {}).get("history") or []
+    else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
+        row["status"] = "unfinished"
+        epochs = _checkpoint_history(mdir)
+    if epochs and isinstance(epochs[-1], dict):
+        last = epochs[-1]
+        row["epoch"] = last.get("epoch")
+        test = last.get("test") or {}
+        metric = next((m for m in ("bpc", "mse") if m in test), None)
+        if metric is not None:
+            row["metric"], row["value"] = metric, test[metric]
+    row["run_id"] = (history or {}).get("run_id") or _text(mdir / "run_id")
+    metrics = _read(root / "metrics" / dataset / f"{variant}_s{seed}.json")
+    if metrics is not None and row["status"] == "trained":
+        row["model_epoch"] = metrics.get("model_epoch")
+    return row
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        value = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _checkpoint_history(mdir: Path) -> list[Any]:
+    """The epochs an unfinished run's checkpoint holds (history.json is written when a run finishes)."""
+    from pipeline.train import load_checkpoint
+
+    try:
+        history = load_checkpoint(mdir / "checkpoint.pt").get("history")
+    except (OSError, ValueError, RuntimeError):
+        return []
+    return history if isinstance(history, list) else []
+
+
+def format_runs(rows: list[dict[str, Any]]) -> str:
+    """The rows as an aligned text table (one line per run) and a count per status."""
+    if not rows:
+        return "no runs: models/ is empty and params.yaml lists none\n"
+    header = ["dataset", "variant", "seed", "status", "epoch", "test", "MLflow run"]
+    lines = [[r["dataset"], r["variant"], str(r["seed"]), r["status"] + ("" if r["listed"] else " (not listed)"),
+              "" if r["epoch"] is None else str(r["epoch"]) + (
+                  f" (best {r['model_epoch']})" if r["model_epoch"] not in (None, r["epoch"]) else ""),
+              "" if r["value"] is None else f"{r['metric']} {r['value']:.4g}", r["run_id"] or ""] for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    text = [("  ".join(c.ljust(w) for c, w in zip(line, widths))).rstrip() for line in [header, *lines]]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    text.append(f"{len(rows)} run{'' if len(rows) == 1 else 's'}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(text) + "\n"
