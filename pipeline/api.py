@@ -158,6 +158,8 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
         except (ValueError, TypeError, RuntimeError) as exc:
             raise ValueError(f"{where}: column {brief(c)} is not an array ({' '.join(str(exc).split())[:120]}); "
                              "expected one value per step") from None
+        if v.ndim == 2 and v.shape[1] == 1:   # a (T, 1) column, e.g. x[:, :1]: one value per step too
+            v = v[:, 0]
         if v.ndim != 1:
             raise ValueError(f"{where}: column {brief(c)} of shape {v.shape}; expected one value per step (1-D)")
         values.append(column_values(f"{where}: column {brief(c)}", v))
@@ -197,7 +199,10 @@ def first_missing(values: np.ndarray) -> int | None:
         import pyarrow.compute as pc
 
         try:   # pyarrow reads None, NaN, NA and NaT as nulls: 5x faster than the loop on millions of symbols
-            nulls = pa.array(values, from_pandas=True).is_null()
+            column = pa.array(values, from_pandas=True)
+            nulls = column.is_null()
+            if pa.types.is_floating(column.type):   # a NaN held as a numpy scalar (np.float32) is no null to it
+                nulls = pc.or_(nulls, pc.fill_null(pc.is_nan(column), False))
             return None if not pc.any(nulls).as_py() else int(pc.index(nulls, True).as_py())
         except (pa.ArrowException, TypeError, ValueError, OverflowError):   # mixed types: value by value
             return next((t for t, v in enumerate(values.tolist()) if is_missing(v)), None)
@@ -949,8 +954,8 @@ class FittedModel:
         units = self._units()
         if units is None:
             return outputs
-        mean, std = units
-        return [(o.astype(np.float64) * std + mean).astype(o.dtype) for o in outputs]
+        mean, std = units   # float64, as TrainedRun.decode: float32 holds only multiples of 8 near 1e8
+        return [o.astype(np.float64) * std + mean for o in outputs]
 
     def _what_inputs_are(self) -> str:   # the non-finite output errors say how far out the inputs were
         return "standard deviations from the training mean" if self._units() is not None else _UNITS
@@ -967,7 +972,8 @@ class FittedModel:
         its characters), or (T, m) finite features of the trained width m ((T,) when m = 1). A frame or a dict of
         columns is read by name (the columns of train); plain arrays by position. Anything else is a one-line
         ValueError naming the trajectory index. A model fitted with ``standardize=True`` standardises the
-        features as it did train's and gives its predictions back in their units."""
+        features as it did train's and gives its predictions back in their units, as float64 arrays (float32
+        would round a feature near 1e8 to a multiple of 8)."""
         from pipeline.inference import check_finite_outputs
         from pipeline.train import predict
 
@@ -1186,7 +1192,7 @@ def _check_options(name: str, options: dict[str, Any], config_class: type, shape
     if not isinstance(options, dict):
         raise ValueError(f"{name}: a {type(options).__name__}; expected a dict of {config_class.__name__} fields")
     known = {f.name for f in fields(config_class)}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - known, key=str)   # keys of mixed types ({5: 1, "lrr": 2}) sort as text
     if unknown:
         from pipeline.config import did_you_mean_each
 

@@ -287,7 +287,7 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         if _debug(args) or not expected_failure(exc):
             raise
         message = one_line(exc)
-        sizes = _size_keys(params, args.stage, getattr(args, "dataset", None)) if isinstance(exc, MemoryError) \
+        sizes = _size_keys(params, args.stage, getattr(args, "dataset", None)) if out_of_memory(exc) \
             else ""
         if sizes:   # name the keys of this stage's sizes rather than the generic list
             message = message.replace(_MEMORY_ADVICE, f"expected sizes that fit this machine's memory: {sizes}")
@@ -357,6 +357,12 @@ def expected_failure(exc: BaseException) -> bool:
     return isinstance(exc, _EXPECTED) or _library(exc) is not None
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """numpy's MemoryError, or torch's (CUDA) OutOfMemoryError, a RuntimeError matched by name so that torch is
+    not imported here."""
+    return isinstance(exc, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(exc).__mro__)
+
+
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line: whitespace collapsed, shortened to a few hundred characters; a library's exception
     (e.g. ``MlflowException``) is prefixed with its class name, and a message-less one is its class name."""
@@ -365,7 +371,7 @@ def one_line(exc: BaseException) -> str:
         text = " ".join(str(exc.args[0]).split())
     if len(text) > _MAX_MESSAGE:
         text = text[:_MAX_MESSAGE - 3].rstrip() + "..."
-    if isinstance(exc, MemoryError):
+    if out_of_memory(exc):
         return f"out of memory{': ' + text if text else ''}; {_MEMORY_ADVICE}"
     name = type(exc).__name__
     if not text:
@@ -392,8 +398,12 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         rows = list_runs(params, root, args.dataset)
         if args.json:
             import json
+            import math
 
-            print("".join(json.dumps(r) + "\n" for r in rows), end="")
+            def plain(v):   # JSON has no NaN: a metric that is not finite is null
+                return None if isinstance(v, float) and not math.isfinite(v) else v
+
+            print("".join(json.dumps({k: plain(v) for k, v in r.items()}) + "\n" for r in rows), end="")
         else:
             print(format_runs(rows), end="")
         return 0

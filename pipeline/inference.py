@@ -267,6 +267,8 @@ class TrainedRun:
         columns = []
         for n in wanted:
             v = np.asarray(trajectory[n])
+            if v.ndim == 2 and v.shape[1] == 1:   # a (T, 1) column, e.g. x[:, :1]: one value per step too
+                v = v[:, 0]
             if v.ndim != 1:
                 raise ValueError(f"column {n!r} of shape {v.shape}; expected one value per step (1-D)")
             columns.append(column_values(f"column {n!r}", v))
@@ -479,20 +481,33 @@ def check_finite_outputs(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndar
     """Refuse outputs that are not finite, in one line: ``name(k)`` names trajectory k, ``row(k, t)`` its row t
     (default "row t"). A model's arithmetic is float32: a continuous input far enough out (|x| near 1e38) overflows the
     RFF encoder's Ωᵀx and turns every later output NaN, which predict_file wrote and psrnn predict reported as a
-    success. The message says how far out the inputs were (``units``) up to that row."""
+    success. The message says how far out the inputs were (``units``) up to that row; where they were not far
+    out (below :data:`FAR_OUT`), the model itself overflowed: a forecast that diverges as its own predictions are
+    fed back (an unstable filter), or weights that are not finite."""
     for k, (o, x) in enumerate(zip(outputs, inputs)):
         bad = ~np.isfinite(o)
         if not bad.any():
             continue
         t = int(np.argwhere(bad)[0][0])
         seen = np.asarray(x)[: t + 1] if what == "prediction" else np.asarray(x)
-        reach = ""
-        if seen.dtype.kind == "f" and seen.size:
-            reach = (f" (the inputs{' up to there' if what == 'prediction' else ''} reach "
-                     f"{float(np.abs(seen).max()):.3g} {units}: too far out for the model's float32 arithmetic)")
         at = (row(k, t) if row is not None else f"row {t}") if what == "prediction" else f"horizon {t + 1}"
-        raise ValueError(f"{name(k)}: the model's {what} is not finite at {at}{reach}; expected inputs on the scale "
-                         "of the training data")
+        peak = float(np.abs(seen).max()) if seen.dtype.kind == "f" and seen.size else None
+        if peak is not None and peak > FAR_OUT:
+            raise ValueError(f"{name(k)}: the model's {what} is not finite at {at} (the inputs"
+                             f"{' up to there' if what == 'prediction' else ''} reach {peak:.3g} {units}: too far out "
+                             "for the model's float32 arithmetic); expected inputs on the scale of the training data")
+        if what == "forecast" and t > 0:
+            raise ValueError(f"{name(k)}: the model's forecast is not finite at {at}: fed its own predictions, it "
+                             f"diverges (an unstable recurrence), from inputs of ordinary size; expected at most "
+                             f"{t} steps (steps={t}), or a model that stays stable")
+        raise ValueError(f"{name(k)}: the model's {what} is not finite at {at}, from inputs of ordinary size: the "
+                         "model itself overflows (weights or state not finite); expected a model trained without "
+                         "divergence")
+
+
+#: how far out (in the inputs' units: standard deviations, for a pipeline run) an input must be for a non-finite
+#: output to be blamed on it; below, the model itself overflowed
+FAR_OUT = 1e6
 
 
 def _check_lengths(encoded: Sequence[np.ndarray], name: str = "trajectories") -> None:

@@ -132,6 +132,13 @@ def remove_stranded_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:   # an unreadable parent (PermissionError): the message then names the write that failed
+        return False
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
@@ -146,7 +153,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}{_host_tag()}-{os.getpid()}-",
                                    suffix=suffix or ".tmp", dir=path.parent)
     except OSError as exc:   # the error would name the random temporary file, not the output asked for
-        blocking = next((a for a in path.parents if a.exists() and not a.is_dir()), None)
+        blocking = next((a for a in path.parents if _exists(a) and not a.is_dir()), None)
         if blocking is not None:   # "File exists" from mkdir, or "Not a directory", left the cause to guess
             raise OSError(exc.errno, f"cannot write {path}: {blocking} is a file, not a directory; expected a "
                                      "path inside a directory") from None

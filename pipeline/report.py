@@ -756,7 +756,7 @@ def _mean_std(values: Iterable[Any]) -> str:
     if len(vals) > 1:  # the std takes the mean's notation, so that "0.505 ± 0.007" is not "0.505 ± 7.071e-03"
         std = float(np.std(vals, ddof=1))
         shown = _fmt(std, fixed=_fixed(mean))
-        if std > 0 and float(shown) == 0:   # "0.015 ± 0.000" read as seeds that agree exactly; they do not
+        if 0 < std < math.inf and float(shown) == 0:   # "0.015 ± 0.000" read as seeds that agree exactly; they do not
             shown = f"{std:.1e}"
         text += f" ± {shown}"
     if len(vals) < n:

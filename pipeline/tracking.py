@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import re
+import ssl
 import subprocess
 import urllib.error
 import urllib.parse
@@ -252,15 +253,33 @@ def server_problem(uri: str, timeout: float = 5.0) -> str | None:
     except ValueError as exc:
         return f"not a URL that can be read ({exc}); expected http(s)://host:port, e.g. http://127.0.0.1:5000"
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout, context=_tls_context()) as resp:
             status = resp.status
     except urllib.error.HTTPError as exc:
         status = exc.code
     except (urllib.error.URLError, OSError) as exc:
-        return f"tracking server unreachable ({getattr(exc, 'reason', exc)})"
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLError):   # the server answers; its certificate is what is not trusted
+            return (f"TLS verification failed ({reason}); expected a certificate this machine trusts, or "
+                    "MLFLOW_TRACKING_SERVER_CERT_PATH=<CA bundle> (MLFLOW_TRACKING_INSECURE_TLS=true to skip the check), "
+                    "as MLflow's client reads them")
+        return f"tracking server unreachable ({reason})"
     if status != 200:  # an MLflow server answers GET /health with 200 "OK"
         return f"GET /health answered HTTP {status}; expected 200 from an MLflow tracking server"
     return None
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The TLS settings MLflow's client uses for a tracking server: ``MLFLOW_TRACKING_INSECURE_TLS=true`` skips
+    verification, ``MLFLOW_TRACKING_SERVER_CERT_PATH`` (else ``REQUESTS_CA_BUNDLE``, which requests reads) names
+    the CA bundle; else the system's. A self-signed server that MLflow reaches is so reached by the check too."""
+    if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").strip().lower() == "true":
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    bundle = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or os.environ.get("REQUESTS_CA_BUNDLE")
+    return ssl.create_default_context(cafile=bundle) if bundle else ssl.create_default_context()
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:

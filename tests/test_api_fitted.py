@@ -554,8 +554,8 @@ def test_standardize_fits_as_on_standardised_data_and_answers_in_the_data_units(
     assert np.allclose(fitted.extras["standardize"]["mean"], mean) and \
         np.allclose(fitted.extras["standardize"]["std"], std) and plain.extras["standardize"] is None
     for ours, theirs in zip(fitted.predict(test), plain.predict(by_hand["test"])):
-        assert ours.dtype == np.float32
-        np.testing.assert_allclose(ours, theirs.astype(np.float64) * std + mean, rtol=1e-6)
+        assert ours.dtype == np.float64   # float32 would hold only multiples of 8 near 1e8
+        np.testing.assert_array_equal(ours, theirs.astype(np.float64) * std + mean)
     for ours, theirs in zip(fitted.forecast(test, 3), plain.forecast(by_hand["test"], 3)):
         np.testing.assert_allclose(ours, theirs * std + mean, rtol=1e-9)
     scores = fitted.evaluate(test)

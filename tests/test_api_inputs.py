@@ -144,6 +144,21 @@ def test_frame_columns_that_are_no_numbers_or_have_gaps_are_named(features, no_w
     refused(f"train[0]: column 's': a missing value (None) at step 2; {gap}", fit_model, [words], **SMALL)
 
 
+def test_missing_values_of_every_kind_are_found():
+    """first_missing: None, NaN (a Python float or a numpy scalar), pandas' NA and NaT, in object columns of
+    strings, numbers or both, and in float columns; none in columns without."""
+    pd = pytest.importorskip("pandas")
+    from pipeline.api import first_missing
+
+    for gap in (None, float("nan"), np.float32("nan"), np.float64("nan"), pd.NA, pd.NaT):
+        for column in (["a", "b", gap, "c"], [1.0, 2.0, gap, 3.0], ["a", 1, gap, 2.5]):
+            assert first_missing(np.array(column, dtype=object)) == 2, (gap, column)
+    assert first_missing(np.array([1.0, 2.0, np.nan])) == 2
+    for column in (np.array(["a", "b"], dtype=object), np.array([1, 2], dtype=object), np.array([1.0, 2.0]),
+                   np.array(["None", "nan"], dtype=object)):   # the text 'nan' is a symbol, not a gap
+        assert first_missing(column) is None
+
+
 def test_a_fitted_model_names_frame_columns_that_are_no_numbers(features):
     pd = pytest.importorskip("pandas")
     x = features.train[0]

@@ -615,6 +615,11 @@ def test_out_of_memory_is_one_line():
     assert one_line(exc) == ("out of memory: Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000) "
                              f"and data type float64; {advice}")
     assert one_line(MemoryError()) == f"out of memory; {advice}"
+    import torch   # a CUDA out-of-memory is torch's RuntimeError subclass: the same advice
+
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert expected_failure(cuda) and one_line(cuda) == ("out of memory: CUDA out of memory. Tried to allocate "
+                                                         f"20.00 GiB; {advice}")
 
 
 def test_out_of_memory_in_a_stage_names_the_keys_that_size_it(tmp_path):
@@ -805,6 +810,7 @@ def test_trajectories_with_named_columns_are_read_by_name(continuous_run, discre
     frame = pd.DataFrame({"b": raw[:, 1], "note": "x", "a": raw[:, 0]})
     np.testing.assert_array_equal(run.predict([frame])[0], want)
     np.testing.assert_array_equal(run.predict([{"a": raw[:, 0], "b": raw[:, 1]}])[0], want)
+    np.testing.assert_array_equal(run.predict([{"a": raw[:, :1], "b": raw[:, 1:]}])[0], want)   # (T, 1) columns
     assert run.evaluate([frame]) == run.evaluate([raw])
     with pytest.raises(ValueError, match=re.escape("trajectories[1]: no column 'a' (columns present: ['b', 'note']);"
                                                    " expected the features the run was trained on, ['a', 'b']")):
@@ -1126,3 +1132,23 @@ def test_a_reserved_column_named_as_the_symbol_column_is_refused_naming_the_file
             "expected the column of symbols: name it with --symbol-column NAME (symbol_column= in Python)") + "$"):
         predict_file(run, src, tmp_path / "out.parquet", symbol_column="trajectory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+
+
+def test_a_diverging_forecast_is_named_as_the_models_not_blamed_on_ordinary_inputs(continuous_run):
+    """A recurrence made unstable (the KF's A tripled) diverges as its own predictions are fed back: the error says
+    so and how many steps stay finite, and does not blame inputs of ordinary size (FAR_OUT)."""
+    import torch
+
+    from pipeline.inference import FAR_OUT
+
+    _, test = continuous_run
+    fitted = fit_model(test, model="kf", state_dim=2, horizon=3, epochs=0, device="cpu")
+    with torch.no_grad():
+        fitted.model.A.mul_(3)
+    assert np.abs(np.concatenate(test)).max() < FAR_OUT
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's forecast is not finite at horizon (\d+): "
+                                         r"fed its own predictions, it diverges \(an unstable recurrence\), from "
+                                         r"inputs of ordinary size; expected at most (\d+) steps") as err:
+        fitted.forecast(test, 400)
+    horizon, steps = (int(g) for g in re.search(r"horizon (\d+).*at most (\d+)", str(err.value)).groups())
+    assert steps == horizon - 1 and np.isfinite(np.stack(fitted.forecast(test[:1], steps))).all()

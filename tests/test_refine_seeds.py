@@ -329,6 +329,19 @@ def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env, cap
     err = capsys.readouterr().err
     assert err.endswith(f"; run refine first (psrnn --root {root} --params '{other}' refine hmm psrnn 0)\n"), err
     assert "hmm.train.epochs was 2, now 3" in err
+    # a checkpoint of a version that did not write a key had its default: a key set now is named all the same
+    from pipeline.train import load_checkpoint, save_checkpoint
+
+    ckpt = model_dir(root, "hmm", "psrnn", 0) / "checkpoint.pt"
+    older = load_checkpoint(ckpt)
+    del older["train_config"]["patience"]
+    save_checkpoint(ckpt, older)
+    p = copy.deepcopy(PARAMS)
+    p["hmm"]["train"].update(epochs=2, patience=3)
+    p["hmm"]["variants"] = ["psrnn"]
+    with pytest.raises(RuntimeError, match=r"\(hmm\.train\.patience was 0, now 3\); run refine first"):
+        evaluate.evaluate_run(_write_params(root, p), root, "hmm", "psrnn", 0)
+    params = _params(root, [0], epochs=3)
     refine.refine(params, root, "hmm")
     result = evaluate.evaluate_dataset(params, root, "hmm")["psrnn_s0"]
     assert result["epochs"] == 3
@@ -1004,3 +1017,10 @@ def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys)
     assert [json.loads(line)["status"] for line in lines] == ["unfinished", "stale", "not trained"]
     assert main(["--root", str(root), "runs", "nosuch"]) == 1
     assert "dataset 'nosuch' is not configured in params.yaml" in capsys.readouterr().err
+    # runs of a dataset params.yaml no longer has are listed, by name too; a done marker without its checkpoint
+    # is no finished run
+    shutil.copytree(model_dir(root, "hmm", "psrnn", 0), model_dir(root, "ghost", "psrnn", 0))
+    (model_dir(root, "ghost", "psrnn", 0) / "checkpoint.pt").unlink()
+    shutil.copytree(model_dir(root, "hmm", "psrnn", 0), model_dir(root, "ghost", "psrnn", 1))
+    assert [(r["seed"], r["status"], r["listed"]) for r in list_runs(params, root, "ghost")] == [
+        (0, "unfinished", False), (1, "finished", False)]

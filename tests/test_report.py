@@ -309,6 +309,8 @@ def test_a_spread_that_rounds_to_zero_is_not_shown_as_zero():
     assert _mean_std([0.505, 0.515]) == "0.510 ± 0.007"
     assert _mean_std([4e-4, 5e-4]) == "4.500e-04 ± 7.071e-05"      # small means keep their notation
     assert _mean_std([0.0150, float("nan"), 0.0152]) == "0.015 ± 1.4e-04 (2/3 finite)"
+    with np.errstate(over="ignore"):
+        assert _mean_std([1e160, 1.0]) == "5.000e+159 ± n/a"   # a std that overflows is not a crash
 
 
 def test_a_ptb_figure_moved_to_another_dataset_is_titled_by_it():

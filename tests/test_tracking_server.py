@@ -347,3 +347,59 @@ def test_load_mlflow_run_from_an_unreachable_server_fails_fast(clean_env, tmp_pa
     with pytest.raises(ValueError, match=rf"^{re.escape(uri)} \(MLFLOW_TRACKING_URI\): tracking server unreachable"):
         load_mlflow_run("0123456789abcdef0123456789abcdef")
     assert time.perf_counter() - t0 < 10
+
+
+def _self_signed(tmp_path):
+    """A certificate for 127.0.0.1 signed by itself (openssl), and its key."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_the_health_check_of_an_https_server_reads_mlflows_tls_settings(clean_env, tmp_path):
+    """A self-signed server that MLflow's client reaches (MLFLOW_TRACKING_INSECURE_TLS, or the CA bundle in
+    MLFLOW_TRACKING_SERVER_CERT_PATH) passes the /health check too; without them the refusal says TLS failed
+    and which variables MLflow reads, not that the server is unreachable."""
+    import http.server
+    import ssl
+    import threading
+
+    from pipeline.tracking import server_problem
+
+    for name in ("MLFLOW_TRACKING_SERVER_CERT_PATH", "MLFLOW_TRACKING_INSECURE_TLS", "REQUESTS_CA_BUNDLE"):
+        clean_env.delenv(name, raising=False)
+    cert, key = _self_signed(tmp_path)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"https://127.0.0.1:{server.server_port}"
+        refused = server_problem(uri)
+        assert refused.startswith("TLS verification failed (") and "MLFLOW_TRACKING_SERVER_CERT_PATH" in refused \
+            and "MLFLOW_TRACKING_INSECURE_TLS=true" in refused, refused
+        clean_env.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(cert))
+        assert server_problem(uri) is None
+        clean_env.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH")
+        clean_env.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")
+        assert server_problem(uri) is None
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -345,12 +345,14 @@ def fetch(
 
 
 def _folders(dest: Path) -> set[Path]:
-    """The folders at and under ``dest`` that exist now."""
-    return {dest, *(p for p in dest.rglob("*") if p.is_dir())} if dest.is_dir() else set()
+    """The folders that exist now at and under ``dest``, and above it (``data/`` and ``data/raw/`` of a fresh
+    project, which the first write creates too)."""
+    above = {p for p in dest.parents if p.is_dir()}
+    return above | ({dest, *(p for p in dest.rglob("*") if p.is_dir())} if dest.is_dir() else set())
 
 
 def _remove_new_empty_folders(dest: Path, before: set[Path]) -> None:
-    """Remove the folders at and under ``dest`` that were not in ``before`` and are empty, deepest first."""
+    """Remove the folders at, under and above ``dest`` that were not in ``before`` and are empty, deepest first."""
     for folder in sorted(_folders(dest) - before, key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):   # not empty (a file it holds was kept), or gone
             folder.rmdir()

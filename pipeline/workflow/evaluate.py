@@ -54,14 +54,16 @@ def _what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, s
     checkpoint keeps those it trained with), each by its key; else the rest of what the fingerprint holds."""
     from dataclasses import asdict, replace
 
-    from pipeline.train import load_checkpoint
+    from pipeline.train import TrainConfig, load_checkpoint
 
     dp = params.dataset(dataset)
     now = asdict(replace(dp.train_config(variant_name), seed=seed))
     try:
-        then = load_checkpoint(mdir / "checkpoint.pt").get("train_config") or {}
+        then = load_checkpoint(mdir / "checkpoint.pt").get("train_config")
     except (OSError, ValueError, RuntimeError):
-        then = {}
+        then = None
+    # a key an older version did not write had its default then (as pipeline.train's resume check reads it)
+    then = {**asdict(TrainConfig()), **then} if isinstance(then, dict) and then else {}
     changed = [f"{dp.setting_key(variant_name, k)} was {then[k]!r}, now {now[k]!r}"
                for k in sorted(now) if k in then and then[k] != now[k]]
     if changed:

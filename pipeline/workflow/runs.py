@@ -42,7 +42,8 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
     models = root / "models"
     names = sorted({p.name for p in models.iterdir() if p.is_dir()} if models.is_dir() else set())
     if dataset is not None:
-        params.dataset(dataset)   # a name params.yaml does not have: one line naming the sections it has
+        if dataset not in names:   # no run folder: a name params.yaml does not have is one line naming its sections
+            params.dataset(dataset)
         names = [dataset]
     else:
         names = sorted(set(names) | set(params.selected))
@@ -75,7 +76,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
     row: dict[str, Any] = {"dataset": dataset, "variant": variant, "seed": seed, "epoch": None, "model_epoch": None,
                            "metric": None, "value": None, "run_id": None, "listed": listed}
     history = _read(mdir / "history.json")
-    if (mdir / "done").is_file():
+    if (mdir / "done").is_file() and (mdir / "checkpoint.pt").is_file():
         row["status"] = "finished"
         if listed:
             try:
@@ -85,6 +86,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
                 pass
         epochs = (history or {}).get("history") or []
     else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
+        # (a done marker without its checkpoint is no finished run either: evaluate and predict refuse it)
         row["status"] = "unfinished"
         epochs = _checkpoint_history(mdir)
     if epochs and isinstance(epochs[-1], dict):
