@@ -318,6 +318,10 @@ def _size_keys(params: Any, stage: str, dataset: Any) -> str:
         values = section.get(part)
         if isinstance(values, dict):
             keys += [f"{dataset}.{part}.{k} = {values[k]}" for k in names if k in values]
+            overrides = values.get("overrides") if part == "train" else None
+            for variant, setting in (overrides.items() if isinstance(overrides, dict) else ()):
+                if isinstance(setting, dict):   # a variant's own batch size or BPTT sizes its runs instead
+                    keys += [f"{dataset}.train.overrides.{variant}.{k} = {setting[k]}" for k in names if k in setting]
     return ", ".join(keys)
 
 

@@ -654,6 +654,17 @@ def test_out_of_memory_in_a_stage_names_the_keys_that_size_it(tmp_path):
                             for k in ("length", "n_train", "n_test", "state_dim", "obs_dim"))) + "\n",
                         done.stderr), done.stderr
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").rglob("*.parquet"))
+    # refine's sizes: the model's and the batch, a variant's own batch size too
+    from pipeline.cli import _size_keys
+    from pipeline.config import load_params
+
+    raw = load_params(root / "params.yaml")
+    raw.raw["lgssm"]["train"]["overrides"] = {"lstm": {"batch_size": 64, "lr": 0.1}}
+    assert _size_keys(raw, "refine", "lgssm") == (
+        "lgssm.two_stage.n_features = 1000, lgssm.two_stage.state_dim = 10, lgssm.two_stage.obs_dim = 10, "
+        "lgssm.two_stage.layers = 2, lgssm.train.batch_size = 20, lgssm.train.bptt = 0, "
+        "lgssm.train.overrides.lstm.batch_size = 64")
+    assert _size_keys(raw, "check", "lgssm") == "" and _size_keys(raw, "refine", "nosuch") == ""
 
 
 # ------------------------------------------------------------------------------ input checks (audit of the API)
