@@ -675,7 +675,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
         else:
             found = "have none: has `dvc repro` run?"
         raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "
-                                f"{seed} ({found})")
+                                f"{seed} ({found}; `psrnn runs {dataset}` lists the runs)")
     arrays, meta = load_npz(init)
     _check_variant(init, meta.get("model_config"), wanted)
     model = model_from_config(meta["model_config"], arrays, str(init))

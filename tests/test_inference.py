@@ -510,27 +510,30 @@ def test_load_run_names_the_variants_a_dataset_has(tmp_path, continuous_run):
     run, test = continuous_run
     _project(tmp_path, run, test)
     with pytest.raises(FileNotFoundError, match=r"init/lstm\.npz: initial weights not found: no variant 'lstm' of "
-                                                r"lgssm with seed 0 \(have psrnn\)$"):
+                                                r"lgssm with seed 0 \(have psrnn; `psrnn runs lgssm` lists the runs\)$"):
         load_run(tmp_path, "lgssm", "lstm", 0, initial=True)
     # a seed that was not run: the seeds that were (it said 'have none: has `dvc repro` run?')
     with pytest.raises(FileNotFoundError, match=r"no variant 'psrnn' of lgssm with seed 1 \(no variant of seed 1; "
-                                                r"psrnn has seed 0\)$"):
+                                                r"psrnn has seed 0; `psrnn runs lgssm` lists the runs\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     (tmp_path / "artifacts" / "lgssm" / "s0" / "init" / "psrnn.npz").rename(tmp_path / "psrnn.npz")
     for seed in (3, 12):
         target = tmp_path / "artifacts" / "lgssm" / f"s{seed}" / "init" / "psrnn.npz"
         target.parent.mkdir(parents=True)
         shutil.copy(tmp_path / "psrnn.npz", target)
-    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12\)$"):
+    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12; "
+                                                r"`psrnn runs lgssm` lists the runs\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     for odd in ("s01", "s\u00b2", "sx", "s-1", "s"):   # folders artifact_dir never names: not seeds (s01 read as 1)
         target = tmp_path / "artifacts" / "lgssm" / odd / "init" / "psrnn.npz"
         target.parent.mkdir(parents=True)
         shutil.copy(tmp_path / "psrnn.npz", target)
-    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12\)$"):
+    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12; "
+                                                r"`psrnn runs lgssm` lists the runs\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     shutil.rmtree(tmp_path / "artifacts")
-    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(have none: has `dvc repro` run\?\)$"):
+    with pytest.raises(FileNotFoundError, match=r"with seed 1 \(have none: has `dvc repro` run\?; `psrnn runs lgssm` lists "
+                                                r"the runs\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
 
 
