@@ -158,10 +158,6 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
         except (ValueError, TypeError, RuntimeError) as exc:
             raise ValueError(f"{where}: column {brief(c)} is not an array ({' '.join(str(exc).split())[:120]}); "
                              "expected one value per step") from None
-        if v.ndim == 2 and v.shape[1] == 1:   # a (T, 1) column, e.g. x[:, :1]: one value per step too
-            v = v[:, 0]
-        if v.ndim != 1:
-            raise ValueError(f"{where}: column {brief(c)} of shape {v.shape}; expected one value per step (1-D)")
         values.append(column_values(f"{where}: column {brief(c)}", v))
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
@@ -210,9 +206,14 @@ def first_missing(values: np.ndarray) -> int | None:
 
 
 def column_values(where: str, v: np.ndarray) -> np.ndarray:
-    """One named column (``where`` names it) as numbers or strings: missing values, and dtypes that are neither
-    numbers nor text (datetimes, durations, complex, bytes), refused in one line that names the column; stacked
-    beside a float column they failed deep in numpy ("Float64DType could not be promoted by DateTime64DType")."""
+    """One named column (``where`` names it) as a 1-D array of numbers or strings (a (T, 1) column, e.g.
+    ``x[:, :1]``, is one value per step too): other shapes, missing values, and dtypes that are neither numbers
+    nor text (datetimes, durations, complex, bytes) refused in one line that names the column; stacked beside a
+    float column they failed deep in numpy ("Float64DType could not be promoted by DateTime64DType")."""
+    if v.ndim == 2 and v.shape[1] == 1:
+        v = v[:, 0]
+    if v.ndim != 1:
+        raise ValueError(f"{where} of shape {v.shape}; expected one value per step (1-D)")
     gap = first_missing(v)
     if gap is not None:
         raise ValueError(f"{where}: a missing value ({brief(_scalar(v[gap]), 20)}) at step {gap}; expected a value at every "

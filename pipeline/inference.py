@@ -264,14 +264,7 @@ class TrainedRun:
             return trajectory[self.symbol_column]   # symbols are compared as text, whatever their type
         from pipeline.api import column_values
 
-        columns = []
-        for n in wanted:
-            v = np.asarray(trajectory[n])
-            if v.ndim == 2 and v.shape[1] == 1:   # a (T, 1) column, e.g. x[:, :1]: one value per step too
-                v = v[:, 0]
-            if v.ndim != 1:
-                raise ValueError(f"column {n!r} of shape {v.shape}; expected one value per step (1-D)")
-            columns.append(column_values(f"column {n!r}", v))
+        columns = [column_values(f"column {n!r}", np.asarray(trajectory[n])) for n in wanted]
         if len({len(v) for v in columns}) > 1:
             raise ValueError(f"columns of different lengths ({', '.join(f'{n!r} {len(v)}' for n, v in zip(wanted, columns))}); "
                              "expected one value per step in each")
