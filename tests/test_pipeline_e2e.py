@@ -189,6 +189,16 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
             run_id = (root / "models" / ds / tags["variant"] / f"s{tags['seed']}" / "run_id").read_text().strip()
             assert run_id == run.info.run_id
     assert seen == expected_runs
+    # psrnn runs on the real workspace: every run trained with the current params, data and code, its MLflow run
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "--root", str(root), "runs", "--json"],
+                         capture_output=True, text=True, cwd=root, check=True).stdout
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert {(r["dataset"], r["variant"], r["seed"]) for r in listed} == expected_runs
+    assert {r["status"] for r in listed} == {"trained"}
+    for r in listed:
+        assert r["run_id"] == (root / "models" / r["dataset"] / r["variant"] / f"s{r['seed']}" / "run_id").read_text().strip()
+        scored = json.loads((root / "metrics" / r["dataset"] / f"{r['variant']}_s{r['seed']}.json").read_text())
+        assert r["epoch"] == scored["epochs"] and r["model_epoch"] == scored["model_epoch"]
 
 
 def _find_key(tree, suffix: str):
