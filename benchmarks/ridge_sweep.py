@@ -56,8 +56,10 @@ def datasets_part(params_raw: dict, root: Path, datasets, ridges, seeds, scratch
             link.symlink_to((root / "data" / "prepared").resolve())
         raw = copy.deepcopy(params_raw)
         for name in datasets:
-            raw[name]["two_stage"]["ridge"] = ridge
-            raw[name]["two_stage"]["layers"] = 1   # the 1-layer PSRNN reads depth 1 alone
+            if not isinstance(raw.get(name), dict):
+                raise SystemExit(f"--datasets: {name!r} has no section in {root / 'params.yaml'}")
+            raw[name]["two_stage"] = {**(raw[name].get("two_stage") or {}), "ridge": ridge,
+                                      "layers": 1}   # the 1-layer PSRNN reads depth 1 alone
             raw[name]["variants"] = ["psrnn"]
         params = parse_params(raw)
         for name in datasets:

@@ -1170,8 +1170,24 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
         model = model_from_checkpoint(ck, str(path))
     finally:
         torch.set_default_dtype(previous)
+    extras = dict(ck.get("extras") or {})
+    units = extras.get("standardize")
+    if units is not None and not _standardisation_fits(units, model.config):
+        # the digest holds it, so only a file written by hand (or re-digested) gets here: refused as one line
+        raise ValueError(f"{path}: its standardisation (extras['standardize']) does not fit the model: expected a "
+                         f"finite mean and a positive std for each of its {model.config.input_dim} features")
     return FittedModel(model=model.to(resolve_device(device, "device=")), history=list(ck.get("history") or []),
-                       extras=dict(ck.get("extras") or {}))
+                       extras=extras)
+
+
+def _standardisation_fits(units: Any, config: ModelConfig) -> bool:
+    try:
+        mean, std = np.asarray(units["mean"], dtype=np.float64), np.asarray(units["std"], dtype=np.float64)
+    except (TypeError, KeyError, ValueError):
+        return False
+    shape = (config.input_dim,)
+    return (not config.discrete and mean.shape == shape and std.shape == shape and bool(np.isfinite(mean).all())
+            and bool((np.isfinite(std) & (std > 0)).all()))
 
 
 def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:

@@ -565,6 +565,16 @@ def test_standardize_fits_as_on_standardised_data_and_answers_in_the_data_units(
     assert scores["mse_data_units"] == pytest.approx(float(np.concatenate(errors).mean()), rel=1e-9)
     fitted.save(tmp_path / "m.pt")
     assert _same(load_fitted(tmp_path / "m.pt").predict(test), fitted.predict(test))
+    # a standardisation of another width (a file written by hand, its digest made to match) is refused
+    from pipeline.api import _fitted_digest
+
+    raw = torch.load(tmp_path / "m.pt", weights_only=True)
+    raw["extras"]["standardize"]["std"] = [1.0]
+    raw["digest"] = _fitted_digest(raw)
+    torch.save(raw, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match=r"odd\.pt: its standardisation \(extras\['standardize'\]\) does not fit the "
+                                         r"model: expected a finite mean and a positive std for each of its 2 features$"):
+        load_fitted(tmp_path / "odd.pt")
 
 
 def test_standardize_is_for_continuous_data_and_a_boolean(symbols, features, no_work):
