@@ -158,7 +158,10 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
         except (ValueError, TypeError, RuntimeError) as exc:
             raise ValueError(f"{where}: column {brief(c)} is not an array ({' '.join(str(exc).split())[:120]}); "
                              "expected one value per step") from None
-        values.append(column_values(f"{where}: column {brief(c)}", v))
+        # train[0]'s columns are the model's features: one that cannot be is to be left out there
+        hint = (f" (train[0]'s columns are the model's features: leave this one out, e.g. "
+                f"frame.drop(columns=[{c!r}]))" if source == "train[0]" and where == "train[0]" else "")
+        values.append(column_values(f"{where}: column {brief(c)}", v, hint))
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
         raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
@@ -205,7 +208,7 @@ def first_missing(values: np.ndarray) -> int | None:
     return None
 
 
-def column_values(where: str, v: np.ndarray) -> np.ndarray:
+def column_values(where: str, v: np.ndarray, hint: str = "") -> np.ndarray:
     """One named column (``where`` names it) as a 1-D array of numbers or strings (a (T, 1) column, e.g.
     ``x[:, :1]``, is one value per step too): other shapes, missing values, and dtypes that are neither numbers
     nor text (datetimes, durations, complex, bytes) refused in one line that names the column; stacked beside a
@@ -222,7 +225,10 @@ def column_values(where: str, v: np.ndarray) -> np.ndarray:
         v = _object_values(where, v)
     if v.dtype.kind not in "biufU":
         raise ValueError(f"{where}: values of dtype {v.dtype}; expected numbers (features) or symbols (integers "
-                         "or strings)")
+                         f"or strings){hint}")
+    if v.dtype.kind == "f" and not np.isfinite(v).all():   # ±inf (NaN is a gap, above): named by column, not index
+        t = int(np.flatnonzero(~np.isfinite(v))[0])
+        raise ValueError(f"{where}: {float(v[t])!r} at step {t}; expected finite values")
     return v
 
 
@@ -353,7 +359,8 @@ def _features(where: str, a: np.ndarray, width: int, source: str) -> np.ndarray:
                          "continuous)")
     x = a.reshape(len(a), -1).astype(np.float64)
     if x.shape[1] != width:
-        raise ValueError(f"{where}: {x.shape[1]} features per step (shape {a.shape}); expected {width}, {source}")
+        raise ValueError(f"{where}: {x.shape[1]} feature{'' if x.shape[1] == 1 else 's'} per step (shape {a.shape}); "
+                         f"expected {width}, {source}")
     bad = ~(np.abs(x) <= _FLOAT32_MAX)   # NaN, Inf, or beyond float32
     if bad.any():
         t, j = (int(i) for i in np.argwhere(bad)[0])

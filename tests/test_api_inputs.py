@@ -53,7 +53,7 @@ def test_continuous_trajectories_have_one_width(features, no_work):
              [features.train[0], features.train[1], wide], **SMALL)
     refused("test[1]: 3 features per step (shape (30, 3)); expected 2, as train[0] has", fit_model,
              features.train, [features.test[0], wide], **SMALL)
-    refused("valid[0]: 1 features per step (shape (30,)); expected 2, as train[0] has", fit_model,
+    refused("valid[0]: 1 feature per step (shape (30,)); expected 2, as train[0] has", fit_model,
              features.train, valid=[np.zeros(30)], **SMALL)
 
 
@@ -127,13 +127,19 @@ def test_frame_columns_that_are_no_numbers_or_have_gaps_are_named(features, no_w
     x = features.train[0]
     frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1]})
     bad_kind = "expected numbers (features) or symbols (integers or strings)"
+    leave_out = "(train[0]'s columns are the model's features: leave this one out, e.g. frame.drop(columns=[{!r}]))"
     when = pd.date_range("2020-01-01", periods=len(x))
-    refused(f"train[0]: column 't': values of dtype {np.asarray(when).dtype}; {bad_kind}",
+    refused(f"train[0]: column 't': values of dtype {np.asarray(when).dtype}; {bad_kind} {leave_out.format('t')}",
             fit_model, [frame.assign(t=when)], **SMALL)
-    refused(f"train[0]: column 't': values of dtype timedelta64[ns]; {bad_kind}",
+    refused(f"train[0]: column 't': values of dtype timedelta64[ns]; {bad_kind} {leave_out.format('t')}",
             fit_model, [frame.assign(t=np.arange(len(x)).astype("timedelta64[ns]"))], **SMALL)
-    refused(f"train[0]: column 'b': values of dtype complex128; {bad_kind}",
+    refused(f"train[0]: column 'b': values of dtype complex128; {bad_kind} {leave_out.format('b')}",
             fit_model, [frame.assign(b=x[:, 1] + 1j)], **SMALL)
+    refused(f"test[0]: column 'b': values of dtype complex128; {bad_kind}",   # only train[0]'s columns are features
+            fit_model, [frame], [frame.assign(b=x[:, 1] + 1j)], **SMALL)
+    infinite = frame.copy()
+    infinite.loc[4, "b"] = -np.inf
+    refused("test[0]: column 'b': -inf at step 4; expected finite values", fit_model, [frame], [infinite], **SMALL)
     gap = "expected a value at every step (fill or drop missing observations first)"
     holed = frame.copy()
     holed.loc[3, "b"] = np.nan
@@ -352,7 +358,7 @@ def test_continuous_model_refuses_nan_inf_and_wrong_widths(continuous_fit, featu
                  "models compute in float32)", call, [np.array([[-np.inf, 0.0]])])
         refused("trajectories[0]: 3 features per step (shape (3, 3)); expected 2, the model's input width", call,
                  [np.zeros((3, 3))])
-        refused("trajectories[0]: 1 features per step (shape (3,)); expected 2, the model's input width", call,
+        refused("trajectories[0]: 1 feature per step (shape (3,)); expected 2, the model's input width", call,
                  [np.zeros(3)])
         refused("trajectories[0]: an empty trajectory; expected at least one observation", call,
                  [np.zeros((0, 2))])

@@ -258,7 +258,7 @@ def test_custom_nan_in_any_feature_column_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, {"trajectory": np.repeat([1, 2, 3], 4), "a": np.arange(n) * 1.0, "b": b})
     from pipeline.data.custom import load_custom
 
-    with pytest.raises(ValueError, match=r"1 rows have NaN.*\['b'\].*trajectory 3"):
+    with pytest.raises(ValueError, match=r"1 row has NaN.*\['b'\].*trajectory 3"):
         load_custom(path, kind="continuous")
 
 

@@ -95,7 +95,7 @@ def test_continuous_input_errors_name_the_file_and_column(continuous_run, tmp_pa
     with pytest.raises(ValueError, match=r"in\.parquet: missing column 'b' \(a feature the run was trained on\)"):
         predict_file(run, src, tmp_path / "out.parquet")
     src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, np.nan, 3.0], "b": [0.0, 0.0, 0.0]})
-    with pytest.raises(ValueError, match=r"in\.parquet: 1 rows have NaN"):
+    with pytest.raises(ValueError, match=r"in\.parquet: 1 row has NaN"):
         predict_file(run, src, tmp_path / "out.parquet")
     src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 1], "a": [1.0, 2.0, 3.0], "b": [0.0, 0.0, 0.0]})
     with pytest.raises(ValueError, match="would overwrite the input"):

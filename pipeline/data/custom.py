@@ -432,14 +432,14 @@ def read_rows(
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             cols = [f for j, f in enumerate(value_columns) if not np.isfinite(values[:, j]).all()]
-            raise fail(f"{int(bad.sum())} rows have NaN, Inf or missing values in feature columns {cols} "
+            raise fail(f"{_rows(int(bad.sum()))} NaN, Inf or missing values in feature columns {cols} "
                        f"(first: row {first}, trajectory {_py(ids[first])!r}); expected finite numbers")
     else:
         values = np.asarray(column(symbol_column).to_numpy(zero_copy_only=False))
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             bad = ~np.isfinite(values)
             first = int(np.flatnonzero(bad)[0])
-            raise fail(f"{int(bad.sum())} rows have NaN or Inf in column {symbol_column!r} "
+            raise fail(f"{_rows(int(bad.sum()))} NaN or Inf in column {symbol_column!r} "
                        f"(first: row {first}, trajectory {_py(ids[first])!r}); expected finite symbols")
 
     if has_step:
@@ -648,3 +648,7 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _rows(n: int) -> str:
+    return "1 row has" if n == 1 else f"{n} rows have"
