@@ -965,6 +965,13 @@ class FittedModel:
         mean, std = units   # float64, as TrainedRun.decode: float32 holds only multiples of 8 near 1e8
         return [o.astype(np.float64) * std + mean for o in outputs]
 
+    def _warn_far(self, inputs: list[np.ndarray]) -> None:
+        """With ``standardize=True``, inputs far outside train's range (other units?) are said in a warning."""
+        if self._units() is not None:
+            from pipeline.inference import warn_far_from_training
+
+            warn_far_from_training(inputs, self.extras.get("columns"), stacklevel=4)
+
     def _what_inputs_are(self) -> str:   # the non-finite output errors say how far out the inputs were
         return "standard deviations from the training mean" if self._units() is not None else _UNITS
 
@@ -986,6 +993,7 @@ class FittedModel:
         from pipeline.train import predict
 
         inputs = self._inputs(trajectories)
+        self._warn_far(inputs)
         outputs = predict(self.model, inputs)
         check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", self._what_inputs_are())
         return self._in_data_units(outputs)
@@ -1005,6 +1013,7 @@ class FittedModel:
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
         if self.model.config.discrete:
             return evaluate(self.model, inputs)
+        self._warn_far(inputs)
         metrics, outputs = evaluate_and_predict(self.model, inputs)
         check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", self._what_inputs_are())
         metrics["last_value_mse"] = last_value_mse(inputs)
@@ -1030,6 +1039,7 @@ class FittedModel:
         check_seed(seed)
         check_sample(sample, c.discrete)
         inputs = self._inputs(trajectories)
+        self._warn_far(inputs)
         # the inputs are already in the model's units (indices, standardised features): no vocabulary lookup, and
         # the fit's standardisation (identity without standardize=True) brings the forecasts back to the data's
         mean, std = self._units() or (np.zeros(c.input_dim), np.ones(c.input_dim))

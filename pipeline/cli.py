@@ -510,6 +510,7 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
     _warn_if_stale(args, root, params)
     summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
                            device=args.device, block_rows=args.block_rows)
+    _warn_far(args, summary)
     m = summary["metrics"]
     shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v)
     scored = (f"one-step {shown} over {summary['predicted_steps']} steps" if shown and summary["predicted_steps"]
@@ -518,6 +519,12 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
     n = summary["trajectories"]
     print(f"{args.output}: {_count(summary['rows'], 'prediction')} for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); {scored}")
+
+
+def _warn_far(args: argparse.Namespace, summary: dict) -> None:
+    """Inputs far outside the training data (other units?) are used, but said on stderr: the output is written."""
+    if summary.get("far_from_training"):
+        print(f"psrnn {args.stage}: warning: {args.input}: {summary['far_from_training']}", file=sys.stderr)
 
 
 def _dropped(n: int) -> str:
@@ -533,6 +540,7 @@ def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     _warn_if_stale(args, root, params)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
                             seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)
+    _warn_far(args, summary)
     n = summary["trajectories"]
     dropped = _dropped(summary["dropped"])
     print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "

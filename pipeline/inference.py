@@ -327,6 +327,7 @@ class TrainedRun:
 
         encoded = self._encode_all(trajectories, unknown)
         self.model.to(resolve_device(device, "device="))
+        warn_far_from_training(encoded, self.features)
         outputs = predict(self.model, encoded)
         check_finite_outputs(outputs, encoded, _indexed)
         return [self.decode(o) for o in outputs]
@@ -353,6 +354,7 @@ class TrainedRun:
         self.model.to(resolve_device(device, "device="))
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
             return evaluate(self.model, encoded)
+        warn_far_from_training(encoded, self.features)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         check_finite_outputs(outputs, encoded, _indexed)   # else NaN metrics
         metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
@@ -383,6 +385,7 @@ class TrainedRun:
         check_seed(seed)
         check_sample(sample, self.discrete)
         encoded = self._encode_all(trajectories, unknown)
+        warn_far_from_training(encoded, self.features)
         out = self.forecast_encoded(encoded, steps, sample=sample, seed=seed, device=device)
         if self.discrete:
             from pipeline.api import _trajectory_list
@@ -496,6 +499,37 @@ def check_finite_outputs(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndar
         raise ValueError(f"{name(k)}: the model's {what} is not finite at {at}, from inputs of ordinary size: the "
                          "model itself overflows (weights or state not finite); expected a model trained without "
                          "divergence")
+
+
+#: a continuous input this many training standard deviations from the training mean is far outside the data a
+#: model was trained on (other units? degrees for radians): said in a warning, not refused (an outlier may be real)
+FAR_FROM_TRAINING = 10.0
+
+
+def far_from_training(inputs: Sequence[np.ndarray], features: Sequence[str] | None = None) -> str | None:
+    """Where standardised continuous ``inputs`` reach :data:`FAR_FROM_TRAINING`, as a clause naming the feature
+    that goes farthest ("feature 'angle' reaches 345 standard deviations from the training mean ..."); None when
+    none does, or for symbols."""
+    arrays = [np.asarray(x) for x in inputs if len(x)]
+    if not arrays or arrays[0].dtype.kind != "f":
+        return None
+    peak = np.max([np.abs(x.reshape(len(x), -1)).max(axis=0) for x in arrays], axis=0)
+    far = np.flatnonzero(peak > FAR_FROM_TRAINING)
+    if not far.size:
+        return None
+    j = int(far[np.argmax(peak[far])])
+    name = repr(features[j]) if features is not None and j < len(features) else str(j)
+    more = f" (and {far.size - 1} more feature{'s' if far.size > 2 else ''})" if far.size > 1 else ""
+    return (f"feature {name} reaches {peak[j]:.3g} standard deviations from the training mean{more}: far outside "
+            "the data the model was trained on (other units?), where its predictions are extrapolations")
+
+
+def warn_far_from_training(inputs: Sequence[np.ndarray], features: Sequence[str] | None, stacklevel: int = 3) -> None:
+    note = far_from_training(inputs, features)
+    if note:
+        import warnings
+
+        warnings.warn(f"trajectories: {note}", UserWarning, stacklevel=stacklevel)
 
 
 #: how far out (in the inputs' units: standard deviations, for a pipeline run) an input must be for a non-finite
@@ -1114,6 +1148,9 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     n_rows = int(sum(len(e) for e in encoded))
     summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": data.dropped,
                "predicted_steps": int(sum(len(e) - 1 for e in encoded))}
+    far = None if run.discrete else far_from_training(encoded, run.features)
+    if far:   # psrnn predict says so on stderr
+        summary["far_from_training"] = far
     with _output_writer(output_path, schema) as writer:
         pending: list[tuple[int, int, np.ndarray]] = []   # short trajectories, gathered to about block_rows
         pending_rows = 0
@@ -1231,6 +1268,9 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
         columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
                "dropped": data.dropped, "sample": bool(sample), "seed": int(seed)}
+    far = None if run.discrete else far_from_training(data.encoded, run.features)
+    if far:   # psrnn forecast says so on stderr
+        summary["far_from_training"] = far
     if single:
         # measured_from: the trajectories whose median spacing they took (0: none had two rows, spacing 1)
         summary["single_row"] = {"trajectories": single, "spacing": int(fallback),

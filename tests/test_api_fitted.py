@@ -563,6 +563,12 @@ def test_standardize_fits_as_on_standardised_data_and_answers_in_the_data_units(
     errors = [((p[:-1].astype(np.float64) - x[1:]) * std) ** 2 for p, x in zip(plain.predict(by_hand["test"]),
                                                                                by_hand["test"])]
     assert scores["mse_data_units"] == pytest.approx(float(np.concatenate(errors).mean()), rel=1e-9)
+    # inputs in other units (x 1000) are used, and said: the feature, how far out
+    other = [x * np.array([1000.0, 1.0]) for x in test]
+    for call in (fitted.predict, fitted.evaluate, lambda t: fitted.forecast(t, 2)):
+        with pytest.warns(UserWarning, match=r"^trajectories: feature 0 reaches \S+ standard deviations from the "
+                                             r"training mean: far outside the data the model was trained on"):
+            call(other)
     fitted.save(tmp_path / "m.pt")
     assert _same(load_fitted(tmp_path / "m.pt").predict(test), fitted.predict(test))
     # a standardisation of another width (a file written by hand, its digest made to match) is refused

@@ -1093,6 +1093,7 @@ def test_cli_version_is_the_packages(capsys):
     assert exit_info.value.code == 0 and capsys.readouterr().out == f"psrnn {version}\n"
 
 
+@pytest.mark.filterwarnings("ignore:trajectories. feature 'a' reaches")   # warned far out, then refused
 def test_inputs_that_overflow_the_float32_arithmetic_are_refused_not_predicted_nan(continuous_run, tmp_path):
     """A feature at ~1e38 (within float32, so the input check lets it through) overflows the RFF encoder's Ωᵀx:
     cos(inf) is NaN and so is every later prediction. predict_file wrote those NaNs and psrnn predict reported
@@ -1166,3 +1167,37 @@ def test_a_diverging_forecast_is_named_as_the_models_not_blamed_on_ordinary_inpu
         fitted.forecast(test, 400)
     horizon, steps = (int(g) for g in re.search(r"horizon (\d+).*at most (\d+)", str(err.value)).groups())
     assert steps == horizon - 1 and np.isfinite(np.stack(fitted.forecast(test[:1], steps))).all()
+
+
+def test_inputs_far_outside_the_training_data_are_used_but_said(continuous_run, tmp_path, capsys):
+    """A feature in other units (x 100, some hundred training standard deviations out) gives predictions all the
+    same, which are extrapolations: TrainedRun warns naming the feature, predict_file records it in its summary
+    and psrnn predict / forecast say it on stderr; inputs within FAR_FROM_TRAINING say nothing."""
+    import warnings
+
+    from pipeline.inference import FAR_FROM_TRAINING, far_from_training, forecast_file
+
+    run, test = continuous_run
+    raw = [z * run.std + run.mean for z in test]
+    assert far_from_training(test, run.features) is None and np.abs(np.concatenate(test)).max() < FAR_FROM_TRAINING
+    far = [r.copy() for r in raw]
+    far[1][:, 1] *= 100   # feature 'b' in other units
+    said = r"feature 'b' reaches \S+ standard deviations from the training mean: far outside the data the model " \
+           r"was trained on \(other units\?\), where its predictions are extrapolations"
+    for call in (lambda: run.predict(far), lambda: run.evaluate(far), lambda: run.forecast(far, 2)):
+        with pytest.warns(UserWarning, match="^trajectories: " + said + "$"):
+            call()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run.predict(raw)   # within the training range: no warning
+    src = _project(tmp_path, run, test)   # the run's own test split, in a project
+    moved = _write(tmp_path / "far.parquet", {"trajectory": np.repeat(np.arange(len(far)), [len(f) for f in far]),
+                                              "a": np.concatenate(far)[:, 0], "b": np.concatenate(far)[:, 1]})
+    summary = predict_file(run, moved, tmp_path / "p.parquet")
+    assert re.fullmatch(said, summary["far_from_training"])
+    assert "far_from_training" not in predict_file(run, src, tmp_path / "p0.parquet")
+    assert re.fullmatch(said, forecast_file(run, moved, tmp_path / "f.parquet", steps=2)["far_from_training"])
+    for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
+        status, err = _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", str(moved), str(tmp_path / "o.parquet"),
+                           "--initial", *extra)
+        assert status == 0 and re.search(rf"psrnn {stage}: warning: {re.escape(str(moved))}: " + said, err), err
