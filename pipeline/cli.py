@@ -409,7 +409,7 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
 
             print("".join(json.dumps({k: plain(v) for k, v in r.items()}) + "\n" for r in rows), end="")
         else:
-            print(format_runs(rows), end="")
+            print(format_runs(rows, args.dataset, args.dataset is None or args.dataset in params.selected), end="")
         return 0
     module = {"check": None, "download": "data", "preprocess": "data", "features": "spectral",
               "two_stage": "spectral", "decompose": "spectral", "initialise": "initialise", "refine": "refine",

@@ -1012,9 +1012,18 @@ def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys)
     assert out[2].split()[:5] == ["hmm", "psrnn", "0", "stale", "2"] and out[2].endswith(history["run_id"])
     assert out[3].split() == ["hmm", "psrnn", "1", "not", "trained"]
     assert out[4] == "3 runs: 1 unfinished, 1 stale, 1 not trained"
+    assert out[5] == ("stale (hmm psrnn s0): trained with other train settings than the current ones "
+                      "(hmm.train.epochs was 2, now 3)")
+    assert rows[("psrnn", 0)]["why"].endswith("(hmm.train.epochs was 2, now 3)") and rows[("psrnn", 1)]["why"] is None
     assert main(["--root", str(root), "runs", "hmm", "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line)["status"] for line in lines] == ["unfinished", "stale", "not trained"]
+    from pipeline.workflow.runs import format_runs   # nothing to list: says what was asked
+
+    assert format_runs([], "ptb", listed=False) == ("no runs of ptb: models/ptb/ holds none, and ptb is not in "
+                                                    "params.yaml's datasets\n")
+    assert format_runs([], "hmm") == "no runs of hmm: models/hmm/ holds none\n"
+    assert format_runs([]) == "no runs: models/ holds none and params.yaml's datasets list none\n"
     assert main(["--root", str(root), "runs", "nosuch"]) == 1
     assert "dataset 'nosuch' is not configured in params.yaml" in capsys.readouterr().err
     # runs of a dataset params.yaml no longer has are listed, by name too; a done marker without its checkpoint

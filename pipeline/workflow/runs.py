@@ -36,7 +36,8 @@ _SEED_DIR = re.compile(r"s(0|[1-9][0-9]*)", re.ASCII)   # s0, s12; not s01, whic
 def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[dict[str, Any]]:
     """Every run of ``dataset`` (None: of every dataset with a ``models/`` folder or listed in ``datasets``),
     sorted by dataset, variant and seed: ``{"dataset", "variant", "seed", "status", "epoch", "model_epoch",
-    "metric", "value", "run_id", "listed"}`` (``listed``: whether params.yaml trains it now)."""
+    "metric", "value", "run_id", "listed", "why"}`` (``listed``: whether params.yaml trains it now; ``why``: what
+    made a stale run stale, as evaluate's refusal says it)."""
     from pipeline.workflow.refine import run_fingerprints, shared_digest
 
     models = root / "models"
@@ -66,7 +67,8 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
                                      run_fingerprints))
         for variant, seed in sorted(listed - found, key=lambda vs: (vs[0], vs[1])):
             rows.append({"dataset": name, "variant": variant, "seed": seed, "status": "not trained", "epoch": None,
-                         "model_epoch": None, "metric": None, "value": None, "run_id": None, "listed": True})
+                         "model_epoch": None, "metric": None, "value": None, "run_id": None, "listed": True,
+                         "why": None})
     return sorted(rows, key=lambda r: (r["dataset"], r["variant"], r["seed"]))
 
 
@@ -74,7 +76,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
              run_fingerprints: Any) -> dict[str, Any]:
     mdir = model_dir(root, dataset, variant, seed)
     row: dict[str, Any] = {"dataset": dataset, "variant": variant, "seed": seed, "epoch": None, "model_epoch": None,
-                           "metric": None, "value": None, "run_id": None, "listed": listed}
+                           "metric": None, "value": None, "run_id": None, "listed": listed, "why": None}
     history = _read(mdir / "history.json")
     if (mdir / "done").is_file() and (mdir / "checkpoint.pt").is_file():
         row["status"] = "finished"
@@ -84,6 +86,10 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
                 row["status"] = "trained" if (mdir / "done").read_text().strip() == current else "stale"
             except (OSError, ValueError, KeyError):   # initial weights or prepared data gone: not checkable
                 pass
+            if row["status"] == "stale":   # what evaluate's refusal says: the train settings that changed, or not
+                from pipeline.workflow.evaluate import _what_changed
+
+                row["why"] = _what_changed(params, mdir, dataset, variant, seed)
         epochs = (history or {}).get("history") or []
     else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
         # (a done marker without its checkpoint is no finished run either: evaluate and predict refuse it)
@@ -98,7 +104,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
             row["metric"], row["value"] = metric, test[metric]
     row["run_id"] = (history or {}).get("run_id") or _text(mdir / "run_id")
     metrics = _read(root / "metrics" / dataset / f"{variant}_s{seed}.json")
-    if metrics is not None and row["status"] == "trained":
+    if metrics is not None and row["status"] != "unfinished":   # the epoch whose weights evaluate scored
         row["model_epoch"] = metrics.get("model_epoch")
     return row
 
@@ -129,10 +135,14 @@ def _checkpoint_history(mdir: Path) -> list[Any]:
     return history if isinstance(history, list) else []
 
 
-def format_runs(rows: list[dict[str, Any]]) -> str:
-    """The rows as an aligned text table (one line per run) and a count per status."""
+def format_runs(rows: list[dict[str, Any]], dataset: str | None = None, listed: bool = True) -> str:
+    """The rows as an aligned text table (one line per run), a count per status and why the stale runs are
+    (grouped by reason). ``dataset`` / ``listed``: what was asked, for the line that says there is nothing."""
     if not rows:
-        return "no runs: models/ is empty and params.yaml lists none\n"
+        if dataset is None:
+            return "no runs: models/ holds none and params.yaml's datasets list none\n"
+        return (f"no runs of {dataset}: models/{dataset}/ holds none"
+                + ("" if listed else f", and {dataset} is not in params.yaml's datasets") + "\n")
     header = ["dataset", "variant", "seed", "status", "epoch", "test", "MLflow run"]
     lines = [[r["dataset"], r["variant"], str(r["seed"]), r["status"] + ("" if r["listed"] else " (not listed)"),
               "" if r["epoch"] is None else str(r["epoch"]) + (
@@ -144,4 +154,11 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     text.append(f"{len(rows)} run{'' if len(rows) == 1 else 's'}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("why"):
+            reasons.setdefault(r["why"], []).append(f"{r['dataset']} {r['variant']} s{r['seed']}")
+    for why, runs in reasons.items():
+        shown = ", ".join(runs) if len(runs) <= 3 else f"{', '.join(runs[:3])} and {len(runs) - 3} more"
+        text.append(f"stale ({shown}): {why}")
     return "\n".join(text) + "\n"
