@@ -219,8 +219,8 @@ def column_values(where: str, v: np.ndarray, hint: str = "") -> np.ndarray:
         raise ValueError(f"{where} of shape {v.shape}; expected one value per step (1-D)")
     gap = first_missing(v)
     if gap is not None:
-        raise ValueError(f"{where}: a missing value ({brief(_scalar(v[gap]), 20)}) at step {gap}; expected a value at every "
-                         "step (fill or drop missing observations first)")
+        raise ValueError(f"{where}: a missing value ({brief(_scalar(v[gap]), 20)}) at step {gap}; expected a value "
+                         "at every step (fill or drop missing observations first)")
     if v.dtype.kind == "O":
         v = _object_values(where, v)
     if v.dtype.kind not in "biufU":
@@ -1026,8 +1026,8 @@ class FittedModel:
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:
         """Per trajectory, the ``steps`` observations after its end, each prediction fed back as the next input
-        (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) values for a continuous model; for a discrete
-        one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
+        (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) float64 values for a continuous model; for a
+        discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
         (``seed``; a trajectory's draws depend only on the seed and its index in the list): int64 indices, or
         strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
         nothing. ``trajectories`` are read as :meth:`predict` reads them."""

@@ -517,7 +517,8 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
               else "nothing scored (no trajectory has a next observation to compare a prediction with)")
     dropped = _dropped(summary["dropped"])
     n = summary["trajectories"]
-    print(f"{args.output}: {_count(summary['rows'], 'prediction')} for {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
+    print(f"{args.output}: {_count(summary['rows'], 'prediction')} for {n} "
+          f"trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch}); {scored}")
 
 

@@ -266,8 +266,8 @@ class TrainedRun:
 
         columns = [column_values(f"column {n!r}", np.asarray(trajectory[n])) for n in wanted]
         if len({len(v) for v in columns}) > 1:
-            raise ValueError(f"columns of different lengths ({', '.join(f'{n!r} {len(v)}' for n, v in zip(wanted, columns))}); "
-                             "expected one value per step in each")
+            lengths = ", ".join(f"{n!r} {len(v)}" for n, v in zip(wanted, columns))
+            raise ValueError(f"columns of different lengths ({lengths}); expected one value per step in each")
         return np.column_stack(columns)
 
     def _encode_all(self, trajectories: Sequence[Any], unknown: str) -> list[np.ndarray]:
