@@ -958,12 +958,23 @@ class FittedModel:
         units = self.extras.get("standardize")
         return None if units is None else (np.asarray(units["mean"]), np.asarray(units["std"]))
 
+    def _run(self) -> Any:
+        """The model as a :class:`pipeline.inference.TrainedRun` of inputs already in its units (indices,
+        standardised features): its ``decode`` brings continuous outputs back to the data's units with the fit's
+        standardisation (the identity without ``standardize=True``)."""
+        from pipeline.config import Variant
+        from pipeline.inference import TrainedRun
+
+        c = self.model.config
+        mean, std = self._units() or (np.zeros(c.input_dim), np.ones(c.input_dim))
+        return TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
+                          epoch=self.epoch, kind="discrete" if c.discrete else "continuous", mean=mean, std=std)
+
     def _in_data_units(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
-        units = self._units()
-        if units is None:
+        if self._units() is None:
             return outputs
-        mean, std = units   # float64, as TrainedRun.decode: float32 holds only multiples of 8 near 1e8
-        return [o.astype(np.float64) * std + mean for o in outputs]
+        run = self._run()   # float64, as its decode: float32 holds only multiples of 8 near 1e8
+        return [run.decode(o) for o in outputs]
 
     def _warn_far(self, inputs: list[np.ndarray]) -> None:
         """With ``standardize=True``, inputs far outside train's range (other units?) are said in a warning."""
@@ -1017,10 +1028,8 @@ class FittedModel:
         metrics, outputs = evaluate_and_predict(self.model, inputs)
         check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", self._what_inputs_are())
         metrics["last_value_mse"] = last_value_mse(inputs)
-        units = self._units()
-        if units is not None:   # the same one-step errors in the data's units
-            err = [((o[:-1].astype(np.float64) - x[1:]) * units[1]) ** 2 for o, x in zip(outputs, inputs) if len(x) > 1]
-            metrics["mse_data_units"] = float(np.concatenate(err).mean())
+        if self._units() is not None:   # the same one-step errors in the data's units
+            metrics["mse_data_units"] = self._run()._mse_data_units(outputs, inputs)
         return metrics
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
@@ -1031,8 +1040,7 @@ class FittedModel:
         (``seed``; a trajectory's draws depend only on the seed and its index in the list): int64 indices, or
         strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
         nothing. ``trajectories`` are read as :meth:`predict` reads them."""
-        from pipeline.config import Variant
-        from pipeline.inference import TrainedRun, check_sample, check_seed, check_steps
+        from pipeline.inference import check_sample, check_seed, check_steps
 
         c = self.model.config
         check_steps(steps)
@@ -1040,13 +1048,7 @@ class FittedModel:
         check_sample(sample, c.discrete)
         inputs = self._inputs(trajectories)
         self._warn_far(inputs)
-        # the inputs are already in the model's units (indices, standardised features): no vocabulary lookup, and
-        # the fit's standardisation (identity without standardize=True) brings the forecasts back to the data's
-        mean, std = self._units() or (np.zeros(c.input_dim), np.ones(c.input_dim))
-        run = TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
-                         epoch=self.epoch,
-                         kind="discrete" if c.discrete else "continuous", mean=mean, std=std)
-        out = run.forecast_encoded(inputs, steps, sample=sample, seed=seed,
+        out = self._run().forecast_encoded(inputs, steps, sample=sample, seed=seed,
                                    device=str(next(self.model.parameters()).device), units=self._what_inputs_are())
         vocab = self.extras.get("vocab")
         if vocab is not None:

@@ -1083,9 +1083,9 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     allowed = {"seeds", "datasets", "data", "tracking", "report", *DATASETS}
     for k in raw:
         if k not in allowed and not (isinstance(k, str) and is_custom(k)):
-            raise ParamsError(f"{k}: unknown key in {source}{did_you_mean(k, allowed)} (expected one of {sorted(allowed)}, or "
-                              "custom_<name> for another dataset of your own: lower-case letters, digits, "
-                              "underscores)")
+            raise ParamsError(f"{k}: unknown key in {source}{did_you_mean(k, allowed)} (expected one of "
+                              f"{sorted(allowed)}, or custom_<name> for another dataset of your own: lower-case "
+                              "letters, digits, underscores)")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and 0 <= s < SEED_LIMIT for s in seeds):
         raise ParamsError(f"seeds: expected a non-empty list of integers in [0, 2**32), got {_describe(seeds)}")

@@ -20,7 +20,6 @@ import collections.abc
 
 import json
 import os
-import re
 import math
 import stat
 import tempfile
@@ -214,9 +213,9 @@ class TrainedRun:
             from pipeline.api import _scalar, first_missing
 
             gap = first_missing(values)
-            if gap is not None:   # else None and NaN would be the symbols 'None' and 'nan', dropped or refused as unseen
-                raise ValueError(f"a missing value ({brief(_scalar(values[gap]), 20)}) at row {gap} of the trajectory; expected "
-                                 "a symbol at every step (fill or drop missing observations first)")
+            if gap is not None:   # else None and NaN were the symbols 'None' and 'nan', dropped or refused as unseen
+                raise ValueError(f"a missing value ({brief(_scalar(values[gap]), 20)}) at row {gap} of the trajectory; "
+                                 "expected a symbol at every step (fill or drop missing observations first)")
             index, keep = self._symbol_indices(values, unknown)
             return index[keep]
         try:
@@ -475,8 +474,8 @@ def check_finite_outputs(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndar
                          units: str = "standard deviations from the training mean", *, row: Any = None,
                          what: str = "prediction") -> None:
     """Refuse outputs that are not finite, in one line: ``name(k)`` names trajectory k, ``row(k, t)`` its row t
-    (default "row t"). A model's arithmetic is float32: a continuous input far enough out (|x| near 1e38) overflows the
-    RFF encoder's Ωᵀx and turns every later output NaN, which predict_file wrote and psrnn predict reported as a
+    (default "row t"). A model's arithmetic is float32: a continuous input far enough out (|x| near 1e38) overflows
+    the RFF encoder's Ωᵀx and turns every later output NaN, which predict_file wrote and psrnn predict reported as a
     success. The message says how far out the inputs were (``units``) up to that row; where they were not far
     out (below :data:`FAR_OUT`), the model itself overflowed: a forecast that diverges as its own predictions are
     fed back (an unstable filter), or weights that are not finite."""
@@ -676,7 +675,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     from pipeline.models import model_from_config
     from pipeline.train import load_checkpoint, trained_epoch, trained_weights
     from pipeline.workflow.evaluate import finished_checkpoint
-    from pipeline.workflow.paths import artifact_dir, prepared_path
+    from pipeline.workflow.paths import artifact_dir, folder_seed, prepared_path
 
     root = Path(root)
     wanted = Variant.parse(variant, key="variant")
@@ -690,10 +689,9 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
                                 "datasets, and has `dvc repro` run?)")
     if not init.is_file():
         have = sorted(p.stem for p in init.parent.glob("*.npz"))
-        # a seed not run: the seeds that have the variant are what to ask for instead, from the folders artifact_dir
-        # names (s0, s12; not s01, which would read as seed 1, whose folder is s1)
-        seeds = sorted(int(d.name[1:]) for d in init.parents[2].glob("s*")
-                       if re.fullmatch(r"s(0|[1-9][0-9]*)", d.name, re.ASCII) and (d / "init" / init.name).is_file())
+        # a seed not run: the seeds that have the variant are what to ask for instead
+        seeds = sorted(folder_seed(d.name) for d in init.parents[2].glob("s*")
+                       if folder_seed(d.name) is not None and (d / "init" / init.name).is_file())
         if have:
             found = f"have {', '.join(have)}"
         elif seeds:
@@ -1148,7 +1146,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     n_rows = int(sum(len(e) for e in encoded))
     summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": data.dropped,
                "predicted_steps": int(sum(len(e) - 1 for e in encoded))}
-    far = None if run.discrete else far_from_training(encoded, run.features)
+    far = far_from_training(encoded, run.features)   # None for symbols
     if far:   # psrnn predict says so on stderr
         summary["far_from_training"] = far
     with _output_writer(output_path, schema) as writer:
@@ -1268,7 +1266,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
         columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
                "dropped": data.dropped, "sample": bool(sample), "seed": int(seed)}
-    far = None if run.discrete else far_from_training(data.encoded, run.features)
+    far = far_from_training(data.encoded, run.features)   # None for symbols
     if far:   # psrnn forecast says so on stderr
         summary["far_from_training"] = far
     if single:

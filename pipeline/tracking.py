@@ -261,8 +261,8 @@ def server_problem(uri: str, timeout: float = 5.0) -> str | None:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, ssl.SSLError):   # the server answers; its certificate is what is not trusted
             return (f"TLS verification failed ({reason}); expected a certificate this machine trusts, or "
-                    "MLFLOW_TRACKING_SERVER_CERT_PATH=<CA bundle> (MLFLOW_TRACKING_INSECURE_TLS=true to skip the check), "
-                    "as MLflow's client reads them")
+                    "MLFLOW_TRACKING_SERVER_CERT_PATH=<CA bundle> (MLFLOW_TRACKING_INSECURE_TLS=true to skip the "
+                    "check), as MLflow's client reads them")
         return f"tracking server unreachable ({reason})"
     if status != 200:  # an MLflow server answers GET /health with 200 "OK"
         return f"GET /health answered HTTP {status}; expected 200 from an MLflow tracking server"

@@ -45,11 +45,11 @@ def check_current(params: Params, root: Path, dataset: str, variant_name: str, s
 
     mdir = model_dir(root, dataset, variant_name, seed)
     if (mdir / "done").read_text().strip() != run_fingerprints(params, root, dataset, variant_name, seed, shared)[0]:
-        raise RuntimeError(f"{mdir}: {_what_changed(params, mdir, dataset, variant_name, seed)}; run refine first "
+        raise RuntimeError(f"{mdir}: {what_changed(params, mdir, dataset, variant_name, seed)}; run refine first "
                            f"({psrnn_command('refine', dataset, variant_name, seed)})")
 
 
-def _what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, seed: int) -> str:
+def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, seed: int) -> str:
     """Why a finished run is not current, as far as its checkpoint tells: the train settings that differ (the
     checkpoint keeps those it trained with), each by its key; else the rest of what the fingerprint holds."""
     from dataclasses import asdict, replace
@@ -70,7 +70,8 @@ def _what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, s
         return f"trained with other train settings than the current ones ({'; '.join(changed)})"
     if not then:   # a checkpoint that does not say: any of them
         return "trained with other params, data, initial weights or training code than the current ones"
-    return "trained with other data, initial weights or training code than the current ones (the same train settings)"
+    return ("trained with other data, initial weights or training code than the current ones (the same train "
+            "settings)")
 
 
 def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,

@@ -22,6 +22,7 @@ initialise, refine, evaluate) and read again by inference and report.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -48,6 +49,12 @@ def artifact_dir(root: Path, dataset: str, seed: int) -> Path:
 
 def run_name(variant: str, seed: int) -> str:
     return f"{variant}_s{seed}"
+
+
+def folder_seed(name: str) -> int | None:
+    """The seed of a folder :func:`artifact_dir` or :func:`model_dir` names (``s0``, ``s12``), or None for any other
+    name (``s01`` too: it would read as seed 1, whose folder is ``s1``)."""
+    return int(name[1:]) if re.fullmatch(r"s(0|[1-9][0-9]*)", name, re.ASCII) else None
 
 
 def dataset_models_dir(root: Path, dataset: str) -> Path:

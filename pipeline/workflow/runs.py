@@ -22,15 +22,18 @@ logged to.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params
 from pipeline.io import read_json
-from pipeline.workflow.paths import dataset_models_dir, model_dir
+from pipeline.workflow.paths import dataset_models_dir, folder_seed, metrics_dir, model_dir, run_name
 
-_SEED_DIR = re.compile(r"s(0|[1-9][0-9]*)", re.ASCII)   # s0, s12; not s01, which would read as seed 1
+
+def _row(dataset: str, variant: str, seed: int, listed: bool, status: str | None = None) -> dict[str, Any]:
+    """A row of :func:`list_runs` with nothing known of the run yet."""
+    return {"dataset": dataset, "variant": variant, "seed": seed, "status": status, "epoch": None,
+            "model_epoch": None, "metric": None, "value": None, "run_id": None, "listed": listed, "why": None}
 
 
 def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[dict[str, Any]]:
@@ -38,7 +41,7 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
     sorted by dataset, variant and seed: ``{"dataset", "variant", "seed", "status", "epoch", "model_epoch",
     "metric", "value", "run_id", "listed", "why"}`` (``listed``: whether params.yaml trains it now; ``why``: what
     made a stale run stale, as evaluate's refusal says it)."""
-    from pipeline.workflow.refine import run_fingerprints, shared_digest
+    from pipeline.workflow.refine import shared_digest
 
     models = root / "models"
     names = sorted({p.name for p in models.iterdir() if p.is_dir()} if models.is_dir() else set())
@@ -57,26 +60,23 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
         shared = shared_digest(params, root, name) if dp is not None else None
         base = dataset_models_dir(root, name)
         for vdir in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
-            for sdir in sorted((p for p in vdir.iterdir() if p.is_dir() and _SEED_DIR.fullmatch(p.name)),
-                               key=lambda p: int(p.name[1:])):
-                seed = int(sdir.name[1:])
+            for sdir in sorted((p for p in vdir.iterdir() if p.is_dir() and folder_seed(p.name) is not None),
+                               key=lambda p: folder_seed(p.name)):
+                seed = folder_seed(sdir.name)
                 if not (sdir / "checkpoint.pt").is_file() and not (sdir / "done").is_file():
                     continue   # an empty folder left by hand: no run
                 found.add((vdir.name, seed))
-                rows.append(_run_row(params, root, name, vdir.name, seed, (vdir.name, seed) in listed, shared,
-                                     run_fingerprints))
-        for variant, seed in sorted(listed - found, key=lambda vs: (vs[0], vs[1])):
-            rows.append({"dataset": name, "variant": variant, "seed": seed, "status": "not trained", "epoch": None,
-                         "model_epoch": None, "metric": None, "value": None, "run_id": None, "listed": True,
-                         "why": None})
+                rows.append(_run_row(params, root, name, vdir.name, seed, (vdir.name, seed) in listed, shared))
+        rows += [_row(name, variant, seed, True, "not trained") for variant, seed in sorted(listed - found)]
     return sorted(rows, key=lambda r: (r["dataset"], r["variant"], r["seed"]))
 
 
-def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, listed: bool, shared: Any,
-             run_fingerprints: Any) -> dict[str, Any]:
+def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, listed: bool, shared: Any
+             ) -> dict[str, Any]:
+    from pipeline.workflow.refine import run_fingerprints
+
     mdir = model_dir(root, dataset, variant, seed)
-    row: dict[str, Any] = {"dataset": dataset, "variant": variant, "seed": seed, "epoch": None, "model_epoch": None,
-                           "metric": None, "value": None, "run_id": None, "listed": listed, "why": None}
+    row = _row(dataset, variant, seed, listed)
     history = _read(mdir / "history.json")
     if (mdir / "done").is_file() and (mdir / "checkpoint.pt").is_file():
         row["status"] = "finished"
@@ -87,9 +87,9 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
             except (OSError, ValueError, KeyError):   # initial weights or prepared data gone: not checkable
                 pass
             if row["status"] == "stale":   # what evaluate's refusal says: the train settings that changed, or not
-                from pipeline.workflow.evaluate import _what_changed
+                from pipeline.workflow.evaluate import what_changed
 
-                row["why"] = _what_changed(params, mdir, dataset, variant, seed)
+                row["why"] = what_changed(params, mdir, dataset, variant, seed)
         epochs = (history or {}).get("history") or []
     else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
         # (a done marker without its checkpoint is no finished run either: evaluate and predict refuse it)
@@ -103,7 +103,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
         if metric is not None:
             row["metric"], row["value"] = metric, test[metric]
     row["run_id"] = (history or {}).get("run_id") or _text(mdir / "run_id")
-    metrics = _read(root / "metrics" / dataset / f"{variant}_s{seed}.json")
+    metrics = _read(metrics_dir(root, dataset) / f"{run_name(variant, seed)}.json")
     if metrics is not None and row["status"] != "unfinished":   # the epoch whose weights evaluate scored
         row["model_epoch"] = metrics.get("model_epoch")
     return row
