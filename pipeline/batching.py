@@ -3,8 +3,10 @@
 Each of the B streams is a concatenation of whole trajectories; ``reset[t, b]`` marks the first step of a
 trajectory, where the model restarts from its initial state, and ``mask[t, b]`` marks the steps that have a target
 (o_{t+1} in the same trajectory). A single long trajectory (PTB) is cut into B contiguous pieces, as
-``batchify`` does in word_language_model; evaluation uses one stream per trajectory, so the state is filtered
-through the whole test sequence and never reset per batch.
+``batchify`` does in word_language_model, but only into pieces of at least one BPTT window: a single trajectory
+trained by whole-sequence BPTT (``bptt`` 0) stays whole, and a short one is cut into fewer pieces (cutting a
+59-step series into 20 pieces of 2 steps trained every target from the initial state). Evaluation uses one
+stream per trajectory, so the state is filtered through the whole test sequence and never reset per batch.
 """
 
 from __future__ import annotations
@@ -48,8 +50,13 @@ _NUMPY_FLOATS = {torch.float64: np.float64, torch.float32: np.float32, torch.flo
 
 
 def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete: bool,
-                 order: np.ndarray | None = None, dtype: torch.dtype | None = None) -> Streams:
+                 order: np.ndarray | None = None, dtype: torch.dtype | None = None,
+                 min_piece: int | None = 2) -> Streams:
     """Arrange ``trajectories`` (in ``order``) into at most ``n_streams`` padded streams.
+
+    A single trajectory is cut into at most ``n_streams`` contiguous pieces of at least ``min_piece`` steps each
+    (training passes its BPTT window), their lengths differing by at most one step so that no step is dropped;
+    ``min_piece=None`` keeps it whole (whole-sequence BPTT).
 
     Continuous inputs are stored in ``dtype`` (default float32; pass the model's dtype, so that a float64 model
     sees its float64 data unrounded, and ``Streams.to(device, dtype)`` copies nothing). Discrete inputs are
@@ -57,13 +64,13 @@ def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete
     if not trajectories:
         raise ValueError("trajectories: empty; expected a list of trajectories, at least one")
     trajs = [np.asarray(trajectories[i]) for i in (order if order is not None else range(len(trajectories)))]
-    if len(trajs) == 1 and n_streams > 1:
+    if len(trajs) == 1 and n_streams > 1 and min_piece is not None:
         whole = trajs[0]
-        piece = len(whole) // n_streams
-        if piece < 2:
-            n_streams = max(1, len(whole) // 2)
-            piece = len(whole) // n_streams
-        trajs = [whole[i * piece:(i + 1) * piece] for i in range(n_streams)]
+        n_streams = max(1, min(n_streams, len(whole) // max(2, int(min_piece))))
+        # the first len % n_streams pieces one step longer: nothing dropped (batchify drops the rest)
+        sizes = np.full(n_streams, len(whole) // n_streams) + (np.arange(n_streams) < len(whole) % n_streams)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        trajs = [whole[bounds[i]:bounds[i + 1]] for i in range(n_streams)]
     n_streams = min(n_streams, len(trajs))
     buckets: list[list[np.ndarray]] = [[] for _ in range(n_streams)]
     lengths = np.zeros(n_streams, dtype=np.int64)

@@ -143,22 +143,53 @@ def test_any_number_of_streams_keeps_every_transition_once(n_streams):
 
 
 def test_a_single_trajectory_is_cut_into_contiguous_pieces():
-    """One long trajectory (PTB) is cut into n_streams pieces of len // n_streams steps (the rest is dropped, as
-    batchify does); each piece starts with a reset and its last step has no target."""
+    """One long trajectory (PTB) is cut into n_streams contiguous pieces whose lengths differ by at most one step
+    (23 = 6 + 6 + 6 + 5: nothing dropped, unlike batchify); each piece starts with a reset and its last step has
+    no target."""
     whole = np.arange(23, dtype=np.int64) + 1000
     streams = make_streams([whole], 4, discrete=True)
-    assert tuple(streams.x.shape) == (5, 4) and streams.positions == [(b, 0) for b in range(4)]
+    assert tuple(streams.x.shape) == (6, 4) and streams.positions == [(b, 0) for b in range(4)]
+    starts, sizes = [0, 6, 12, 18], [6, 6, 6, 5]
     for b in range(4):
-        assert np.array_equal(streams.x[:, b].numpy(), whole[5 * b:5 * b + 5])
-        assert np.array_equal(streams.y[:4, b].numpy(), whole[5 * b + 1:5 * b + 5])
-    assert streams.reset.numpy().tolist() == [[True] * 4] + [[False] * 4] * 4
-    assert streams.mask.numpy().tolist() == [[True] * 4] * 4 + [[False] * 4]
+        piece = whole[starts[b]:starts[b] + sizes[b]]
+        assert np.array_equal(streams.x[:sizes[b], b].numpy(), piece)
+        assert np.array_equal(streams.y[:sizes[b] - 1, b].numpy(), piece[1:])
+        assert streams.mask[:, b].numpy().tolist() == [True] * (sizes[b] - 1) + [False] * (7 - sizes[b])
+    assert streams.reset.numpy().tolist() == [[True] * 4] + [[False] * 4] * 5
     # too many streams for pieces of 2 steps: as many streams as pairs of steps
     short = make_streams([np.arange(5, dtype=np.int64) + 1000], 4, discrete=True)
-    assert short.x.numpy().tolist() == [[1000, 1002], [1001, 1003]]
-    assert short.y.numpy()[0].tolist() == [1001, 1003] and short.mask.numpy().tolist() == [[True, True],
-                                                                                              [False, False]]
-    assert short.reset.numpy().tolist() == [[True, True], [False, False]]
+    assert short.x.numpy().tolist() == [[1000, 1003], [1001, 1004], [1002, 0]]
+    assert short.y.numpy()[:2].tolist() == [[1001, 1004], [1002, 0]]
+    assert short.mask.numpy().tolist() == [[True, True], [True, False], [False, False]]
+    assert short.reset.numpy().tolist() == [[True, True], [False, False], [False, False]]
+
+
+@pytest.mark.parametrize("length, n_streams, min_piece, sizes", [
+    (59, 20, None, [59]),            # whole-sequence BPTT: one stream, every transition scored
+    (59, 20, 35, [59]),              # shorter than two windows: one piece
+    (100, 20, 10, [10] * 10),        # a piece per window, not 20 pieces of 5
+    (105, 4, 10, [27, 26, 26, 26]),  # long enough for every stream
+    (120780, 20, 35, [6039] * 20),   # PTB's training characters: 20 equal pieces, as the reference code's
+    (7, 20, 1, [3, 2, 2]),           # a window of 1 still leaves a transition per piece: at least 2 steps
+])
+def test_a_single_trajectory_is_cut_into_pieces_of_a_window_or_more(length, n_streams, min_piece, sizes):
+    """Training passes its BPTT window as ``min_piece`` (pipeline.train.fit): a single 59-step series at
+    batch_size 20 was cut into 20 pieces of 2 steps, trained every target from the initial state and dropped the
+    last 19 steps; with whole-sequence BPTT (``min_piece=None``) it stays whole."""
+    whole = np.arange(length, dtype=np.int64)
+    streams = make_streams([whole], n_streams, discrete=True, min_piece=min_piece)
+    got = [int(n) for n in (streams.mask.sum(0) + 1)]
+    assert got == sizes
+    assert int(streams.mask.sum()) == length - len(sizes)   # only the pieces' last steps lack a target
+    assert sorted(streams.x.numpy()[streams.mask.numpy() | _last_steps(streams)].tolist()) == list(range(length))
+
+
+def _last_steps(streams):
+    """(L, B) bool: the last real step of each stream (a single piece each, starting at step 0)."""
+    last = np.zeros(tuple(streams.mask.shape), dtype=bool)
+    for b, n in enumerate(streams.mask.sum(0).tolist()):
+        last[n, b] = True
+    return last
 
 
 @pytest.mark.parametrize("bptt", [0, -1, 1, 4, 5, 17, 40])
@@ -229,3 +260,23 @@ def test_the_continuous_training_loss_is_the_mean_over_every_scored_element():
     sums = MetricSums(discrete=False)
     sums.add(out, y, mask)
     assert sums.result()["mse"] == pytest.approx(float(want), rel=1e-12)
+
+
+@pytest.mark.parametrize("bptt", [0, 35])
+def test_fit_trains_a_single_short_series_whole(bptt):
+    """pipeline.train.fit on one 59-step series at the default batch_size 20: the same updates as batch_size 1 (one
+    stream, every transition scored, the state filtered through the series), not those of 20 two-step pieces."""
+    from pipeline.api import initialise_model
+    from pipeline.models.common import ModelConfig
+    from pipeline.train import fit
+    from pipeline.train_config import TrainConfig
+
+    series = [np.cumsum(np.random.default_rng(0).standard_normal((59, 2)), axis=0) * 0.1]
+    weights = []
+    for batch_size in (20, 1):
+        model = initialise_model(ModelConfig(model="gru", discrete=False, input_dim=2, output_dim=2, state_dim=5,
+                                             obs_dim=4, init="xavier"), seed=3)
+        fit(model, series, series, TrainConfig(epochs=2, lr=0.1, bptt=bptt, batch_size=batch_size, device="cpu",
+                                               eval_train=False))
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
