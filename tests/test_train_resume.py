@@ -11,7 +11,8 @@ from pipeline.api import _fitted_digest, fit_model, initialise_model
 from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
 from pipeline.decompose import cp_decompose
 from pipeline.models.common import ModelConfig
-from pipeline.train import TrainConfig, TrainingDiverged, fit, flush_denormal_enabled, load_checkpoint
+from pipeline.train import (TrainConfig, TrainingDiverged, evaluate, fit, flush_denormal_enabled,
+                            load_checkpoint)
 from pipeline.two_stage import TwoStageConfig, multilayer_two_stage
 
 
@@ -188,6 +189,36 @@ def test_resume_with_another_eval_train_takes_the_best_on_the_split_now_monitore
     resumed = fit(_gru(), ds.train, ds.test, TrainConfig(**{**cfg.__dict__, "eval_train": False}), checkpoint_path=ck)
     scores = [h["test"]["mse"] for h in resumed.history]
     assert resumed.best_metric == min(scores) and resumed.best_epoch == int(np.argmin(scores))
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_resume_that_moves_the_monitored_split_under_restore_best_restores_or_refuses(tmp_path, seed):
+    """With restore_best, a resume whose eval_train moves monitor 'auto' from train to test must restore the best
+    test epoch's weights: from the checkpoint when that epoch is its last (seed 0: train and test best at epoch 3),
+    else it is refused (seed 2: test best at epoch 0, train at 3), where it had returned the last epoch's weights
+    while best_epoch named another; the refusal writes nothing over the checkpoint."""
+    rng = np.random.default_rng(seed)
+    train = [rng.standard_normal((n, 2)) for n in (6, 7, 5, 8)]
+    test = [rng.standard_normal((n, 2)) + 0.5 for n in (6, 7)]
+    ck = tmp_path / "checkpoint.pt"
+    cfg = TrainConfig(epochs=3, lr=2.0, bptt=0, batch_size=2, device="cpu", restore_best=True, eval_train=True)
+    fit(_gru(), train, test, cfg, checkpoint_path=ck)
+    history = load_checkpoint(ck)["history"]
+    best_test = min(range(4), key=lambda e: history[e]["test"]["mse"])
+    best_train = min(range(4), key=lambda e: history[e]["train"]["mse"])
+    assert (best_test, best_train) == ((3, 3) if seed == 0 else (0, 3))
+    before = ck.read_bytes()
+    more = TrainConfig(**{**cfg.__dict__, "eval_train": False, "epochs": 4})
+    if seed == 0:
+        model = _gru()
+        r = fit(model, train, test, more, checkpoint_path=ck)
+        assert evaluate(model, test)["mse"] == pytest.approx(r.history[r.best_epoch]["test"]["mse"], rel=1e-6)
+    else:
+        with pytest.raises(ValueError, match=r"checkpoint\.pt: not resumed: train\.eval_train=False moves the "
+                                             r"monitored split to test, whose best epoch \(0\) .*restore_best is "
+                                             r"on; expected train\.eval_train=True"):
+            fit(_gru(), train, test, more, checkpoint_path=ck)
+        assert ck.read_bytes() == before
 
 
 def test_a_non_finite_test_metric_names_the_end_of_the_epoch():
