@@ -28,6 +28,7 @@ import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.features import window_count
+from pipeline.io import plain_values as _plain
 from pipeline.messages import brief, brief_list
 from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, UPPER_LAYER_FIELDS, LinearStateSpace, TwoStageConfig, TwoStageModel, \
@@ -1085,27 +1086,6 @@ def _check_path_argument(path: Any) -> None:
         raise ValueError(f"path={brief(path)}: expected a file path (str or os.PathLike), not {type(path).__name__}")
     if not os.fspath(path):
         raise ValueError("path='': empty; expected a file path, e.g. 'model.pt'")
-
-
-def _plain(value: Any, where: str) -> Any:
-    """``value`` with numpy scalars and arrays as Python numbers and lists, so that ``torch.load(weights_only=True)``
-    reads the file back (it refuses numpy objects: lr=np.float64(0.1) in the train config made a file that
-    saved but did not load); anything else that is no number, string, bool, None, tensor, list, tuple or dict is
-    refused here, naming where it is, rather than on loading."""
-    import torch
-
-    if isinstance(value, np.generic):   # before float: np.float64 is one
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
-        return value
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {_plain(k, where): _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
-    raise ValueError(f"{where}: a {type(value).__name__} ({brief(value, 60)}); expected numbers, strings, lists and "
-                     "dicts (what a saved model file holds besides tensors)")
 
 
 FITTED_FORMAT = "psrnn-pipeline fitted model v2"

@@ -264,3 +264,26 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def plain_values(value: Any, where: str) -> Any:
+    """``value`` with numpy scalars and arrays as Python numbers and lists, so that ``torch.load(weights_only=True)``
+    reads the file back (it refuses numpy objects: lr=np.float64(0.1) in the train config made a model file or
+    checkpoint that saved but did not load); anything else that is no number, string, bool, None, tensor, list,
+    tuple or dict is refused here, naming where it is, rather than on loading."""
+    import torch
+
+    from pipeline.messages import brief
+
+    if isinstance(value, np.generic):   # before float: np.float64 is one
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {plain_values(k, where): plain_values(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_values(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise ValueError(f"{where}: a {type(value).__name__} ({brief(value, 60)}); expected numbers, strings, lists and "
+                     "dicts (what a saved model file holds besides tensors)")

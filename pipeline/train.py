@@ -36,6 +36,7 @@ import torch
 
 from pipeline.batching import make_streams
 from pipeline.data.schema import unscorable
+from pipeline.io import plain_values
 from pipeline.metrics import MetricSums, masked_loss, primary_metric
 from pipeline.messages import brief
 from pipeline.models.common import SequenceModel, detach_state
@@ -441,10 +442,12 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         if checkpoint_path is None:
             return
         save_checkpoint(checkpoint_path, {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "model_config": model.config.to_dict(), "train_config": asdict(cfg), "epoch": epoch,
+            "model": model.state_dict(), "optimizer": plain_values(optimizer.state_dict(), "optimizer state"),
+            # numpy scalars (lr=np.float64(0.5)) as Python numbers: weights_only=True refuses them on loading
+            "model_config": plain_values(model.config.to_dict(), "model config"),
+            "train_config": plain_values(asdict(cfg), "train config"), "epoch": epoch,
             "best_metric": best_metric, "best_epoch": best_epoch, "best_model": best_state,
-            "stopped_early": stopped, "history": history, "rng": _rng_state(),
+            "stopped_early": stopped, "history": plain_values(history, "history"), "rng": _rng_state(),
         })
 
     def consider(entry: dict[str, Any]) -> bool:

@@ -404,3 +404,19 @@ def test_fitted_model_saves_to_one_pickle_free_file_and_loads_back(model, contin
         torch.save(raw, tmp_path / f"v{i}.pt")
         with pytest.raises(ValueError, match=rf"v{i}\.pt: {message}"):
             load_fitted(tmp_path / f"v{i}.pt")
+
+
+def test_a_checkpoint_of_numpy_valued_settings_resumes(tmp_path, continuous):
+    """lr=np.float64(0.5) reached the saved train config and the optimizer's param groups, which
+    torch.load(weights_only=True) refuses: the checkpoint saved but did not resume ("not a readable checkpoint").
+    Numpy scalars are stored as Python numbers, and the resumed run equals the one trained in one go."""
+    ds = continuous
+    ck = tmp_path / "checkpoint.pt"
+    kw = dict(lr=np.float64(0.5), momentum=np.float32(0.5), bptt=np.int64(5), batch_size=3, device="cpu")
+    fit(_gru(), ds.train, ds.test, TrainConfig(epochs=1, **kw), checkpoint_path=ck)
+    resumed = _gru()
+    fit(resumed, ds.train, ds.test, TrainConfig(epochs=2, **kw), checkpoint_path=ck)
+    straight = _gru()
+    fit(straight, ds.train, ds.test, TrainConfig(epochs=2, **kw))
+    for a, b in zip(resumed.parameters(), straight.parameters()):
+        assert torch.equal(a, b)
