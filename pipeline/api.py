@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
+from pipeline.data.custom import RESERVED as ID_COLUMNS
 from pipeline.features import window_count
 from pipeline.io import plain_values as _plain
 from pipeline.messages import brief, brief_list
@@ -404,9 +405,13 @@ def _checked_splits(splits: dict[str, Any], kind: str = "auto") -> _Data:
     if not lists["train"]:
         raise ValueError(f"train: empty; expected {_A_LIST}, at least one")
     keys = _column_keys(lists["train"][0], "train[0]")
-    columns = list(keys) if keys is not None else None
-    if columns == []:
+    # the pipeline's id columns are never features (a frame of a groupby of the pipeline's long format has them)
+    columns = [c for c in keys if c not in ID_COLUMNS] if keys is not None else None
+    if keys is not None and not keys:
         raise ValueError("train[0]: named columns, but none; expected at least one column")
+    if columns == []:
+        raise ValueError(f"train[0]: only the id columns {brief_list(list(keys))}, which are never features; expected "
+                         "a symbol column or feature columns beside them")
     if kind == "discrete" and columns is not None and len(columns) > 1:
         # stacked, they were "shape (T, 2); expected a 1-D array of symbols", naming no column
         raise ValueError(f"train[0]: {len(columns)} named columns {brief_list(columns)}; kind='discrete' reads one "
@@ -627,6 +632,33 @@ def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | N
                       stacklevel=4)
 
 
+def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] | None) -> None:
+    """Warn about features that look like no measurement, as the pipeline's custom source does: one that increases
+    within every trajectory of 3 steps or more (at least two of them: a time stamp or a row counter) or one that
+    is constant within each trajectory but not across them (an id or a label, such as a room number). A frame of a
+    groupby keeps such columns, and fit_model takes every column of train[0] but the id columns."""
+    import warnings
+
+    flat = [t.reshape(len(t), -1) for t in train]
+    long = [t for t in flat if len(t) >= 3]
+    found, names = [], []
+    for j in range(flat[0].shape[1]):
+        if len(long) >= 2 and all((np.diff(t[:, j]) > 0).all() for t in long):
+            why = "increases within every trajectory, like a time"
+        elif len(flat) >= 2 and all((t[:, j] == t[0, j]).all() for t in flat) \
+                and len({float(t[0, j]) for t in flat}) > 1:
+            why = "constant within each trajectory, like a label"
+        else:
+            continue
+        names.append(j if columns is None else columns[j])
+        found.append(f"feature {brief(names[-1])} ({why})")
+    if found:
+        leave = (f"leave them out (frame.drop(columns={names!r}))" if columns is not None else
+                 f"leave out the columns {names}")
+        warnings.warn(f"train: features that look like no measurement: {', '.join(found)}; the model reads them as "
+                      f"observations to predict: {leave} unless they are", UserWarning, stacklevel=4)
+
+
 def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names: Sequence[str] | None) -> str:
     def name(j: int) -> str:
         return f"feature {j}" if names is None else f"feature {brief(names[j])}"
@@ -733,6 +765,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         arrays = {name: _standardised(ts, units) for name, ts in arrays.items()}
     elif not discrete:
         _warn_unstandardised(arrays["train"], checked.columns)
+    if not discrete:
+        _warn_unlikely_features(arrays["train"], checked.columns)
     how = ("strings" if checked.vocab is not None else
            "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
     if a["delta"] and discrete:
@@ -1337,7 +1371,8 @@ def fit_model(
     * Symbols that occur in valid or test but never in train are part of the vocabulary, with a warning naming
       them.
     * A trajectory with named columns (a pandas DataFrame, or a dict of column name -> 1-D array) is read by
-      name: train[0]'s column names, kept in ``extras['columns']``, which every named trajectory (and those given
+      name: train[0]'s column names but the id columns ``trajectory``, ``step`` and ``split`` (never features, as
+      in the pipeline), kept in ``extras['columns']``, which every named trajectory (and those given
       to predict, evaluate and forecast) must have; one column is a 1-D trajectory (of symbols, when integers or
       strings). Plain arrays are read by position.
     * Every split needs a step to score: a trajectory of at least 2 steps (a one-step prediction is scored

@@ -451,11 +451,11 @@ def test_features_in_large_units_get_one_warning_naming_them(features, recwarn):
     assert text.startswith("train: feature 0 (mean 101") and ", feature 1 (mean " in text, text
     assert "subtract the training mean and divide by the std" in text and w.filename == __file__
     # named columns (frames, dicts of columns) are named by their names: a step counter kept as a feature shows
-    named = [{"step": np.arange(len(t), dtype=np.float64) * 10.0, "x": t[:, 0]} for t in features.train]
+    named = [{"count": np.arange(len(t), dtype=np.float64) * 10.0, "x": t[:, 0]} for t in features.train]
     with pytest.warns(UserWarning) as caught:
         fit_model(named, **{**SMALL, "epochs": 0})
     (w,) = [w for w in caught if "large units" in str(w.message)]
-    assert str(w.message).startswith("train: feature 'step' (mean "), str(w.message)
+    assert str(w.message).startswith("train: feature 'count' (mean "), str(w.message)
     tiny = [np.c_[t[:, :1] * 1e-3, t[:, 1:]] for t in features.train]   # a reading in kilo-units, say
     with pytest.warns(UserWarning) as caught:
         fit_model(tiny, **{**SMALL, "epochs": 0})
@@ -477,3 +477,44 @@ def test_upper_layer_windows_are_checked_before_2sr(features, no_work):
     refused("two_stage_options['upper_future_window']: a setting of layers 2 and up, and n_layers=1 has one "
             "layer; expected n_layers >= 2, or leave it out",
             fit_model, features.train, **SMALL, two_stage_options={"upper_future_window": 1})
+
+
+# ------------------------------------------------------------------- frames of the pipeline's long format
+
+def test_the_id_columns_of_a_frame_are_never_features(features, symbols):
+    """A frame per trajectory from a groupby of the pipeline's long format (trajectory, step, split beside the
+    data) was read whole: trajectory and step became features. They are left out, as the pipeline does; a frame of
+    id columns only is refused, naming them."""
+    frames = [{"trajectory": np.full(len(t), k), "step": np.arange(len(t)) * 10, "split": np.full(len(t), "train"),
+               "x": t[:, 0], "y": t[:, 1]} for k, t in enumerate(features.train)]
+    fitted = fit_model(frames, **{**SMALL, "epochs": 0})
+    assert fitted.extras["columns"] == ["x", "y"] and fitted.model.config.input_dim == 2
+    plain = fit_model([t.copy() for t in features.train], **{**SMALL, "epochs": 0})
+    assert np.array_equal(np.concatenate(fitted.predict(frames)), np.concatenate(plain.predict(features.train)))
+    events = [{"trajectory": np.full(len(t), f"s{k}"), "event": np.array(["abcd"[i] for i in t])}
+              for k, t in enumerate(symbols.train)]
+    assert fit_model(events, **{**SMALL, "epochs": 0}).extras["vocab"] == ["a", "b", "c", "d"]
+    refused("train[0]: only the id columns 'trajectory', 'step', which are never features; expected a symbol "
+            "column or feature columns beside them", fit_model,
+            [{"trajectory": np.zeros(5), "step": np.arange(5)}], **SMALL)
+
+
+def test_features_like_a_time_or_a_label_get_a_warning_naming_them(features, recwarn):
+    """As the pipeline's custom source warns: a column increasing within every trajectory (a time stamp) or
+    constant within each but not across them (a room number) is read as an observation to predict."""
+    frames = [{"x": t[:, 0], "room": np.full(len(t), float(k % 3)), "t": 5.0 + 0.1 * np.arange(len(t))}
+              for k, t in enumerate(features.train)]
+    with pytest.warns(UserWarning) as caught:
+        fit_model(frames, **{**SMALL, "epochs": 0})
+    (w,) = [w for w in caught if "no measurement" in str(w.message)]
+    assert str(w.message) == (
+        "train: features that look like no measurement: feature 'room' (constant within each trajectory, like a "
+        "label), feature 't' (increases within every trajectory, like a time); the model reads them as observations "
+        "to predict: leave them out (frame.drop(columns=['room', 't'])) unless they are") and w.filename == __file__
+    with pytest.warns(UserWarning, match=r"feature 1 \(constant within each trajectory, like a label\); .*leave "
+                                         r"out the columns \[1\] unless"):
+        fit_model([np.c_[t[:, :1], np.full(len(t), float(k))] for k, t in enumerate(features.train)],
+                  **{**SMALL, "epochs": 0})
+    recwarn.clear()
+    fit_model(features.train, **{**SMALL, "epochs": 0})     # measurements: nothing to say
+    assert not [w for w in recwarn if "no measurement" in str(w.message)]
