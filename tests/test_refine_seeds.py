@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -980,6 +981,42 @@ def test_refine_notes_the_2sr_runs_that_end_worse_than_their_start(tmp_path, cle
     raw["hmm"]["train"]["overrides"] = {"psrnn": {"lr": 30.0, "restore_best": True}}
     restored = _write_params(tmp_path, raw)
     assert refine.worse_than_start_note(restored.dataset("hmm"), histories) is None
+
+
+def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp_path, clean_env):
+    """The fingerprints of a custom dataset's runs hold the prepared file, which only `dvc repro` rebuilds: after
+    an edit of the user's file `psrnn runs` said "trained" for runs of the old data. It says stale, and why."""
+    from pipeline.workflow.runs import list_runs, source_changed
+
+    root = tmp_path
+    (root / "data").mkdir()
+    src = root / "data" / "mine.parquet"
+    shutil.copy(Path(__file__).resolve().parents[1] / "examples" / "custom_series.parquet", src)
+    raw = copy.deepcopy(PARAMS)
+    raw["datasets"] = ["custom"]
+    raw["custom"] = {"source": {"path": "data/mine.parquet", "kind": "continuous", "test_fraction": 0.2, "seed": 0},
+                     "two_stage": {"n_features": 32, "state_dim": 3, "obs_dim": 3, "past_dim": 3, "past_window": 2,
+                                   "future_window": 2},
+                     "kf": None, "variants": ["gru"],
+                     "train": {"epochs": 1, "lr": 0.1, "clip": 0.25, "bptt": 0, "batch_size": 4, "device": "cpu"}}
+    del raw["hmm"]
+    params = _write_params(root, raw)
+    data.prepare(params, root, "custom")
+    for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
+        stage(params, root, "custom", 0)
+    refine.refine(params, root, "custom")
+    assert [(r["status"], r["why"]) for r in list_runs(params, root)] == [("trained", None)]
+    assert source_changed(params, root, "custom") is None
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src)
+    pq.write_table(table.slice(0, table.num_rows - 1), src)     # one row fewer: another file
+    why = ("custom.source.path: data/mine.parquet changed since it was prepared (its sha256 is not the one "
+           "data/prepared/custom.parquet records): the runs trained on the earlier data; dvc repro prepares it "
+           "again and retrains them")
+    assert source_changed(params, root, "custom") == why
+    assert [(r["status"], r["why"]) for r in list_runs(params, root)] == [("stale", why)]
+    assert source_changed(params, root, "hmm") is None     # built-in sets are checked by sha256 on download
 
 
 def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys):

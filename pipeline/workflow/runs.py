@@ -7,7 +7,9 @@ other params, data or code than the current ones, is seen before it is used. The
 
 * ``trained``: finished (its ``done`` marker) with the current params, data, initial weights and training code
   (:func:`pipeline.workflow.refine.run_fingerprints`), as ``evaluate`` checks it;
-* ``stale``: finished with other ones (``evaluate`` refuses it, ``predict`` warns; ``refine`` trains it again);
+* ``stale``: finished with other ones (``evaluate`` refuses it, ``predict`` warns; ``refine`` trains it again),
+  or a custom dataset's file changed since it was prepared (the runs trained on the earlier data, which is what
+  ``data/prepared/`` still holds; ``dvc repro`` prepares it again and retrains them);
 * ``finished``: finished, but not checkable against the current params (its dataset, variant or seed is not in
   ``params.yaml``, or its initial weights are gone);
 * ``unfinished``: a checkpoint without the ``done`` marker (killed, diverged, or being trained): ``refine``
@@ -58,6 +60,7 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
                   if dp is not None and name in params.selected else set())
         found: set[tuple[str, int]] = set()
         shared = shared_digest(params, root, name) if dp is not None else None
+        changed = source_changed(params, root, name) if dp is not None and name in params.selected else None
         base = dataset_models_dir(root, name)
         for vdir in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
             for sdir in sorted((p for p in vdir.iterdir() if p.is_dir() and folder_seed(p.name) is not None),
@@ -66,9 +69,44 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
                 if not (sdir / "checkpoint.pt").is_file() and not (sdir / "done").is_file():
                     continue   # an empty folder left by hand: no run
                 found.add((vdir.name, seed))
-                rows.append(_run_row(params, root, name, vdir.name, seed, (vdir.name, seed) in listed, shared))
+                row = _run_row(params, root, name, vdir.name, seed, (vdir.name, seed) in listed, shared)
+                if changed and row["status"] == "trained":
+                    row["status"], row["why"] = "stale", changed
+                rows.append(row)
         rows += [_row(name, variant, seed, True, "not trained") for variant, seed in sorted(listed - found)]
     return sorted(rows, key=lambda r: (r["dataset"], r["variant"], r["seed"]))
+
+
+def source_changed(params: Params, root: Path, dataset: str) -> str | None:
+    """Why a custom dataset's runs are out of date although their fingerprints match: its file (``source.path``)
+    is not the one ``data/prepared/<dataset>.parquet`` was prepared from (the sha256 the prepared file records),
+    which only ``dvc repro`` notices. None for a built-in dataset (its raw files are checked by sha256 on download),
+    a file not prepared yet, or one that cannot be read (evaluate and preprocess say what is wrong with it)."""
+    from pipeline.config import is_custom
+
+    if not is_custom(dataset):
+        return None
+    from pipeline.workflow.data import custom_path
+    from pipeline.workflow.paths import prepared_path
+
+    try:
+        import json
+
+        import pyarrow.parquet as pq
+
+        from pipeline.data.download import sha256_file
+        from pipeline.data.schema import META_KEY
+
+        written, full = custom_path(params.dataset(dataset), root)
+        meta = json.loads(pq.read_schema(prepared_path(root, dataset)).metadata[META_KEY])
+        recorded = meta.get("file_sha256")
+        if recorded is None or sha256_file(full) == recorded:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (f"{dataset}.source.path: {written} changed since it was prepared (its sha256 is not the one "
+            f"data/prepared/{dataset}.parquet records): the runs trained on the earlier data; dvc repro prepares it "
+            "again and retrains them")
 
 
 def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, listed: bool, shared: Any
