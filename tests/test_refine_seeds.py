@@ -985,7 +985,8 @@ def test_refine_notes_the_2sr_runs_that_end_worse_than_their_start(tmp_path, cle
 
 def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp_path, clean_env):
     """The fingerprints of a custom dataset's runs hold the prepared file, which only `dvc repro` rebuilds: after
-    an edit of the user's file `psrnn runs` said "trained" for runs of the old data. It says stale, and why."""
+    an edit of the user's file `psrnn runs` said "trained" for runs of the old data. It says stale, and why; and
+    the MLflow run is tagged with the sha256 of the data it trained on (the prepared file and the user's)."""
     from pipeline.workflow.runs import list_runs, source_changed
 
     root = tmp_path
@@ -1007,6 +1008,15 @@ def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp
     refine.refine(params, root, "custom")
     assert [(r["status"], r["why"]) for r in list_runs(params, root)] == [("trained", None)]
     assert source_changed(params, root, "custom") is None
+    # the MLflow run names the data it trained on: the prepared file's sha256 and the user's file's
+    from mlflow import MlflowClient
+
+    from pipeline.data.download import sha256_file
+
+    run_id = (model_dir(root, "custom", "gru", 0) / "run_id").read_text().strip()
+    tags = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["data_sha256"] == sha256_file(prepared_path(root, "custom"))
+    assert tags["source_sha256"] == sha256_file(src)
     import pyarrow.parquet as pq
 
     table = pq.read_table(src)

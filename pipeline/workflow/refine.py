@@ -452,6 +452,7 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
             tags["git_dirty"] = dirty
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+    tags.update(data_tags(prepared_path(root, dataset)))
     fp_file = model_dir(root, dataset, variant_name, seed) / "fingerprint.txt"
     if fp_file.is_file():   # the run's configuration but for its epochs: what a continued run shares
         tags["run_config"] = fp_file.read_text().strip()
@@ -463,6 +464,39 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
     write_text(run_id_file, tracker.run_id + "\n")
     return tracker
+
+
+def data_tags(prepared: Path) -> dict[str, str]:
+    """The MLflow tags that say which data a run trained on: ``data_sha256``, the sha256 of the prepared file
+    (what every stage after preprocess reads), and for a custom dataset ``source_sha256``, that of the user's file
+    it was prepared from (as the prepared file records it), so that a run can be matched to a version of one's
+    own data (``sha256sum data/mine.parquet``). Empty when the prepared file is gone."""
+    try:
+        stat = prepared.stat()
+    except OSError:
+        return {}
+    return dict(_data_tags(str(prepared), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _data_tags(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, str], ...]:
+    """:func:`data_tags`, once per version of a file (every run of a dataset is tagged with the same)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.data.schema import META_KEY
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    tags = [("data_sha256", digest.hexdigest())]
+    try:
+        source = json.loads(pq.read_schema(path).metadata[META_KEY]).get("file_sha256")
+    except (OSError, ValueError, KeyError, TypeError):
+        source = None
+    if isinstance(source, str):
+        tags.append(("source_sha256", source))
+    return tuple(tags)
 
 
 def _log_missing_epochs(tracker, history: list[dict[str, Any]], discrete: bool) -> None:
