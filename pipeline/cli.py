@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="project root (default: $DVC_ROOT in the workspace, else the nearest folder of params.yaml, "
                         "e.g. the experiment's copy in a queued experiment)")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="log progress at INFO level, wherever the flag is given")
+                   help="log progress at INFO level (every epoch of every run), wherever the flag is given (also: "
+                        "environment variable PSRNN_VERBOSE=1, which reaches the stages of dvc repro)")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of a failure, wherever the flag is given (also: environment "
                         "variable PSRNN_DEBUG=1)")
@@ -185,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:   # argparse would name `psrnn`, whose --help does not list the command's flags
         _command_parser(parser, args.stage).error(f"unrecognized arguments: {' '.join(extra)}")
     args.debug = "--debug" in argv
-    args.verbose = any(verbose(a) for a in argv)
+    # PSRNN_VERBOSE=1 dvc repro: the stages' command lines are dvc.yaml's, so the flag cannot reach them there
+    args.verbose = any(verbose(a) for a in argv) or _env_flag("PSRNN_VERBOSE")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from pipeline.config import project_root
@@ -342,9 +344,12 @@ def _compare(args: argparse.Namespace, root: Path) -> int:
     return 1 if args.check and not (result.rows and result.agrees) else 0   # nothing compared: nothing held
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def _debug(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get("PSRNN_DEBUG", "").strip().lower() not in (
-        "", "0", "false", "no")
+    return bool(getattr(args, "debug", False)) or _env_flag("PSRNN_DEBUG")
 
 
 def _library(exc: BaseException) -> str | None:

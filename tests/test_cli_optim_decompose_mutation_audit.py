@@ -119,6 +119,23 @@ def test_cli_vv_counts_as_verbose_before_or_after_the_stage(defaults, tmp_path, 
         assert root_logger.level == logging.INFO, argv
 
 
+@pytest.mark.parametrize("value, level", [("1", logging.INFO), ("yes", logging.INFO), ("0", logging.WARNING),
+                                          ("", logging.WARNING)])
+def test_cli_psrnn_verbose_is_verbose_for_the_stages_dvc_runs(defaults, tmp_path, monkeypatch, value, level):
+    """dvc.yaml's command lines cannot take -v: PSRNN_VERBOSE=1 dvc repro gives every stage INFO logging (a line
+    per epoch), and the off values of PSRNN_DEBUG leave it off."""
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    monkeypatch.setenv("PSRNN_VERBOSE", value)
+    _project(tmp_path, defaults)
+    root_logger = logging.getLogger()
+    monkeypatch.setattr(root_logger, "handlers", [])
+    monkeypatch.setattr(root_logger, "level", logging.WARNING)
+    assert cli.main(["--root", str(tmp_path), "check"]) == 0
+    assert root_logger.level == level
+
+
 def test_cli_ctrl_c_is_exit_status_130(tmp_path, monkeypatch, capsys):
     from pipeline import cli, compare
 
