@@ -199,17 +199,21 @@ class TrainedRun:
         is stored: a float 1.0 is the text '1.0', not the symbol 1, and 0.9 is an unknown symbol, never truncated)
         or standardised features. ``unknown`` (discrete): ``error`` refuses a symbol not in the vocabulary,
         ``drop`` leaves it out, ``map`` maps it to ``<unk>`` (a vocabulary that has one). A discrete trajectory is
-        1-D (a (T, 2) array or a single string is refused, not flattened); continuous features must stay finite
+        1-D (a (T, 2) array is refused, not flattened; a str is read as its characters where every symbol is one
+        character, as PTB's, and refused otherwise, where it would be one symbol); continuous features must stay finite
         in float32 once standardised. A trajectory with named columns (a pandas DataFrame, or a dict of column
         name to values) is read by name: the run's features (discrete: its symbol column), in the run's order,
         other columns ignored; a plain array must have them in the order of ``features``."""
         trajectory = self._by_name(trajectory)
         if self.discrete:
+            if isinstance(trajectory, str) and self._characters():   # text for a model of characters (PTB)
+                trajectory = list(trajectory)
             values = np.asarray(trajectory, dtype=object)
             if values.ndim != 1:   # reshape(-1) would read a (T, 2) array or one string as other symbols
                 shown = f"the single value {brief(values.item())}" if values.ndim == 0 else f"shape {values.shape}"
-                raise ValueError(f"{shown}; expected a 1-D sequence of symbols (a str is one symbol: list(text) "
-                                 "for its characters)")
+                raise ValueError(f"{shown}; expected a 1-D sequence of symbols (a str is one symbol of this model's "
+                                 "vocabulary, whose symbols are not all single characters: list(text) for its "
+                                 "characters)")
             from pipeline.api import _scalar, first_missing
 
             gap = first_missing(values)
@@ -243,6 +247,11 @@ class TrainedRun:
                              "trajectory: too far from the train mean/std for float32); expected values of a "
                              "representable spread")
         return z
+
+    def _characters(self) -> bool:
+        """Whether every symbol of the vocabulary but ``<unk>`` is one character (PTB's): a str trajectory is then
+        read as its characters, as fit_model reads one, rather than as a single symbol."""
+        return bool(self.vocab) and all(isinstance(v, str) and len(v) == 1 for v in self.vocab if v != UNK_SYMBOL)
 
     def _by_name(self, trajectory: Any) -> Any:
         """The run's columns of a trajectory with named columns (DataFrame or mapping); anything else as it is."""

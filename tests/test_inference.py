@@ -2,6 +2,7 @@
 
 The pipeline side (load_run on a real `dvc repro` and the CLI) is in tests/test_pipeline_e2e.py."""
 
+import dataclasses
 import json
 import math
 import os
@@ -681,10 +682,18 @@ def test_trained_run_errors_name_the_trajectory(discrete_run, continuous_run):
                                              r"of hmm: '10\.9', '20\.0', '30\.5'; use unknown 'drop' or 'map'"):
             call([["10", "20"], np.array([10.9, 20.0, 30.5])])
         with pytest.raises(ValueError, match=r"^trajectories\[0\]: shape \(2, 2\); expected a 1-D sequence of "
-                                             r"symbols \(a str is one symbol: list\(text\) for its characters\)$"):
+                                             r"symbols \(a str is one symbol of this model's vocabulary, whose "
+                                             r"symbols are not all single characters: list\(text\) for its "
+                                             r"characters\)$"):
             call([np.array([["10", "20"], ["30", "40"]])])
-        with pytest.raises(ValueError, match=r"^trajectories\[0\]: the single value '1020'; expected a 1-D sequence"):
-            call(["1020"])
+        with pytest.raises(ValueError, match=r"^trajectories\[0\]: the single value '1020'; expected a 1-D sequence "
+                                             r"of symbols \(a str is one symbol of this model's vocabulary"):
+            call(["1020"])   # symbols '10' ... '40': one str is one symbol, so it is refused, not split
+    # a vocabulary of single characters (PTB's): a str is read as its characters, as fit_model reads it
+    chars = dataclasses.replace(run, vocab=["a", "b", "c", "d"])
+    assert np.array_equal(chars.predict(["abca"])[0], run.predict([["10", "20", "30", "10"]])[0])
+    assert chars.evaluate(["abcadd"]) == run.evaluate([["10", "20", "30", "10", "40", "40"]])
+    for call in (run.predict, run.evaluate, lambda t: run.forecast(t, 2)):
         with pytest.raises(ValueError, match=r"^trajectories: one array of shape \(2,\); expected a list of "
                                              r"trajectories"):
             call(np.array(["10", "20"]))
