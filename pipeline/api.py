@@ -27,7 +27,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
-from pipeline.data.custom import RESERVED as ID_COLUMNS
 from pipeline.features import window_count
 from pipeline.io import plain_values as _plain
 from pipeline.messages import brief, brief_list
@@ -104,6 +103,9 @@ def infer_kind(trajectories: Sequence[Any], kind: str = "auto") -> tuple[bool, i
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)   # the models compute in float32: larger values become Inf
 _A_LIST = "a list of trajectories (arrays of shape (T,) or (T, m))"
+#: the pipeline's id columns (pipeline.data.custom.RESERVED; not imported: the stages that import this module
+#: would depend on the custom reader), never features of a frame
+ID_COLUMNS = ("trajectory", "step", "split")
 KINDS = ("auto", "discrete", "continuous")
 #: how many symbols the warning about symbols never seen in train names before "and N more"
 _SHOWN_SYMBOLS = 5

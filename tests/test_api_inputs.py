@@ -485,6 +485,10 @@ def test_the_id_columns_of_a_frame_are_never_features(features, symbols):
     """A frame per trajectory from a groupby of the pipeline's long format (trajectory, step, split beside the
     data) was read whole: trajectory and step became features. They are left out, as the pipeline does; a frame of
     id columns only is refused, naming them."""
+    from pipeline.api import ID_COLUMNS
+    from pipeline.data.custom import RESERVED
+
+    assert ID_COLUMNS == RESERVED
     frames = [{"trajectory": np.full(len(t), k), "step": np.arange(len(t)) * 10, "split": np.full(len(t), "train"),
                "x": t[:, 0], "y": t[:, 1]} for k, t in enumerate(features.train)]
     fitted = fit_model(frames, **{**SMALL, "epochs": 0})
