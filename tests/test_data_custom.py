@@ -587,8 +587,28 @@ def test_named_feature_written_as_text_says_how_to_convert(tmp_path: Path) -> No
     cols = _continuous()
     cols["a"] = [f"{v:.3f}" for v in cols["a"]]
     msg = _error(_write(tmp_path, cols), kind="continuous", features=["a", "b"])
-    assert "feature column 'a' has type string; expected a numeric (integer or float) column" in msg, msg
+    assert "feature column 'a' has type string; expected a numeric (integer, float or bool) column" in msg, msg
     assert "df['a'] = df['a'].astype(float)" in msg, msg
+
+
+def test_bool_feature_columns_read_as_zero_and_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cols = _continuous(n_traj=3)
+    cols["pen_up"] = np.arange(15) % 4 == 0
+    ds = load_custom(_write(tmp_path, cols), kind="continuous", features=["a", "pen_up"], normalize=False,
+                     test_fraction=0.34)
+    assert ds.features == ["a", "pen_up"]
+    for s in ("train", "test"):
+        for k, t in zip(ds.meta["trajectory_ids"][s], ds.split(s)):
+            assert t.dtype == np.float64
+            assert t[:, 1].tolist() == [1.0 if (5 * (k - 100) + j) % 4 == 0 else 0.0 for j in range(5)]
+    with caplog.at_level("WARNING", logger="pipeline.data.custom"):   # features=None still leaves bools out
+        assert load_custom(_write(tmp_path, cols, "auto.parquet"), kind="continuous").features == ["a", "b", "c"]
+    assert "'pen_up' (bool); name the feature columns in features to silence this (a bool column named in " \
+           "features is read as 0/1)" in caplog.text
+    cols["pen_up"] = pa.array([True, None] + [False] * 13)   # a missing flag is missing, not False
+    msg = _error(_write(tmp_path, cols, "null.parquet"), kind="continuous", features=["a", "pen_up"])
+    assert msg.endswith("1 row has NaN, Inf or missing values in feature columns ['pen_up'] (first: row 1, "
+                        "trajectory 100); expected finite numbers"), msg
 
 
 def test_a_mistaken_kind_gets_a_hint(tmp_path, caplog):

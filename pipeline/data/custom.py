@@ -19,8 +19,9 @@ column             type                            meaning
                                                    valid/test values absent from train are an error; more
                                                    distinct symbols than half the training steps, a WARNING (an
                                                    id column rather than symbols?).
-feature columns    integer or float                ``kind="continuous"``: the observation, one column per dimension,
-                                                   read as float64 (integers beyond ±2**53 are an error).
+feature columns    integer, float or bool          ``kind="continuous"``: the observation, one column per dimension,
+                                                   read as float64 (integers beyond ±2**53 are an error; bools as
+                                                   0/1, when named in ``features``).
                                                    ``features=None`` takes every numeric column except
                                                    ``trajectory``, ``step``, ``split`` (and pandas index columns).
 =================  ==============================  ====================================================================
@@ -340,12 +341,14 @@ def read_rows(
                         or pa.types.is_dictionary(types[n])]
                 symbols = (f" (a column of symbols? kind: discrete with symbol_column: {text[0]} reads it)"
                            if text else "")
+                flags = (" (a bool column named in features is read as 0/1)"
+                         if any(_is_bool(types[n]) for n in skipped) else "")
                 log.warning("%s: non-numeric columns dropped from the features (features=None takes integer and "
-                            "float columns only): %s; name the feature columns in features to silence this%s",
-                            path, ", ".join(f"{n!r} ({types[n]})" for n in skipped), symbols)
+                            "float columns only): %s; name the feature columns in features to silence this%s%s",
+                            path, ", ".join(f"{n!r} ({types[n]})" for n in skipped), flags, symbols)
             if not features:
                 raise fail(f"no numeric feature columns found (columns present: {names}); expected integer or float "
-                           "columns besides trajectory/step/split")
+                           "columns besides trajectory/step/split (or bool ones named in features)")
         for f in features:
             require(f, features_are)
         value_columns = list(features)
@@ -371,12 +374,14 @@ def read_rows(
             raise fail(f"column {symbol_column!r} has type {t}; expected integer, string or bool symbols")
     else:
         for f in value_columns:
-            if not _is_numeric(types[f]):
+            # a named bool column is read as 0.0/1.0: a flag such as Handwriting's pen_up is a measurement too
+            # (features=None leaves bools out, as it always has: a label such as is_anomaly is one as well)
+            if not _is_numeric(types[f]) and not _is_bool(types[f]):
                 sample = _numbers_as_text(path, f, types[f])
                 hint = "" if sample is None else (f" (it holds numbers as text, e.g. {sample!r}: cast it before "
                                                   f"writing the file, pandas: df[{f!r}] = df[{f!r}].astype(float))")
-                raise fail(f"feature column {f!r} has type {types[f]}; expected a numeric (integer or float) column"
-                           + hint)
+                raise fail(f"feature column {f!r} has type {types[f]}; expected a numeric (integer, float or bool) "
+                           "column" + hint)
 
     columns = ["trajectory"] + (["step"] if has_step else []) + (["split"] if has_split else []) + value_columns
     try:
@@ -415,7 +420,9 @@ def read_rows(
     uniq, codes = np.unique(ids, return_inverse=True)
 
     if kind == "continuous":
-        raw = [np.asarray(column(f).to_numpy(zero_copy_only=False)) for f in value_columns]
+        # a bool column as 0.0/1.0, through Arrow: numpy would read one with nulls as objects (None), not as NaN
+        raw = [np.asarray((column(f).cast(pa.float64()) if pa.types.is_boolean(column(f).type) else column(f))
+                          .to_numpy(zero_copy_only=False)) for f in value_columns]
         for f, x in zip(value_columns, raw):
             # rounded (2**53 + 1 reads as 2**53), ids or counters with a large offset would collapse into a few
             # values, even into a "constant" column, without a word
@@ -640,6 +647,12 @@ def _is_numeric(t: Any) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
     return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _is_bool(t: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_boolean(t.value_type if pa.types.is_dictionary(t) else t)
 
 
 def _sha256(path: Path) -> str:
