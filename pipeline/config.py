@@ -540,7 +540,10 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             raise ParamsError(f"{key}.path: required (the Parquet file with your data)")
         if not source["path"]:
             raise ParamsError(f"{key}.path: expected the path of a Parquet file, got an empty string")
-        _check_choice(f"{key}.kind", source.get("kind"), ("discrete", "continuous"))
+        if "kind" not in source:
+            raise ParamsError(f"{key}.kind: required ('discrete' for one column of symbols, 'continuous' for numeric "
+                              "feature columns)")
+        _check_choice(f"{key}.kind", source["kind"], ("discrete", "continuous"))
         if "test_fraction" in source:
             _check_number(f"{key}.test_fraction", source["test_fraction"], low=0.0, low_open=True, high=1.0,
                           high_open=True)

@@ -144,6 +144,11 @@ def test_custom_section_needs_path_and_kind(defaults):
     raw["custom"]["source"] = {"path": "x.parquet", "kind": "audio"}
     with pytest.raises(ParamsError, match=r"custom\.source\.kind"):
         parse_params(raw)
+    raw["custom"]["source"] = {"path": "x.parquet"}   # absent: said to be required, as path is, not "got null"
+    assert _message(raw) == ("custom.source.kind: required ('discrete' for one column of symbols, 'continuous' "
+                             "for numeric feature columns)")
+    raw["custom"]["source"] = {"path": "x.parquet", "kind": None}   # written but empty: its value is named
+    assert _message(raw) == "custom.source.kind: expected a string, got null"
 
 
 def test_variant_names():
