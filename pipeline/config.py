@@ -348,12 +348,42 @@ def _mapping(value: Any, key: str, what: str = "a mapping") -> dict[Any, Any]:
     return value
 
 
+#: arguments of ``pipeline.api.fit_model`` that params.yaml spells or places otherwise: argument -> (the key of that
+#: name in a section that has it, or None; where params.yaml sets it). A user of the library writes them as keys.
+FIT_MODEL_NAMES: dict[str, tuple[str | None, str]] = {
+    "horizon": ("future_window", "two_stage.future_window (and kf.future_window)"),
+    "standardize": ("normalize", "a custom dataset's source.normalize (default true)"),
+    "bias_scale": (None, "model.psrnn_bias_scale and model.factorized_bias_scale"),
+    "n_layers": (None, "the variant's name, psrnn_<L>layer in variants, with two_stage.layers >= L"),
+    "rank": (None, "the variant's name, factorized_psrnn_r<rank> in variants"),
+    "init": (None, "the variant's name: psrnn_random (init 'random'); the others are initialised by 2SR"),
+    "delta": (None, "the variant's name, <variant>_delta in variants"),
+    "decoder_input": (None, "the variant's name, psrnn_<L>layer_skip in variants (decoder_input 'all')"),
+    "seed": (None, "the top-level seeds list (one run per seed)"),
+}
+
+
 def _unknown(key: str, k: Any, allowed: typing.Iterable[str]) -> ParamsError:
     if not isinstance(k, str):   # YAML reads `null:`, `1:` or `[a, b]:` as a key too; `ptb.train.None` misleads
         comma = (" (a decimal comma, as in {lr: 1,0}, splits a flow mapping's entry in two: write 1.0)"
                  if isinstance(k, int) and not isinstance(k, bool) else "")
         return ParamsError(f"{key}: the key {_describe(k)} is not a name{comma}; expected one of {sorted(allowed)}")
-    return ParamsError(f"{key}.{k}: unknown key{did_you_mean(k, allowed)} (expected one of {sorted(allowed)})")
+    allowed = list(allowed)
+    hint = fit_model_hint(k, allowed) or did_you_mean(k, allowed)
+    return ParamsError(f"{key}.{k}: unknown key{hint} (expected one of {sorted(allowed)})")
+
+
+def fit_model_hint(k: str, allowed: typing.Iterable[str]) -> str:
+    """", did you mean 'future_window'? (fit_model's horizon)" for a ``fit_model`` argument that params.yaml names
+    otherwise (:data:`FIT_MODEL_NAMES`): a user who knows the library writes ``horizon`` where the key is
+    ``future_window``, no typo away from it; "" for other keys. Where the section has no such key, it says where
+    params.yaml sets the argument instead."""
+    if k not in FIT_MODEL_NAMES:
+        return ""
+    here, where = FIT_MODEL_NAMES[k]
+    if here is not None and here in allowed:
+        return f", did you mean {here!r}? (fit_model's {k})"
+    return f"; fit_model's {k} is set by {where} in params.yaml"
 
 
 def did_you_mean(k: str, allowed: typing.Iterable[str]) -> str:

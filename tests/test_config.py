@@ -136,6 +136,38 @@ def test_a_misspelt_key_names_the_key_it_is_closest_to(defaults):
             parse_params(raw)
 
 
+@pytest.mark.parametrize("where, key, message", [
+    (("custom", "two_stage"), "horizon", "custom.two_stage.horizon: unknown key, did you mean 'future_window'? "
+                                         "(fit_model's horizon) (expected one of ["),
+    (("custom", "kf"), "horizon", "custom.kf.horizon: unknown key, did you mean 'future_window'? (fit_model's "
+                                  "horizon) (expected one of ['future_window', 'past_window', 'ridge', 'state_dim'])"),
+    (("custom", "train"), "horizon", "custom.train.horizon: unknown key; fit_model's horizon is set by "
+                                     "two_stage.future_window (and kf.future_window) in params.yaml (expected one "
+                                     "of ["),
+    (("custom", "source"), "standardize", "custom.source.standardize: unknown key, did you mean 'normalize'? "
+                                          "(fit_model's standardize) (expected one of ["),
+    (("hmm", "model"), "bias_scale", "hmm.model.bias_scale: unknown key; fit_model's bias_scale is set by "
+                                     "model.psrnn_bias_scale and model.factorized_bias_scale in params.yaml "
+                                     "(expected one of ['factorized_bias_scale', 'psrnn_bias_scale'])"),
+    (("ptb", "two_stage"), "n_layers", "ptb.two_stage.n_layers: unknown key; fit_model's n_layers is set by the "
+                                       "variant's name, psrnn_<L>layer in variants, with two_stage.layers >= L in "
+                                       "params.yaml (expected one of ["),
+    (("swimmer", "train"), "seed", "swimmer.train.seed: unknown key; fit_model's seed is set by the top-level "
+                                   "seeds list (one run per seed) in params.yaml (expected one of ["),
+    (("lgssm",), "rank", "lgssm.rank: unknown key; fit_model's rank is set by the variant's name, "
+                         "factorized_psrnn_r<rank> in variants in params.yaml (expected one of ["),
+])
+def test_fit_model_argument_names_point_to_their_params_key(defaults, where, key, message):
+    """A user of pipeline.api.fit_model writes its argument names; where params.yaml spells one otherwise (no typo
+    away: did-you-mean finds nothing), the error names the key, or where params.yaml sets it."""
+    raw = copy.deepcopy(defaults)
+    section = raw
+    for name in where:
+        section = section[name]
+    section[key] = 5
+    assert _message(raw).startswith(message)
+
+
 def test_custom_section_needs_path_and_kind(defaults):
     raw = copy.deepcopy(defaults)
     raw["custom"] = {"source": {"kind": "continuous"}, "variants": ["psrnn"]}
