@@ -523,7 +523,7 @@ _SOURCE_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "process_noise": (float, int), "obs_noise": (float, int), "seed": (int,), "n_valid": (int,)},
     "custom": {"path": (str,), "kind": (str,), "features": (list, type(None)), "symbol_column": (str,),
                "test_fraction": (float, int), "valid_fraction": (float, int), "seed": (int,), "normalize": (bool,),
-               "min_length": (int,)},
+               "min_length": (int,), "segment_length": (int, type(None))},
 }
 
 #: keys of ``swimmer.source`` that only one mode reads (the other would silently ignore them)
@@ -602,6 +602,12 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
             if not source["symbol_column"] or source["symbol_column"] in ("trajectory", "step", "split"):
                 raise ParamsError(f"{key}.symbol_column: expected the name of the symbol column, "
                                   f"got {source['symbol_column']!r}")
+        if source.get("segment_length") is not None:
+            low = max(2, source.get("min_length", 2))
+            if source["segment_length"] < low:
+                why = f"{key}.min_length = {low}" if low > 2 else "a segment needs a step to predict"
+                raise ParamsError(f"{key}.segment_length: expected an integer >= {low} ({why}), or null to keep "
+                                  f"trajectories whole, got {_describe(source['segment_length'])}")
     if name == "swimmer":
         mode = source.get("mode", "simulate")
         _check_choice(f"{key}.mode", mode, ("simulate", "authors"))
@@ -722,7 +728,13 @@ def _type_names(types: type | tuple[type, ...]) -> str:
 
 
 def _known_length(name: str, source: dict[str, Any]) -> tuple[int, str] | None:
-    """(length of every trajectory, the key it comes from) for the generated sources whose params fix it."""
+    """(length of every trajectory, the key it comes from) for the generated sources whose params fix it, and for
+    a custom file cut into segments: ``segment_length`` is the length of all but the longer last segments (and of
+    none shorter, unless a trajectory or split block of the file is: the data's own check names those)."""
+    if is_custom(name):
+        if source.get("segment_length") is None:
+            return None
+        return int(source["segment_length"]), f"{name}.source.segment_length"
     if name not in _KNOWN_LENGTH or (name == "swimmer" and source.get("mode", "simulate") != "simulate"):
         return None
     k, module, function = _KNOWN_LENGTH[name]

@@ -635,6 +635,38 @@ def test_pre_data_window_check_uses_the_known_length(defaults):
                                     "exceeds the trajectory length (mocap.source.track_length = 300)")
 
 
+@pytest.mark.parametrize("source, message", [
+    ({"segment_length": 1}, "custom.source.segment_length: expected an integer >= 2 (a segment needs a step to "
+                            "predict), or null to keep trajectories whole, got an integer 1"),
+    ({"segment_length": -5}, "custom.source.segment_length: expected an integer >= 2 (a segment needs a step to "
+                             "predict), or null to keep trajectories whole, got an integer -5"),
+    ({"segment_length": 30, "min_length": 40}, "custom.source.segment_length: expected an integer >= 40 "
+                                               "(custom.source.min_length = 40), or null to keep trajectories "
+                                               "whole, got an integer 30"),
+    ({"segment_length": 2.5}, "custom.source.segment_length: expected an integer or null, got a number 2.5"),
+    ({"segment_length": "20"}, "custom.source.segment_length: expected an integer or null, got a string '20'"),
+    ({"segment_length": True}, "custom.source.segment_length: expected an integer or null, got a boolean true"),
+    # the shipped windows are 10 + 10: a segment needs 21 steps for 2SR, 22 for the Kalman filter's two windows
+    ({"segment_length": 20}, "custom.two_stage.past_window + custom.two_stage.future_window + 1 = 10 + 10 + 1 = 21 "
+                             "exceeds the trajectory length (custom.source.segment_length = 20); expected "
+                             "past_window + future_window <= 19"),
+    ({"segment_length": 21}, "custom.kf.past_window + custom.kf.future_window + 2 = 22 exceeds the trajectory "
+                             "length (custom.source.segment_length = 21): the Kalman gain needs two consecutive "
+                             "windows of one trajectory; expected past_window + future_window <= 19"),
+])
+def test_custom_segment_length_is_checked_against_the_windows(defaults, source, message):
+    raw = copy.deepcopy(defaults)
+    raw["custom"]["source"].update(source)
+    assert _message(raw) == message
+
+
+def test_custom_segment_length_long_enough_passes(defaults):
+    raw = copy.deepcopy(defaults)
+    for value in (22, None):
+        raw["custom"]["source"]["segment_length"] = value
+        assert parse_params(raw).dataset("custom").source["segment_length"] == value
+
+
 def test_check_windows_uses_the_shortest_training_trajectory(defaults):
     dp = parse_params(copy.deepcopy(defaults)).dataset("swimmer")  # two_stage and kf: 10 + 10 + 1 = 21 steps
     check_windows("swimmer", dp, [21, 500, 300])

@@ -144,6 +144,63 @@ def test_split_column_with_valid(tmp_path: Path) -> None:
     assert ds.meta["trajectory_ids"] == {"train": [101], "valid": [102], "test": [100]}
 
 
+# ------------------------------------------------------------------------ one long recording: segments, blocks
+
+
+def _recording(length: int = 23) -> dict[str, Any]:
+    """One trajectory (id 7) of ``length`` steps 0, 10, 20, ...: x is the row number, y its negative."""
+    x = np.arange(length, dtype=np.float64)
+    return {"trajectory": np.full(length, 7), "step": 10 * np.arange(length), "x": x, "y": -x}
+
+
+def test_segment_length_cuts_one_recording_into_trajectories(tmp_path: Path) -> None:
+    path = _write(tmp_path, _recording(23))
+    ds = load_custom(path, kind="continuous", normalize=False, segment_length=5, test_fraction=0.25, seed=0)
+    # 23 steps: 5, 5, 5 and the remainder of 3 joined to the last segment (8 steps); none dropped
+    assert ds.meta["trajectory_ids"] == {"train": ["7/0", "7/1", "7/3"], "valid": [], "test": ["7/2"]}
+    assert ds.meta["trajectory_steps"] == {"train": [[0, 40], [50, 90], [150, 220]], "valid": [],
+                                           "test": [[100, 140]]}
+    assert ds.meta["segment_length"] == 5
+    assert [t[:, 0].tolist() for t in ds.train] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], list(range(15, 23))]
+    assert ds.train[2][:, 1].tolist() == [-v for v in range(15, 23)]
+    assert ds.test[0][:, 0].tolist() == [10, 11, 12, 13, 14]
+    assert ds.meta["split_source"] == "random (test_fraction=0.25, seed=0)"
+    # a segment of exactly the length left: 20 steps are 4 segments of 5
+    ds = load_custom(_write(tmp_path, _recording(20), "twenty.parquet"), kind="continuous", segment_length=5)
+    assert [len(t) for t in ds.train + ds.test] == [5, 5, 5, 5]
+
+
+def test_segment_length_keeps_every_trajectory_traceable(tmp_path: Path) -> None:
+    """Several trajectories, string ids, no step column: each is cut on its own, one shorter than segment_length
+    stays whole (as "<id>/0"), and the spans are row positions within the trajectory."""
+    path = _write(tmp_path, {"trajectory": ["b"] * 7 + ["a"] * 3, "x": np.arange(10, dtype=np.float64)})
+    ds = load_custom(path, kind="continuous", normalize=False, segment_length=3, test_fraction=0.3, seed=1)
+    ids, spans = ds.meta["trajectory_ids"], ds.meta["trajectory_steps"]
+    every = {i: (span, t[:, 0].tolist()) for s in ("train", "test")
+             for i, span, t in zip(ids[s], spans[s], ds.split(s))}
+    assert every == {"a/0": ([0, 2], [7, 8, 9]), "b/0": ([0, 2], [0, 1, 2]), "b/1": ([3, 6], [3, 4, 5, 6])}
+    assert len(ids["test"]) == 1 and ids["train"] == [i for i in ["a/0", "b/0", "b/1"] if i not in ids["test"]]
+
+
+def test_split_column_may_change_within_a_trajectory_in_contiguous_blocks(tmp_path: Path) -> None:
+    cols = _recording(25)
+    cols["split"] = ["train"] * 18 + ["valid"] * 3 + ["test"] * 4
+    cols = {k: np.concatenate([v, v if k != "trajectory" else np.full(25, 8)]) for k, v in cols.items()}
+    cols["split"][25:] = "train"          # trajectory 8: train throughout, kept whole under its own id
+    ds = load_custom(_write(tmp_path, cols), kind="continuous", normalize=False)
+    assert ds.meta["split_source"] == "column"
+    assert ds.meta["trajectory_ids"] == {"train": ["7/0", 8], "valid": ["7/1"], "test": ["7/2"]}
+    assert ds.meta["trajectory_steps"] == {"train": [[0, 170], [0, 240]], "valid": [[180, 200]], "test": [[210, 240]]}
+    assert ds.valid[0][:, 0].tolist() == [18, 19, 20] and ds.test[0][:, 0].tolist() == [21, 22, 23, 24]
+    assert ds.train[0][:, 0].tolist() == list(range(18)) and ds.train[1][:, 0].tolist() == list(range(25))
+    # with segment_length the blocks are cut too, numbered on through the trajectory; the 4 test steps stay whole
+    ds = load_custom(_write(tmp_path, cols, "cut.parquet"), kind="continuous", normalize=False, segment_length=8)
+    assert ds.meta["trajectory_ids"] == {"train": ["7/0", "7/1", "8/0", "8/1", "8/2"], "valid": ["7/2"],
+                                         "test": ["7/3"]}
+    assert ds.meta["trajectory_steps"]["train"] == [[0, 70], [80, 170], [0, 70], [80, 150], [160, 240]]
+    assert [len(t) for t in ds.train] == [8, 10, 8, 8, 9]
+
+
 # -------------------------------------------------------------------------------------------------------- errors
 
 
@@ -252,16 +309,31 @@ def test_empty_split(tmp_path: Path) -> None:
     msg = _error(_write(tmp_path, cols), kind="continuous")
     assert "split 'test' is empty" in msg
     one = _write(tmp_path, _continuous(n_traj=1), "one.parquet")
-    assert "at least 2" in _error(one, kind="continuous")
+    assert _error(one, kind="continuous").endswith(
+        "only 1 trajectory; at least 2 are needed to make non-empty train and test splits: cut it into segments with "
+        "segment_length, or give a 'split' column (e.g. train rows first, then test rows)")
+    assert _error(one, kind="continuous", segment_length=3).endswith(
+        "only 1 trajectory; at least 2 are needed to make non-empty train and test splits: segment_length=3 is not "
+        "shorter than the trajectory (5 steps): expected a smaller segment_length")
 
 
 def test_bad_split_values(tmp_path: Path) -> None:
     cols = _continuous(n_traj=2)
     cols["split"] = ["train"] * 5 + ["testing"] * 5
     assert "'testing'" in _error(_write(tmp_path, cols), kind="continuous")
-    cols["split"] = ["train"] * 6 + ["test"] * 4
+    cols["split"] = ["train"] * 5 + ["train", "train", "test", "test", "train"]   # trajectory 101: back to train
     msg = _error(_write(tmp_path, cols, "mixed.parquet"), kind="continuous")
-    assert "trajectory 101" in msg and "several splits" in msg
+    assert msg.endswith("column 'split': trajectory 101 returns to split 'train' at step 4 after 'test' (splits in "
+                        "step order: 'train', 'test', 'train'); expected each split's rows of a trajectory to be "
+                        "one contiguous block (e.g. train steps first, then test steps)"), msg
+    cols["split"] = ["train"] * 5 + ["train", "train", "train", "train", "test"]  # a test block of one step
+    msg = _error(_write(tmp_path, cols, "short.parquet"), kind="continuous")
+    assert msg.endswith("column 'split': trajectory 101 has a block of 1 row in split 'test' (from step 4), shorter "
+                        "than min_length=2; expected each split's block of a trajectory to be at least min_length "
+                        "rows"), msg
+    del cols["step"]   # without a step column the row of the file is named
+    msg = _error(_write(tmp_path, cols, "rows.parquet"), kind="continuous")
+    assert "has a block of 1 row in split 'test' (from row 9 of the file)" in msg, msg
 
 
 def test_single_symbol(tmp_path: Path) -> None:
@@ -430,6 +502,41 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     assert code == 1 and "custom.source.min_length=20" in err, err
 
 
+def test_check_reads_one_long_recording_cut_by_segment_length(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The pipeline's way to one recording: refused whole, with the key that cuts it named; cut, it is read as
+    segments, whose length the windows are checked against."""
+    from pipeline import cli
+    from pipeline.config import dump_yaml
+
+    os.environ.pop("PSRNN_DEBUG", None)
+    _write(tmp_path, _recording(100), name="recording.parquet")
+    section = {"source": {"path": "recording.parquet", "kind": "continuous", "test_fraction": 0.2, "seed": 0},
+               "two_stage": {"n_features": 32, "state_dim": 2, "obs_dim": 2, "past_dim": 2, "past_window": 3,
+                             "future_window": 3},
+               "kf": None, "variants": ["psrnn"]}
+
+    def check(**source: Any) -> tuple[int, str, str]:
+        custom = {**section, "source": {**section["source"], **source}}
+        (tmp_path / "params.yaml").write_text(dump_yaml({"seeds": [0], "custom": custom}))
+        code = cli.main(["--root", str(tmp_path), "check"])
+        out, err = capsys.readouterr()
+        return code, out, err.strip()
+
+    code, _, err = check()
+    assert code == 1 and err == (f"psrnn check: error: {tmp_path / 'recording.parquet'}: only 1 trajectory; at least "
+                                 "2 are needed to make non-empty train and test splits: cut it into segments with "
+                                 "custom.source.segment_length, or give a 'split' column (e.g. train rows first, "
+                                 "then test rows)"), err
+    code, out, err = check(segment_length=20)
+    assert code == 0 and err == "", err
+    assert "custom: recording.parquet: continuous, 2 features, 4 train / 1 test trajectories, training lengths 20 " \
+           "to 20 steps" in out, out
+    code, _, err = check(segment_length=6)
+    assert code == 1 and err == ("psrnn check: error: custom.two_stage.past_window + custom.two_stage.future_window "
+                                 "+ 1 = 3 + 3 + 1 = 7 exceeds the trajectory length (custom.source.segment_length = "
+                                 "6); expected past_window + future_window <= 5"), err
+
+
 # ------------------------------------------------------------------ duplicate columns, page checksums, arguments
 
 
@@ -509,6 +616,18 @@ def test_prepared_datasets_carry_page_checksums(tmp_path: Path) -> None:
     ({"seed": True}, "seed=True: expected an integer with 0 <= seed < 2**32"),
     ({"symbol_column": None}, "symbol_column=None: expected a column name (a string)"),
     ({"kind": ["continuous"]}, "kind=['continuous']: expected one of ('discrete', 'continuous')"),
+    ({"segment_length": 1}, "segment_length=1: expected an integer >= 2 (a segment needs a step to predict), or "
+                            "None to keep trajectories whole"),
+    ({"segment_length": 0}, "segment_length=0: expected an integer >= 2 (a segment needs a step to predict), or "
+                            "None to keep trajectories whole"),
+    ({"segment_length": 4.0}, "segment_length=4.0: expected an integer >= 2 (a segment needs a step to predict), "
+                              "or None to keep trajectories whole"),
+    ({"segment_length": "4"}, "segment_length='4': expected an integer >= 2 (a segment needs a step to predict), "
+                              "or None to keep trajectories whole"),
+    ({"segment_length": True}, "segment_length=True: expected an integer >= 2 (a segment needs a step to predict), "
+                               "or None to keep trajectories whole"),
+    ({"segment_length": 3, "min_length": 4}, "segment_length=3: expected an integer >= 4 (min_length=4), or None "
+                                             "to keep trajectories whole"),
 ])
 def test_bad_arguments_are_named(tmp_path: Path, kwargs: dict[str, Any], expected: str) -> None:
     path = _write(tmp_path, _continuous())

@@ -8,8 +8,11 @@ column             type                            meaning
 ``trajectory``     integer or string (required)    which sequence the row belongs to; any ids, need not be contiguous
 ``step``           integer (optional)              order of the rows within a trajectory (only the order matters, gaps
                                                    are allowed; duplicates are an error). Absent: file row order.
-``split``          string (optional)               ``train``, ``valid`` or ``test``; the same for every row of a
-                                                   trajectory. Absent: whole trajectories are drawn for test with
+``split``          string (optional)               ``train``, ``valid`` or ``test``; within a trajectory each
+                                                   split's rows are one contiguous block in step order (one long
+                                                   recording: train steps, then test steps), and each block is a
+                                                   trajectory of its own, ``"<id>/<k>"``, when there are several.
+                                                   Absent: whole trajectories are drawn for test with
                                                    ``test_fraction`` (deterministic given ``seed``; n x fraction
                                                    rounded half up, at least one trajectory on each side), then
                                                    for valid with ``valid_fraction`` (default 0: no valid split;
@@ -58,11 +61,18 @@ divided by its largest magnitude and scaled back; a standardised value that is s
 astronomically far from the train spread) is an error naming the column and split. Trajectories are stored in
 increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids.
 
+``segment_length`` (default None: trajectories whole) cuts every trajectory, each block of a split column that
+changes within one, into consecutive segments of that many steps before the split is drawn; a remainder shorter
+than ``segment_length`` joins the last segment (no step is dropped). Cut trajectories become ``"<id>/<k>"`` (k in
+step order; with ``segment_length`` every trajectory is), stored in the order of their ids, then k, and meta
+``trajectory_steps`` gives each one's first and last step in the file (row positions without a step column).
+
 Arguments are checked before the file is read, each a one-line :class:`ValueError` naming the argument: ``path`` a
 str or ``os.PathLike``; ``kind`` one of ``KINDS``; ``features`` None or a list (or tuple) of column-name strings (a
 plain string such as ``"xy"`` is refused, not split into letters); ``symbol_column`` a string; ``test_fraction`` a
 number in (0, 1); ``valid_fraction`` a number in [0, 1) with ``test_fraction + valid_fraction < 1``; ``seed`` an
-integer in [0, 2**32); ``normalize`` a bool; ``min_length`` a positive integer.
+integer in [0, 2**32); ``normalize`` a bool; ``min_length`` a positive integer; ``segment_length`` None or an
+integer >= 2 and >= ``min_length``.
 """
 
 from __future__ import annotations
@@ -210,6 +220,78 @@ def _check_options(test_fraction: Any, valid_fraction: Any, seed: Any, normalize
         raise ValueError(f"seed={brief(seed)}: expected an integer with 0 <= seed < 2**32")
     if not isinstance(normalize, (bool, np.bool_)):
         raise ValueError(f"normalize={brief(normalize)}: expected a bool (True or False)")
+
+
+def _check_segment_length(segment_length: Any, min_length: Any) -> None:
+    """None (trajectories kept whole) or an integer of at least 2 steps (a segment must hold a step to predict)
+    and at least ``min_length`` (a segment is a trajectory of the dataset, held to the same rule)."""
+    if segment_length is None:
+        return
+    low = max(2, min_length) if _is_real(min_length) else 2
+    if isinstance(segment_length, (bool, np.bool_)) or not isinstance(segment_length, (int, np.integer)) \
+            or segment_length < low:
+        why = f"min_length={min_length}" if low > 2 else "a segment needs a step to predict"
+        raise ValueError(f"segment_length={brief(segment_length)}: expected an integer >= {low} ({why}), or None to "
+                         "keep trajectories whole")
+
+
+def _pieces(rows: "Rows", segment_length: int | None, min_length: int
+            ) -> tuple[list[Any], list[np.ndarray], list[list[int]] | None]:
+    """The trajectories of the dataset: those of the file, cut where the ``split`` column changes within one and,
+    with ``segment_length``, into consecutive segments; (ids, row indices of each in step order, spans).
+
+    One long recording is the common case: its split column may give a block of train steps, then valid or test
+    ones (each split's rows contiguous within the trajectory, so no split sees another's steps in between), and
+    ``segment_length`` cuts it (each block, when there are several) into pieces that are drawn for the splits
+    and batched like trajectories. A remainder shorter than ``segment_length`` joins the segment before it, so
+    no step is dropped and every segment has ``segment_length`` to ``2 * segment_length - 1`` steps (a block or
+    trajectory shorter than that stays whole): the windows of 2SR fit every segment whenever they fit
+    ``segment_length``. A cut trajectory's pieces are ``"<id>/<k>"``, k = 0, 1, ... in step order; with
+    ``segment_length`` every trajectory is, so ids are all of one kind. ``spans`` (None when nothing is cut):
+    each piece's first and last step in the file (its ``step`` values, or row positions 0, 1, ... within the
+    trajectory without a step column), so a piece can be found in the file."""
+    path, split, steps = rows.path, rows.split, rows.steps
+    ids: list[Any] = []
+    groups: list[np.ndarray] = []
+    spans: list[list[int]] = []
+    cut = segment_length is not None
+    for k, g in enumerate(rows.groups):
+        traj = _py(rows.ids[k])
+        blocks = [g]
+        if split is not None:
+            s = split[g]
+            changes = np.flatnonzero(s[1:] != s[:-1]) + 1
+            if changes.size:
+                blocks = np.split(g, changes)
+                names = [str(split[b[0]]) for b in blocks]
+                if any(names.count(n) > 1 for n in names):
+                    again = next(j for j in range(len(names)) if names[j] in names[:j])
+                    where = (f"step {int(steps[blocks[again][0]])}" if steps is not None else
+                             f"row {int(blocks[again][0])} of the file")
+                    raise ValueError(f"{path}: column 'split': trajectory {traj!r} returns to split "
+                                     f"{names[again]!r} at {where} after {names[again - 1]!r} (splits in step order: "
+                                     f"{brief_list(names)}); expected each split's rows of a trajectory to be one "
+                                     "contiguous block (e.g. train steps first, then test steps)")
+                short = next((b for b in blocks if len(b) < min_length), None)
+                if short is not None:
+                    where = (f"step {int(steps[short[0]])}" if steps is not None else
+                             f"row {int(short[0])} of the file")
+                    raise ValueError(f"{path}: column 'split': trajectory {traj!r} has a block of {_rows_of(len(short))}"
+                                     f" in split {str(split[short[0]])!r} (from {where}), shorter than min_length="
+                                     f"{min_length}; expected each split's block of a trajectory to be at least "
+                                     f"min_length rows")
+                cut = True
+        if segment_length is not None:
+            blocks = [seg for b in blocks
+                      for seg in np.split(b, np.arange(segment_length, len(b) // segment_length * segment_length,
+                                                       segment_length))]
+        start = 0   # the blocks are consecutive slices of g
+        for j, b in enumerate(blocks):
+            ids.append(f"{traj}/{j}" if segment_length is not None or len(blocks) > 1 else traj)
+            groups.append(b)
+            spans.append([int(steps[b[0]]), int(steps[b[-1]])] if steps is not None else [start, start + len(b) - 1])
+            start += len(b)
+    return ids, groups, spans if cut else None
 
 
 def _py(value: Any) -> Any:
@@ -498,23 +580,26 @@ def load_custom(
     seed: int = 0,
     normalize: bool = True,
     min_length: int = 2,
+    segment_length: int | None = None,
     symbol_column_is: str = "set symbol_column to its name",
     min_length_is: str = "min_length",
+    segment_length_is: str = "segment_length",
 ) -> SequenceDataset:
     """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring).
     ``symbol_column_is``: how the caller names the symbol column, for the error when the file lacks it;
-    ``min_length_is``: how it names ``min_length``, for the error on a valid/test split of single steps."""
+    ``min_length_is``, ``segment_length_is``: how it names ``min_length`` and ``segment_length``, for the errors
+    on a valid/test split of single steps and on a file of a single trajectory."""
     _check_path(path)
     _check_options(test_fraction, valid_fraction, seed, normalize)
+    _check_segment_length(segment_length, min_length)
     rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
                      with_split=True, symbol_column_is=symbol_column_is)
-    path, uniq, groups, values, value_columns = rows.path, rows.ids, rows.groups, rows.values, rows.columns
+    path, values, value_columns = rows.path, rows.values, rows.columns
     has_split, split_values = rows.split is not None, rows.split
 
     def fail(what: str) -> ValueError:
         return ValueError(f"{path}: {what}")
 
-    n_traj = len(uniq)
     if has_split and valid_fraction:
         raise fail(f"has a 'split' column, which decides the splits; valid_fraction={brief(valid_fraction)} is not "
                    "used with it: remove valid_fraction, or mark validation trajectories with split 'valid'")
@@ -522,18 +607,19 @@ def load_custom(
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
         if unknown:
             raise fail(f"column 'split' has values {brief_list(unknown)}; expected only {list(SPLITS)}")
-        assignment = []
-        for k, g in enumerate(groups):
-            vals = np.unique(split_values[g])
-            if len(vals) > 1:
-                raise fail(f"column 'split': trajectory {_py(uniq[k])!r} has rows in several splits "
-                           f"{vals.tolist()}; expected one split per trajectory")
-            assignment.append(str(vals[0]))
-        split_of = np.array(assignment)
+    uniq, groups, spans = _pieces(rows, segment_length, min_length)
+    n_traj = len(uniq)
+    if has_split:   # one split per piece: _pieces cut each trajectory where its split changes
+        split_of = np.array([str(split_values[g[0]]) for g in groups])
         split_source = "column"
     else:
         if n_traj < 2:
-            raise fail(f"only {n_traj} trajectory; at least 2 are needed to make non-empty train and test splits")
+            how = (f"{segment_length_is}={segment_length} is not shorter than the trajectory ({len(groups[0])} "
+                   f"steps): expected a smaller {segment_length_is}" if segment_length is not None else
+                   f"cut it into segments with {segment_length_is}, or give a 'split' column (e.g. train rows "
+                   "first, then test rows)")
+            raise fail(f"only {n_traj} trajectory; at least 2 are needed to make non-empty train and test splits: "
+                       + how)
         n_test = min(max(_share(test_fraction, n_traj), 1), n_traj - 1)
         # the test draw does not depend on valid_fraction: adding a valid split moves train trajectories only
         n_valid = max(_share(valid_fraction, n_traj), 1) if valid_fraction else 0
@@ -562,8 +648,12 @@ def load_custom(
         "source": f"custom:{path.name}",
         "file_sha256": _sha256(path),
         "split_source": split_source,
-        "trajectory_ids": {s: [_py(uniq[k]) for k in members[s]] for s in SPLITS},
+        "trajectory_ids": {s: [uniq[k] for k in members[s]] for s in SPLITS},
     }
+    if spans is not None:   # trajectories were cut: where each piece lies in its trajectory of the file
+        meta["trajectory_steps"] = {s: [spans[k] for k in members[s]] for s in SPLITS}
+    if segment_length is not None:
+        meta["segment_length"] = int(segment_length)
 
     if kind == "discrete":
         train_rows = np.concatenate([groups[k] for k in members["train"]])
@@ -665,3 +755,7 @@ def _sha256(path: Path) -> str:
 
 def _rows(n: int) -> str:
     return "1 row has" if n == 1 else f"{n} rows have"
+
+
+def _rows_of(n: int) -> str:
+    return "1 row" if n == 1 else f"{n} rows"
