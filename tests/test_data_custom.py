@@ -158,8 +158,9 @@ def test_segment_length_cuts_one_recording_into_trajectories(tmp_path: Path) -> 
     ds = load_custom(path, kind="continuous", normalize=False, segment_length=5, test_fraction=0.25, seed=0)
     # 23 steps: 5, 5, 5 and the remainder of 3 joined to the last segment (8 steps); none dropped
     assert ds.meta["trajectory_ids"] == {"train": ["7/0", "7/1", "7/3"], "valid": [], "test": ["7/2"]}
-    assert ds.meta["trajectory_steps"] == {"train": [[0, 40], [50, 90], [150, 220]], "valid": [],
-                                           "test": [[100, 140]]}
+    assert ds.meta["trajectory_steps"] == {"train": [{"first": 0, "every": 10}, {"first": 50, "every": 10},
+                                                     {"first": 150, "every": 10}], "valid": [],
+                                           "test": [{"first": 100, "every": 10}]}
     assert ds.meta["segment_length"] == 5
     assert [t[:, 0].tolist() for t in ds.train] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], list(range(15, 23))]
     assert ds.train[2][:, 1].tolist() == [-v for v in range(15, 23)]
@@ -172,13 +173,15 @@ def test_segment_length_cuts_one_recording_into_trajectories(tmp_path: Path) -> 
 
 def test_segment_length_keeps_every_trajectory_traceable(tmp_path: Path) -> None:
     """Several trajectories, string ids, no step column: each is cut on its own, one shorter than segment_length
-    stays whole (as "<id>/0"), and the spans are row positions within the trajectory."""
+    stays whole (as "<id>/0"), and the steps recorded are row positions within the trajectory."""
     path = _write(tmp_path, {"trajectory": ["b"] * 7 + ["a"] * 3, "x": np.arange(10, dtype=np.float64)})
     ds = load_custom(path, kind="continuous", normalize=False, segment_length=3, test_fraction=0.3, seed=1)
     ids, spans = ds.meta["trajectory_ids"], ds.meta["trajectory_steps"]
     every = {i: (span, t[:, 0].tolist()) for s in ("train", "test")
              for i, span, t in zip(ids[s], spans[s], ds.split(s))}
-    assert every == {"a/0": ([0, 2], [7, 8, 9]), "b/0": ([0, 2], [0, 1, 2]), "b/1": ([3, 6], [3, 4, 5, 6])}
+    first = {"first": 0, "every": 1}
+    assert every == {"a/0": (first, [7, 8, 9]), "b/0": (first, [0, 1, 2]), "b/1": ({"first": 3, "every": 1},
+                                                                                   [3, 4, 5, 6])}
     assert len(ids["test"]) == 1 and ids["train"] == [i for i in ["a/0", "b/0", "b/1"] if i not in ids["test"]]
 
 
@@ -190,14 +193,16 @@ def test_split_column_may_change_within_a_trajectory_in_contiguous_blocks(tmp_pa
     ds = load_custom(_write(tmp_path, cols), kind="continuous", normalize=False)
     assert ds.meta["split_source"] == "column"
     assert ds.meta["trajectory_ids"] == {"train": ["7/0", 8], "valid": ["7/1"], "test": ["7/2"]}
-    assert ds.meta["trajectory_steps"] == {"train": [[0, 170], [0, 240]], "valid": [[180, 200]], "test": [[210, 240]]}
+    assert ds.meta["trajectory_steps"] == {"train": [{"first": 0, "every": 10}] * 2,
+                                           "valid": [{"first": 180, "every": 10}],
+                                           "test": [{"first": 210, "every": 10}]}
     assert ds.valid[0][:, 0].tolist() == [18, 19, 20] and ds.test[0][:, 0].tolist() == [21, 22, 23, 24]
     assert ds.train[0][:, 0].tolist() == list(range(18)) and ds.train[1][:, 0].tolist() == list(range(25))
     # with segment_length the blocks are cut too, numbered on through the trajectory; the 4 test steps stay whole
     ds = load_custom(_write(tmp_path, cols, "cut.parquet"), kind="continuous", normalize=False, segment_length=8)
     assert ds.meta["trajectory_ids"] == {"train": ["7/0", "7/1", "8/0", "8/1", "8/2"], "valid": ["7/2"],
                                          "test": ["7/3"]}
-    assert ds.meta["trajectory_steps"]["train"] == [[0, 70], [80, 170], [0, 70], [80, 150], [160, 240]]
+    assert [e["first"] for e in ds.meta["trajectory_steps"]["train"]] == [0, 80, 0, 80, 160]
     assert [len(t) for t in ds.train] == [8, 10, 8, 8, 9]
 
 
@@ -776,3 +781,26 @@ def test_check_notes_a_custom_file_that_git_does_not_track(tmp_path: Path, capsy
     subprocess.run([*git, "add", "series.parquet"], cwd=tmp_path, check=True)
     assert cli.main(["--root", str(tmp_path), "check"]) == 0
     assert note not in capsys.readouterr().out
+
+
+def test_the_files_own_steps_are_recorded_for_the_outputs(tmp_path, caplog):
+    """The prepared file numbers steps 0, 1, ...; meta trajectory_steps keeps the file's (evenly spaced ones as first
+    and spacing, others in full), read back per trajectory by source_steps after a write and read, in the order of
+    trajectory_ids: the predictions and figure 4b name the user's steps."""
+    path = _write(tmp_path, {"trajectory": ["b"] * 3 + ["a"] * 3 + ["c"] * 2,
+                             "step": [20, 0, 10, 5, 1, 2, 7, 9], "split": ["train"] * 3 + ["test"] * 5,
+                             "x": np.arange(8.0)})
+    from pipeline.workflow.evaluate import source_ids, source_steps
+
+    ds = load_custom(path, kind="continuous")
+    assert ds.meta["trajectory_ids"]["test"] == ["a", "c"]
+    assert ds.meta["trajectory_steps"] == {"train": [{"first": 0, "every": 10}], "valid": [],
+                                           "test": [[1, 2, 5], {"first": 7, "every": 2}]}
+    write_dataset(tmp_path / "prepared.parquet", ds)
+    again = read_dataset(tmp_path / "prepared.parquet")
+    assert [source_steps(again, "test", i).tolist() for i in range(2)] == [[1, 2, 5], [7, 9]]
+    assert source_steps(again, "train", 0).tolist() == [0, 10, 20] and source_ids(again, "test") == ["a", "c"]
+    # without a step column the row order is the step, as in the prepared file: nothing to record
+    plain = load_custom(_write(tmp_path, {"trajectory": [1, 1, 2, 2], "x": np.arange(4.0)}, "plain.parquet"),
+                        kind="continuous", test_fraction=0.5)
+    assert "trajectory_steps" not in plain.meta and source_steps(plain, "test", 0).tolist() == [0, 1]

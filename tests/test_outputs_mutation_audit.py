@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 import zipfile
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -23,6 +22,7 @@ import pytest
 
 import pipeline.report as report
 from pipeline import io
+from pipeline.data.schema import SequenceDataset
 from pipeline.report import collect_runs, write_report
 from pipeline.tracking import RunTracker, TrackingError, check_tracking_uri
 from pipeline.workflow.evaluate import write_predictions
@@ -190,7 +190,7 @@ def test_continuous_predictions_pair_step_t_with_target_o_t_and_the_prediction_m
     traj = np.array([[0.0, 10.0], [1.0, 11.0], [2.0, 12.0]])          # T = 3, features a, b
     p0 = np.array([[100.0, 200.0], [101.0, 201.0], [102.0, 202.0]])    # initial model: row t predicts o_{t+1}
     p1 = -p0                                                            # final model
-    ds = SimpleNamespace(discrete=False, test=[traj], features=["a", "b"])
+    ds = SequenceDataset(kind="continuous", train=[traj], test=[traj], features=["a", "b"])
     write_predictions(tmp_path / "p.parquet", ds, [p0], [p1])
     got = pq.read_table(tmp_path / "p.parquet").to_pylist()
     assert got == [
@@ -200,12 +200,83 @@ def test_continuous_predictions_pair_step_t_with_target_o_t_and_the_prediction_m
         {"trajectory": 0, "step": 2, "feature": "b", "target": 12.0, "initial": 201.0, "final": -201.0}]
 
 
+def _custom_ds(**meta):
+    """A standardised custom dataset of two test trajectories, as pipeline.data.custom records it: ids 'run-b' and
+    'run-a', steps every 10 from 100 and uneven (0, 5, 7), mean (10, -1) and std (2, 4)."""
+    a = np.array([[0.0, 1.0], [1.0, 0.5], [2.0, 0.0]])
+    b = np.array([[-1.0, 2.0], [0.0, 1.0], [1.0, -1.0]])
+    norm = {"mean": [10.0, -1.0], "std": [2.0, 4.0], "columns": ["a", "b"]}
+    return SequenceDataset(kind="continuous", train=[a], test=[a, b], features=["a", "b"], meta={
+        "normalization": norm, "trajectory_ids": {"train": ["run-c"], "valid": [], "test": ["run-b", "run-a"]},
+        "trajectory_steps": {"train": [[0, 1, 2]], "valid": [], "test": [{"first": 100, "every": 10}, [0, 5, 7]]},
+        **meta})
+
+
+def test_continuous_predictions_of_standardised_custom_data_carry_the_users_ids_steps_and_units(tmp_path):
+    """Standardised custom data: besides the renumbered trajectory and step and the standardised values, each row
+    names the user's trajectory id and step and gives target and predictions in the data's units (x * std + mean),
+    so a prediction can be found in, and compared with, the user's file."""
+    import torch
+
+    from pipeline.workflow.evaluate import _in_data_units
+
+    ds = _custom_ds()
+    p0 = [np.zeros((3, 2)), np.ones((3, 2))]
+    p1 = [t.copy() for t in ds.test]   # the final model predicts o_t at row t: its row t-1 is off by one step
+    run = _in_data_units(ds, torch.nn.Identity(), "custom", "psrnn", 0)
+    write_predictions(tmp_path / "p.parquet", ds, p0, p1, run)
+    t = pq.read_table(tmp_path / "p.parquet")
+    assert t.column_names == ["trajectory", "step", "feature", "target", "initial", "final", "target_data_units",
+                              "initial_data_units", "final_data_units", "trajectory_id", "source_step"]
+    got = t.to_pydict()
+    assert got["trajectory_id"] == ["run-b"] * 4 + ["run-a"] * 4
+    assert got["source_step"] == [110, 120, 110, 120, 5, 7, 5, 7]   # per feature: a, then b
+    assert got["step"] == [1, 2] * 4 and got["feature"] == ["a", "a", "b", "b"] * 2
+    assert got["target"] == [1.0, 2.0, 0.5, 0.0, 0.0, 1.0, 1.0, -1.0]
+    assert got["target_data_units"] == [12.0, 14.0, 1.0, -1.0, 10.0, 12.0, 3.0, -5.0]
+    assert got["initial_data_units"] == [10.0, 10.0, -1.0, -1.0, 12.0, 12.0, 3.0, 3.0]
+    assert got["final_data_units"] == [10.0, 12.0, 3.0, 1.0, 8.0, 10.0, 7.0, 3.0]
+
+
+def test_predictions_without_ids_or_standardisation_keep_their_columns(tmp_path):
+    """Data without ids of their own (the paper's sets) get no id or step columns, and unstandardised data (lgssm,
+    or a custom file with normalize: false) no data-unit columns, which would only repeat the others."""
+    import torch
+
+    from pipeline.workflow.evaluate import _in_data_units
+
+    ds = _custom_ds(normalization=None)
+    assert _in_data_units(ds, torch.nn.Identity(), "custom", "psrnn", 0) is None
+    assert _in_data_units(SequenceDataset(kind="discrete", train=[np.array([0, 1])], test=[np.array([1, 0])],
+                                          vocab=["x", "y"]), torch.nn.Identity(), "custom", "psrnn", 0) is None
+    write_predictions(tmp_path / "p.parquet", ds, ds.test, ds.test)
+    assert pq.read_table(tmp_path / "p.parquet").column_names == [
+        "trajectory", "step", "feature", "target", "initial", "final", "trajectory_id", "source_step"]
+    bare = SequenceDataset(kind="continuous", train=ds.train, test=ds.test, features=["a", "b"],
+                           meta={"normalization": ds.meta["normalization"] or {"mean": [1, 1], "std": [1, 1]}})
+    write_predictions(tmp_path / "q.parquet", bare, bare.test, bare.test)
+    assert "trajectory_id" not in pq.read_table(tmp_path / "q.parquet").column_names
+
+
+def test_discrete_predictions_of_custom_data_carry_the_users_ids_and_steps(tmp_path):
+    ds = SequenceDataset(kind="discrete", train=[np.array([0, 1])], test=[np.array([1, 0, 1]), np.array([0, 1])],
+                         vocab=["buy", "view"], meta={"trajectory_ids": {"train": [3], "valid": [], "test": [7, 2]},
+                                                     "trajectory_steps": {"train": [[0, 1]], "valid": [],
+                                                                          "test": [[4, 5, 9], {"first": 0,
+                                                                                               "every": 2}]}})
+    kept = [np.zeros((3, 2)), np.zeros((2, 2))]
+    write_predictions(tmp_path / "p.parquet", ds, kept, kept)
+    got = pq.read_table(tmp_path / "p.parquet").to_pydict()
+    assert (got["trajectory"], got["step"]) == ([0, 0, 1], [1, 2, 1])
+    assert (got["trajectory_id"], got["source_step"]) == ([7, 7, 2], [5, 9, 2])
+
+
 def test_discrete_predictions_rows_are_steps_1_to_T_minus_1(tmp_path):
     traj = np.array([2, 0, 1])
     # per step: (most likely symbol, natural log-probability of the next observation)
     p0 = np.array([[1.0, np.log(0.5)], [2.0, np.log(0.25)], [0.0, 0.0]])
     p1 = np.array([[0.0, np.log(0.125)], [1.0, 0.0], [0.0, 0.0]])
-    ds = SimpleNamespace(discrete=True, test=[traj], features=None)
+    ds = SequenceDataset(kind="discrete", train=[traj], test=[traj], vocab=["x", "y", "z"])
     write_predictions(tmp_path / "p.parquet", ds, [p0], [p1])
     got = pq.read_table(tmp_path / "p.parquet").to_pydict()
     assert got["step"] == [1, 2] and got["target"] == [0, 1] and got["trajectory"] == [0, 0]
@@ -264,6 +335,53 @@ def test_the_kf_parameter_count_is_the_trained_numbers_as_refine_logs_them(tmp_p
     m = json.loads((tmp_path / "metrics" / "lgssm" / "kf_s0.json").read_text())
     # n = 2 states, m = 2 observations: A 4, C 4, mean 2, x0 2, lower triangles of noise_chol (4 x 4) 10, P0_chol 3
     assert m["n_params"] == history["n_params"] == 25
+    # lgssm is not standardised: its MSE is in the data's units already, and no second key repeats it
+    assert set(m["test"]) == set(m["initial_test"]) == {"mse"}
+
+
+def test_evaluate_scores_standardised_custom_data_in_its_units_and_names_the_users_rows(tmp_path, monkeypatch):
+    """A custom file with string ids and steps every 10, standardised in preprocess: the metrics JSON gives the test
+    MSE in the file's units beside the standardised one (the MSE of the predictions file's data-unit columns), and
+    each prediction row names the file's own trajectory and step, whose value is the row's target in data units."""
+    import json
+
+    import pandas as pd
+    import pyarrow as pa
+
+    from test_refine_seeds import _lgssm_kf_raw, _write_params
+    from pipeline.workflow import data, evaluate, initialise, refine, spectral
+
+    for k in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME", "DVC_STAGE", "PSRNN_RETRAIN"):
+        monkeypatch.delenv(k, raising=False)
+    rng = np.random.default_rng(0)
+    n, T = 8, 30
+    pq.write_table(pa.table({"trajectory": np.repeat([f"run-{k:02d}" for k in range(n)], T),
+                             "step": np.tile(np.arange(0, 10 * T, 10), n),
+                             "pressure": 1013 + 5 * np.cumsum(rng.normal(size=n * T)),
+                             "temp": 20 + 0.1 * rng.normal(size=n * T)}), tmp_path / "mine.parquet")
+    raw = _lgssm_kf_raw()
+    raw["custom"] = {**raw.pop("lgssm"),
+                     "source": {"path": "mine.parquet", "kind": "continuous", "test_fraction": 0.25, "seed": 0}}
+    raw["datasets"] = ["custom"]
+    params = _write_params(tmp_path, raw)
+    data.prepare(params, tmp_path, "custom")
+    for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
+        stage(params, tmp_path, "custom", 0)
+    refine.refine(params, tmp_path, "custom")
+    evaluate.evaluate_dataset(params, tmp_path, "custom")
+    m = json.loads((tmp_path / "metrics" / "custom" / "kf_s0.json").read_text())
+    pred = pq.read_table(tmp_path / "predictions" / "custom" / "kf_s0.parquet").to_pandas()
+    for key, column in (("test", "final"), ("initial_test", "initial")):
+        in_units = float(((pred[f"{column}_data_units"] - pred["target_data_units"]) ** 2).mean())
+        assert m[key]["mse_data_units"] == pytest.approx(in_units, rel=1e-9)
+        assert m[key]["mse"] == pytest.approx(float(((pred[column] - pred["target"]) ** 2).mean()), rel=1e-6)
+    assert m["test"]["mse_data_units"] > 2 * m["test"]["mse"]   # pressure's std is far above 1: not the same number
+    mine = pd.read_parquet(tmp_path / "mine.parquet").melt(["trajectory", "step"], var_name="feature")
+    joined = pred.merge(mine, left_on=["trajectory_id", "source_step", "feature"],
+                        right_on=["trajectory", "step", "feature"], suffixes=("", "_file"), validate="one_to_one")
+    assert len(joined) == len(pred) == 2 * 2 * (T - 1)
+    assert joined["target_data_units"].to_numpy() == pytest.approx(joined["value"].to_numpy(), rel=1e-12)
+    assert sorted(set(pred["source_step"])) == list(range(10, 10 * T, 10))
 
 
 # ------------------------------------------------------------------------------------------------------------ io

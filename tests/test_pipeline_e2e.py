@@ -295,6 +295,9 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
         sq.append((guess[:-1] - truth[1:]) ** 2)
     in_units = float(np.mean(np.concatenate(sq)))
     assert float(re.search(r"mse_data_units ([^\s,]+)", out).group(1)) == pytest.approx(in_units, rel=1e-3), out
+    # evaluate's own test MSE in the data's units is the one predict gives on the same trajectories
+    evaluated = json.loads((root / "metrics" / "custom" / "psrnn_s0.json").read_text())["test"]["mse_data_units"]
+    assert evaluated == pytest.approx(in_units, rel=1e-3)
     assert re.search(r"last_value_mse [0-9.e-]+ over \d+ steps", out), out
 
     ptb = read_dataset(root / "data" / "prepared" / "ptb.parquet")

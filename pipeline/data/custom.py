@@ -59,13 +59,16 @@ constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std
 (up to ±1.8e308) do not overflow: where the plain statistics are not finite they are computed on each column
 divided by its largest magnitude and scaled back; a standardised value that is still not finite (a valid/test value
 astronomically far from the train spread) is an error naming the column and split. Trajectories are stored in
-increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids.
+increasing id order within each split; meta ``trajectory_ids`` maps each split to the original ids, and with a
+``step`` column meta ``trajectory_steps`` to their step values (the prepared file numbers them 0, 1, ...; see
+:func:`pipeline.workflow.evaluate.source_steps`).
 
 ``segment_length`` (default None: trajectories whole) cuts every trajectory, each block of a split column that
 changes within one, into consecutive segments of that many steps before the split is drawn; a remainder shorter
 than ``segment_length`` joins the last segment (no step is dropped). Cut trajectories become ``"<id>/<k>"`` (k in
 step order; with ``segment_length`` every trajectory is), stored in the order of their ids, then k, and meta
-``trajectory_steps`` gives each one's first and last step in the file (row positions without a step column).
+``trajectory_steps`` gives each one's steps in the file (row positions within its trajectory without a step
+column).
 
 Arguments are checked before the file is read, each a one-line :class:`ValueError` naming the argument: ``path`` a
 str or ``os.PathLike``; ``kind`` one of ``KINDS``; ``features`` None or a list (or tuple) of column-name strings (a
@@ -650,8 +653,11 @@ def load_custom(
         "split_source": split_source,
         "trajectory_ids": {s: [uniq[k] for k in members[s]] for s in SPLITS},
     }
-    if spans is not None:   # trajectories were cut: where each piece lies in its trajectory of the file
-        meta["trajectory_steps"] = {s: [spans[k] for k in members[s]] for s in SPLITS}
+    if rows.steps is not None or spans is not None:
+        # the prepared file numbers every trajectory's steps 0, 1, ...: the file's own step values (a piece of a
+        # trajectory without a step column: its row positions within that trajectory), for the outputs
+        meta["trajectory_steps"] = {s: [_recorded_steps(rows.steps[groups[k]]) if rows.steps is not None else
+                                        {"first": spans[k][0], "every": 1} for k in members[s]] for s in SPLITS}
     if segment_length is not None:
         meta["segment_length"] = int(segment_length)
 
@@ -691,6 +697,16 @@ def load_custom(
     if normalize:
         trajs, meta["normalization"] = _standardise(trajs, value_columns, path)
     return SequenceDataset(kind="continuous", features=list(value_columns), meta=meta, **trajs)
+
+
+def _recorded_steps(steps: np.ndarray) -> dict[str, int] | list[int]:
+    """A trajectory's step values (in step order) for meta ``trajectory_steps``: ``{"first": a, "every": d}`` when
+    evenly spaced (the usual case, a few bytes however long the trajectory), else the list of every value.
+    :func:`pipeline.workflow.evaluate.source_steps` reads either back."""
+    d = np.diff(steps)
+    if len(steps) >= 2 and (d == d[0]).all():
+        return {"first": int(steps[0]), "every": int(d[0])}
+    return [int(x) for x in steps]
 
 
 def _share(fraction: float, n: int) -> int:

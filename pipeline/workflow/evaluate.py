@@ -98,6 +98,10 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     reduce = _top_and_log_prob if ds.discrete else None
     initial_test, initial_pred = evaluate_and_predict(initial, ds.test, reduce=reduce)
     final_test, final_pred = evaluate_and_predict(final, ds.test, reduce=reduce)
+    run = _in_data_units(ds, final, dataset, variant_name, seed)
+    if run is not None:   # standardised data: the same one-step errors in the data's units, as psrnn predict's
+        final_test["mse_data_units"] = run._mse_data_units(final_pred, ds.test)
+        initial_test["mse_data_units"] = run._mse_data_units(initial_pred, ds.test)
     result = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
               "kind": ds.kind, "n_params": final.n_parameters(), "epochs": ck["epoch"],
               "best_epoch": ck["best_epoch"], "stopped_early": ck.get("stopped_early"),
@@ -109,9 +113,21 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
               "naive": naive_metrics(ds.train, ds.test, discrete=ds.discrete,
                                      vocab_size=ds.obs_dim if ds.discrete else None)}
     name = run_name(variant_name, seed)
-    write_predictions(predictions_dir(root, dataset) / f"{name}.parquet", ds, initial_pred, final_pred)
+    write_predictions(predictions_dir(root, dataset) / f"{name}.parquet", ds, initial_pred, final_pred, run)
     write_json(metrics_dir(root, dataset) / f"{name}.json", result)
     return result
+
+
+def _in_data_units(ds: SequenceDataset, model: Any, dataset: str, variant_name: str, seed: int):
+    """The :class:`pipeline.inference.TrainedRun` that turns ``model``'s standardised outputs back into the data's
+    units (its ``decode`` and ``_mse_data_units``, the ones ``psrnn predict`` and ``FittedModel`` use), for a
+    continuous dataset that was standardised (meta ``normalization``); None otherwise, where the data's units are
+    the model's and a second column or metric would only repeat the first."""
+    from pipeline.inference import TrainedRun   # on every dataset: dvc.yaml lists one set of deps for all
+
+    if ds.discrete or not ds.meta.get("normalization"):
+        return None
+    return TrainedRun.from_units(model, ds.units(), dataset=dataset, variant=variant_name, seed=seed, epoch=0)
 
 
 def summary_line(result: dict[str, Any]) -> str:
@@ -162,15 +178,21 @@ def _top_and_log_prob(outputs, targets):
     return torch.stack([outputs.argmax(-1).double(), log_p.gather(-1, targets.long()[..., None])[..., 0]], dim=-1)
 
 
-def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray], final: list[np.ndarray]) -> None:
+def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray], final: list[np.ndarray],
+                      run: Any = None) -> None:
     """One-step test predictions as Parquet, one row per (trajectory, step[, feature]); row ``step = t`` holds the
     prediction made after o_{t-1} of the observation o_t.
 
-    Continuous data: ``trajectory, step, feature, target, initial, final`` (predicted values).
+    Continuous data: ``trajectory, step, feature, target, initial, final`` (predicted values, in the model's units:
+    standardised where the data were), and with ``run`` (:func:`_in_data_units`, standardised data)
+    ``target_data_units, initial_data_units, final_data_units``, the same in the data's units.
     Discrete data: ``trajectory, step, target, initial, final`` (the most likely symbol) and ``initial_bits,
     final_bits`` (-log2 of the probability given to the target symbol, whose mean is the BPC); ``initial`` and
     ``final`` are then per step (most likely symbol, natural log-probability of the next observation), as
     :func:`_top_and_log_prob` keeps them.
+    Both: ``trajectory`` and ``step`` number the test trajectories and their rows 0, 1, ...; where the source has
+    ids of its own (a custom file), ``trajectory_id`` and ``source_step`` are its ``trajectory`` and ``step``
+    values (the row order where it has no step column), so a row can be found in the user's file.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -189,25 +211,68 @@ def write_predictions(path: Path, ds: SequenceDataset, initial: list[np.ndarray]
             for name, kept in (("initial", p0[:-1]), ("final", p1[:-1])):
                 cols[name].append(kept[:, 0].astype(np.int64))
                 cols[f"{name}_bits"].append(-kept[:, 1] / np.log(2.0))
-        table = pa.table({k: pa.array(np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()})
+        arrays = {k: pa.array(np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
+        per_step = 1
     else:
         cols = {"trajectory": [], "step": [], "feature": [], "target": [], "initial": [], "final": []}
+        units = ("target", "initial", "final") if run is not None else ()
+        cols.update({f"{k}_data_units": [] for k in units})
         for i, (traj, p0, p1) in enumerate(zip(ds.test, initial, final)):
             T = len(traj)
+            shown = {"target": traj[1:], "initial": p0[:-1], "final": p1[:-1]}
+            in_data = {k: run.decode(np.asarray(v)) for k, v in shown.items()} if run is not None else {}
             for j, name in enumerate(ds.features):
                 cols["trajectory"].append(np.full(T - 1, i))
                 cols["step"].append(np.arange(1, T))
                 cols["feature"].extend([name] * (T - 1))
-                cols["target"].append(traj[1:, j])
-                cols["initial"].append(p0[:-1, j])
-                cols["final"].append(p1[:-1, j])
-        table = pa.table({
+                for k in ("target", "initial", "final"):
+                    cols[k].append(shown[k][:, j])
+                for k in units:
+                    cols[f"{k}_data_units"].append(in_data[k][:, j])
+        arrays = {
             "trajectory": pa.array(np.concatenate(cols["trajectory"]).astype(np.int64)),
             "step": pa.array(np.concatenate(cols["step"]).astype(np.int64)),
             "feature": pa.array(cols["feature"], type=pa.string()),
-            "target": pa.array(np.concatenate(cols["target"]).astype(np.float64)),
-            "initial": pa.array(np.concatenate(cols["initial"]).astype(np.float64)),
-            "final": pa.array(np.concatenate(cols["final"]).astype(np.float64)),
-        })
+            **{k: pa.array(np.concatenate(v).astype(np.float64)) for k, v in cols.items()
+               if k not in ("trajectory", "step", "feature")},
+        }
+        per_step = len(ds.features)
+    ids = source_ids(ds, "test")
+    if ids is not None:   # the user's ids and steps beside the renumbered ones (rows: by trajectory, feature, step)
+        which = [np.full((len(t) - 1) * per_step, i, dtype=np.int64) for i, t in enumerate(ds.test)]
+        steps = [np.tile(source_steps(ds, "test", i)[1:], per_step) for i in range(len(ds.test))]
+        arrays["trajectory_id"] = pa.array(ids).take(pa.array(np.concatenate(which) if which else np.zeros(0, int)))
+        arrays["source_step"] = pa.array(np.concatenate(steps).astype(np.int64) if steps else np.zeros(0, np.int64))
     with atomic_path(path, suffix=".parquet") as tmp:
-        pq.write_table(table, tmp, write_page_checksum=True)
+        pq.write_table(pa.table(arrays), tmp, write_page_checksum=True)
+
+
+# Readers of a custom file's own ids and steps (meta ``trajectory_ids``, ``trajectory_steps``); here rather than
+# methods of pipeline.data.schema.SequenceDataset, whose module is part of every run's training fingerprint
+# (pipeline.workflow.refine.TRAINING_CODE): an output's naming must not retrain the runs.
+
+def source_ids(ds: SequenceDataset, split: str) -> list[Any] | None:
+    """The ids the source gave the trajectories of ``split``, in order (a custom file's ``trajectory`` values,
+    meta ``trajectory_ids``; a cut trajectory's pieces ``"<id>/<k>"``); None for a source without ids of its own,
+    numbered 0, 1, ... in the prepared file."""
+    ids = (ds.meta.get("trajectory_ids") or {}).get(split)
+    return list(ids) if ids is not None and len(ids) == len(ds.split(split)) else None
+
+
+def source_steps(ds: SequenceDataset, split: str, index: int) -> np.ndarray:
+    """The step values of trajectory ``index`` of ``split`` as the source numbered them: a custom file's ``step``
+    column, or a cut trajectory's row positions (meta ``trajectory_steps``: ``{"first", "every"}`` for evenly
+    spaced steps, else every value), so that outputs can name the user's steps 0, 10, 20, ... rather than the
+    prepared file's 0, 1, 2; else 0, 1, ... (the row order, the prepared file's own numbering)."""
+    n = len(ds.split(split)[index])
+    recorded = (ds.meta.get("trajectory_steps") or {}).get(split)
+    if recorded is None or index >= len(recorded):
+        return np.arange(n, dtype=np.int64)
+    entry = recorded[index]
+    if isinstance(entry, dict):
+        return int(entry["first"]) + int(entry["every"]) * np.arange(n, dtype=np.int64)
+    steps = np.asarray(entry, dtype=np.int64)
+    if len(steps) != n:
+        raise ValueError(f"meta trajectory_steps: {split} trajectory {index} has {len(steps)} step values for "
+                         f"{n} rows; expected one per row (prepare the dataset again)")
+    return steps
