@@ -1115,6 +1115,8 @@ def _check_report(report: Any) -> dict[str, Any]:
             for option, v in value.items():
                 if option not in DEFAULT_FIGURES[name]:
                     raise _unknown(key, option, DEFAULT_FIGURES[name])
+                if v is None and option == "variants" and DEFAULT_FIGURES[name][option] is None:
+                    continue   # fig4b: the default, chosen by dataset (pipeline.report.fig4b_variants)
                 _check_figure_option(key, option, v)
     return report
 

@@ -57,6 +57,8 @@ CHARACTER_DATASETS = ("ptb",)
 LOWER_IS_BETTER = {"bpc": True, "mse": True, "accuracy": False}
 
 PAPER_MODELS = ["kf", "rnn", "gru", "lstm", "psrnn"]
+#: the paper's continuous datasets, on which Figure 4 compares :data:`PAPER_MODELS`
+PAPER_CONTINUOUS = ["swimmer", "mocap", "handwriting"]
 
 # Figure configuration.  ``write_report(figures=...)`` merges each given key over these (a dict is merged key by
 # key; a list is shorthand for {"variants": list}; False/None disables the figure).
@@ -69,10 +71,12 @@ DEFAULT_FIGURES: dict[str, dict[str, Any]] = {
     "fig3c": {"dataset": "ptb", "variants": ["psrnn"], "factorized_ranks": True,
               "split": "test", "show_train": False, "logy": "auto",
               "title": "Fig. 3c: PTB, PSRNN vs factorized PSRNN of various rank"},
-    "fig4a": {"datasets": ["swimmer", "mocap", "handwriting"], "variants": list(PAPER_MODELS),
+    "fig4a": {"datasets": list(PAPER_CONTINUOUS), "variants": list(PAPER_MODELS),
               "split": "test", "show_train": False, "logy": "auto",
               "title": "Fig. 4a: MSE vs epoch"},
-    "fig4b": {"dataset": "swimmer", "variants": list(PAPER_MODELS), "feature": None, "trajectory": None,
+    # variants None: the paper's models on the paper's datasets, every variant the dataset has on another (see
+    # fig4b_variants)
+    "fig4b": {"dataset": "swimmer", "variants": None, "feature": None, "trajectory": None,
               "seed": None, "title": "Fig. 4b: test data vs one-step prediction"},
     "per_dataset": {"enabled": True, "split": "test", "show_train": False, "logy": "auto"},
 }
@@ -605,12 +609,28 @@ def _plain(text: str) -> str:
 
 
 def _read_predictions(path: Path) -> Any:
+    """The columns figure 4b draws, with a custom dataset's ``trajectory_id`` and ``source_step`` where the file has
+    them (files of an older evaluate lack them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["trajectory", "step", "feature", "target", "initial", "final"],
+    names = set(pq.read_schema(path).names)
+    columns = ["trajectory", "step", "feature", "target", "initial", "final"]
+    table = pq.read_table(path, columns=columns + [c for c in ("trajectory_id", "source_step") if c in names],
                           page_checksum_verification=True)
     return table.set_column(2, "feature", table.column("feature").cast(pa.string()))
+
+
+def fig4b_variants(cfg: Mapping[str, Any], by_variant: Mapping[str, Any]) -> list[str]:
+    """The variants figure 4b draws: those its ``variants`` option names; unset (null), the paper's models
+    (:data:`PAPER_MODELS`) on the paper's datasets, where the figure is the paper's, and on any other dataset
+    every variant it has runs of (``params.yaml``'s variants of it), so that a user's ``psrnn_delta`` is drawn and
+    a paper model the dataset never trains is not reported missing."""
+    if cfg.get("variants") is not None:
+        return list(dict.fromkeys(cfg["variants"]))
+    if cfg["dataset"] in PAPER_CONTINUOUS:
+        return list(PAPER_MODELS)
+    return sorted(by_variant, key=_variant_key)
 
 
 def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
@@ -619,7 +639,7 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     fname = "fig4b.png"
     ds = cfg["dataset"]
     by_variant = grouped.get(ds, {})
-    variants = list(dict.fromkeys(cfg["variants"]))
+    variants = fig4b_variants(cfg, by_variant)
     tables: dict[str, tuple[int, Any]] = {}
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["predictions_path"] is not None]
@@ -636,7 +656,8 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                          f"({type(exc).__name__})")
     seed_txt = f" (seed {cfg['seed']})" if cfg["seed"] is not None else ""
     if not tables:
-        notes.append(f"`{fname}`: no prediction files on `{ds}`{seed_txt} for {_names(variants)}")
+        notes.append(f"`{fname}`: no prediction files on `{ds}`{seed_txt}"
+                     + (f" for {_names(variants)}" if variants else ""))
         return None
 
     features = sorted({f for _, t in tables.values() for f in pc.unique(t.column("feature")).to_pylist()
@@ -659,6 +680,7 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         return None
 
     columns = []
+    label = None
     for v in variants:
         if v not in tables:
             notes.append(f"`{fname}`: no prediction file for `{v}` on `{ds}`{seed_txt}")
@@ -669,10 +691,16 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
             notes.append(f"`{fname}`: `{v}` has no predictions for feature `{feature}` of trajectory {trajectory}")
             continue
         sub = sub.sort_by("step")
-        columns.append((v, seed, {c: sub.column(c).to_numpy(zero_copy_only=False).astype(float)
-                                  for c in ("step", "target", "initial", "final")}))
+        d = {c: sub.column(c).to_numpy(zero_copy_only=False).astype(float) for c in ("target", "initial", "final")}
+        # the x axis in the source's steps (a custom file's 0, 10, 20, ...), else the prepared data's 0, 1, 2, ...
+        d["step"] = sub.column("source_step" if "source_step" in sub.column_names else "step").to_numpy(
+            zero_copy_only=False).astype(float)
+        if "trajectory_id" in sub.column_names and label is None:
+            label = sub.column("trajectory_id")[0].as_py()
+        columns.append((v, seed, d))
     if not columns:
         return None
+    label = trajectory if label is None else label   # the user's id, where the data have ids of their own
 
     colors = _colors([v for v, _, _ in columns], universe=list(by_variant))
     shown = _plain(feature)
@@ -693,7 +721,7 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                 ax.grid(True, alpha=0.3)
                 ax.tick_params(labelsize="small")
         axes[0][0].legend(fontsize="x-small", loc="best")
-        fig.suptitle(f"{_plain(cfg['title'])} ({ds}, feature {shown}, trajectory {trajectory})")
+        fig.suptitle(f"{_plain(cfg['title'])} ({ds}, feature {shown}, trajectory {_plain(str(label))})")
         _layout(fig, 2, len(columns), left=0.95, wspace=0.55, hspace=0.35, top=0.75)
         _save(fig, path)
     return path

@@ -436,6 +436,9 @@ def _custom(**source):
     (lambda p: p["report"].update(figures={"fig4b": {"feture": "x"}}), r"^report\.figures\.fig4b\.feture: "
                                                                        r"unknown key"),
     (lambda p: p["report"].update(figures={"fig4a": {"split": "tset"}}), r"^report\.figures\.fig4a\.split: "),
+    # null is fig4b's default (chosen by dataset); the other figures have no such default
+    (lambda p: p["report"].update(figures={"fig3a": {"variants": None}}),
+     r"^report\.figures\.fig3a\.variants: expected a non-empty list of names, got null"),
     (lambda p: p["report"].update(figures={"fig3a": "lstm"}), r"^report\.figures\.fig3a: expected a mapping of "
                                                               r"options"),
     (lambda p: p["swimmer"]["source"].update(mode="authors"), r"^swimmer\.source\.n_trajectories: only used with "
@@ -470,7 +473,8 @@ def test_good_values_pass(defaults):
     raw["ptb"]["two_stage"].update(widths={"obs": 2.0, "past": None}, feature_dtype="float64", power_iterations=1,
                                    oversample=0)
     raw["hmm"]["source"].update(stickiness=1, n_symbols=2)
-    raw["report"]["figures"] = {"fig4b": {"feature": "joint1_angle", "seed": 0}, "fig3a": ["lstm", "gru"],
+    raw["report"]["figures"] = {"fig4b": {"feature": "joint1_angle", "seed": 0, "variants": None},   # the default
+                                "fig3a": ["lstm", "gru"],
                                 "fig3c": False, "per_dataset": {"enabled": False}, "fig4a": {"logy": True}}
     raw["custom"] = _custom(test_fraction=0.5, features=["a", "b"], seed=1)
     raw["tracking"] = None

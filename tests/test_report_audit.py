@@ -12,7 +12,7 @@ import pytest
 
 import pipeline.report as report
 from pipeline.report import write_report
-from test_report import _write_run
+from test_report import _write_predictions, _write_run
 
 PTB_RANKS = ["factorized_psrnn_r10", "factorized_psrnn_r20", "factorized_psrnn_r40", "factorized_psrnn_r60"]
 
@@ -207,3 +207,58 @@ def test_a_report_that_fails_halfway_leaves_the_previous_one_whole(tmp_path, mon
         write_report(root, out, figures=figures)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not (out / ".figures.partial").exists()
+
+
+def _custom_predictions(root, variant: str) -> None:
+    """A custom file's predictions as evaluate writes them: test trajectory 0 is the user's 'run-04', its steps
+    0, 10, ..., 620 (rows 1..62 predicted)."""
+    steps = np.arange(1, 63)
+    table = pa.table({"trajectory": pa.array([0] * 62, pa.int64()), "step": pa.array(steps, pa.int64()),
+                      "feature": pa.array(["position"] * 62, pa.string()), "target": pa.array(np.sin(steps / 9)),
+                      "initial": pa.array(np.sin(steps / 9) + 0.2), "final": pa.array(np.sin(steps / 9) + 0.01),
+                      "trajectory_id": pa.array(["run-04"] * 62), "source_step": pa.array(10 * steps, pa.int64())})
+    (root / "predictions" / "custom").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, root / "predictions" / "custom" / f"{variant}_s0.parquet")
+
+
+def test_fig4b_on_a_custom_dataset_draws_its_own_variants_at_its_own_steps(tmp_path, figures):
+    """`fig4b: {dataset: custom}` drew the paper's kf, rnn, gru, lstm, psrnn: it left out the user's psrnn_delta
+    and listed "no prediction file" for rnn, gru and lstm, which the dataset never trains; its x axis ran over the
+    renumbered rows 1..62 and its title said trajectory 0 rather than the user's steps 10..620 and id run-04."""
+    root = tmp_path / "project"
+    for v in ("psrnn", "psrnn_delta", "kf"):
+        _write_run(root, "custom", v, 0, "continuous", [1.0, 0.5])
+        _custom_predictions(root, v)
+    result = write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "feature": "position"}})
+    assert "figures/fig4b.png" in result["written"]
+    fig = figures["fig4b.png"]
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["kf (seed 0)", "psrnn (seed 0)", "psrnn_delta (seed 0)"]
+    x = fig.axes[0].get_lines()[0].get_xdata()
+    assert list(x) == list(range(10, 630, 10))
+    assert fig._suptitle.get_text().endswith("(custom, feature position, trajectory run-04)")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert "fig4b" not in md.split("## Not available")[1]
+    # variants named: those alone, and a missing one is noted (it was asked for)
+    write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "variants": ["kf", "lstm"]}})
+    assert [ax.get_title() for ax in figures["fig4b.png"].axes] == ["kf (seed 0)", ""]
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert "- `fig4b.png`: no prediction file for `lstm` on `custom`" in md
+
+
+def test_fig4b_on_a_paper_dataset_keeps_the_papers_variants(tmp_path, figures):
+    """On the paper's datasets fig4b is the paper's figure: its models, in its order, whatever else was trained;
+    a file without the custom columns (Swimmer's) keeps the prepared steps and numbers its trajectory."""
+    root = tmp_path / "project"
+    rng = np.random.default_rng(0)
+    for v in ("psrnn_delta", "lstm", "kf"):
+        _write_run(root, "swimmer", v, 0, "continuous", [1.0, 0.5])
+        _write_predictions(root, "swimmer", f"{v}_s0", rng)
+    write_report(root, tmp_path / "reports", figures={"fig4b": {}})
+    fig = figures["fig4b.png"]
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["kf (seed 0)", "lstm (seed 0)"]
+    assert list(fig.axes[0].get_lines()[0].get_xdata()) == list(range(1, 40))
+    assert fig._suptitle.get_text().endswith("trajectory 3)")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    for v in ("rnn", "gru", "psrnn"):
+        assert f"- `fig4b.png`: no prediction file for `{v}` on `swimmer`" in md
+
