@@ -837,8 +837,12 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     # a learning-rate column only where the variants were trained at different rates (train.overrides)
     rates = {v: sorted(set(_finite(r.get("lr") for r in rs)[0])) for v, rs in by_variant.items()}
     show_lr = len({x for xs in rates.values() for x in xs}) > 1
+    # standardised data (evaluate adds mse_data_units): the test MSE in the data's units beside the standardised one
+    units = [f"{m}_data_units" for m in metrics if any(f"{m}_data_units" in r["test"] for r in all_runs)]
     header = ["variant", "seeds", "params"] + (["lr"] if show_lr else []) + \
-             [f"test {LABELS[m]}" for m in metrics] + [f"init {LABELS[m]} (mean)" for m in metrics]
+             [f"test {LABELS[m]}" for m in metrics] + \
+             [f"test {LABELS[u.removesuffix('_data_units')]} (data units)" for u in units] + \
+             [f"init {LABELS[m]} (mean)" for m in metrics]
     if optimal is not None:
         header.append(f"{LABELS[primary]} gap to optimal")
     rows = []
@@ -853,7 +857,7 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
         cells = [f"`{_md(v)}`", str(len(runs)), _params(runs)]
         if show_lr:
             cells.append(" / ".join(f"{x:g}" for x in rates[v]) or "?")
-        cells += [_mean_std(r["test"].get(m) for r in runs) for m in metrics]
+        cells += [_mean_std(r["test"].get(m) for r in runs) for m in [*metrics, *units]]
         cells += [_mean((r["initial_test"] or {}).get(m) for r in runs) for m in metrics]
         if optimal is not None:
             cells.append(_mean_std(_gaps(runs, primary)))
@@ -916,7 +920,8 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
     """The numbers of the results table, per dataset and variant: ``seeds`` (runs with final metrics),
     ``test_<m>`` and ``test_<m>_std`` (mean and sample std over seeds; std null for one seed), ``init_test_<m>``
     (epoch-0 mean) for every metric of the kind (and ``test_<m>_finite``, the number of seeds whose value is
-    finite, where some is not: the mean and std are of those), ``n_params``, and on synthetic data ``optimal_<m>`` and
+    finite, where some is not: the mean and std are of those; on standardised continuous data
+    ``test_mse_data_units`` and its ``_std``, the test MSE in the data's units), ``n_params``, and on synthetic data ``optimal_<m>`` and
     ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric); and per dataset a row
     ``naive_<predictor>`` with the ``test_<m>`` of each of :mod:`pipeline.naive`'s predictors."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -933,6 +938,9 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
                 if len(finite) < len(runs):   # else a mean of one seed of two reads as a row of one seed
                     row[f"test_{m}_finite"] = len(finite)
                 row[f"init_test_{m}"], _ = _stats((r["initial_test"] or {}).get(m) for r in runs)
+                if any(f"{m}_data_units" in r["test"] for r in runs):   # standardised data, as in results.md
+                    row[f"test_{m}_data_units"], row[f"test_{m}_data_units_std"] = _stats(
+                        r["test"].get(f"{m}_data_units") for r in runs)
             primary = PRIMARY[kind]
             optimal = _bayes_optimal(runs, primary)
             if optimal is not None:

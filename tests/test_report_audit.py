@@ -262,3 +262,22 @@ def test_fig4b_on_a_paper_dataset_keeps_the_papers_variants(tmp_path, figures):
     for v in ("rnn", "gru", "psrnn"):
         assert f"- `fig4b.png`: no prediction file for `{v}` on `swimmer`" in md
 
+
+def test_the_mse_in_data_units_is_in_the_table_and_summary_of_the_datasets_that_have_it(tmp_path):
+    """evaluate's mse_data_units (standardised data) is a column of results.md and test_mse_data_units (mean and
+    std over seeds) a key of summary.json, beside the standardised MSE; a dataset without it has neither."""
+    root = tmp_path / "project"
+    for seed, units in ((0, 2.0), (1, 4.0)):
+        _write_run(root, "custom", "kf", seed, "continuous", [1.0, 0.5],
+                   extra={"test": {"mse": 0.5, "mse_data_units": units}})
+    _write_run(root, "lgssm", "kf", 0, "continuous", [1.0, 0.25])
+    write_report(root, tmp_path / "reports")
+    summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
+    assert summary["custom"]["kf"]["test_mse_data_units"] == 3.0
+    assert summary["custom"]["kf"]["test_mse_data_units_std"] == pytest.approx(np.sqrt(2.0))
+    assert not any("data_units" in k for k in summary["lgssm"]["kf"])
+    md = (tmp_path / "reports" / "results.md").read_text()
+    custom, lgssm = md.split("## custom")[1].split("## lgssm")
+    assert "| variant | seeds | params | test MSE | test MSE (data units) | init MSE (mean) |" in custom
+    assert "| `kf` | 2 | 1,000 | 0.500 ± 0.000 | 3.000 ± 1.414 |" in custom
+    assert "data units" not in lgssm
