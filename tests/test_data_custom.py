@@ -192,7 +192,7 @@ def test_split_column_may_change_within_a_trajectory_in_contiguous_blocks(tmp_pa
     cols["split"][25:] = "train"          # trajectory 8: train throughout, kept whole under its own id
     ds = load_custom(_write(tmp_path, cols), kind="continuous", normalize=False)
     assert ds.meta["split_source"] == "column"
-    assert ds.meta["trajectory_ids"] == {"train": ["7/0", 8], "valid": ["7/1"], "test": ["7/2"]}
+    assert ds.meta["trajectory_ids"] == {"train": ["7/0", "8"], "valid": ["7/1"], "test": ["7/2"]}
     assert ds.meta["trajectory_steps"] == {"train": [{"first": 0, "every": 10}] * 2,
                                            "valid": [{"first": 180, "every": 10}],
                                            "test": [{"first": 210, "every": 10}]}
@@ -317,9 +317,12 @@ def test_empty_split(tmp_path: Path) -> None:
     assert _error(one, kind="continuous").endswith(
         "only 1 trajectory; at least 2 are needed to make non-empty train and test splits: cut it into segments with "
         "segment_length, or give a 'split' column (e.g. train rows first, then test rows)")
+    # 5 steps at segment_length 3: one segment of 3 and a remainder of 2, which joins it (3 is shorter than 5)
     assert _error(one, kind="continuous", segment_length=3).endswith(
-        "only 1 trajectory; at least 2 are needed to make non-empty train and test splits: segment_length=3 is not "
-        "shorter than the trajectory (5 steps): expected a smaller segment_length")
+        "only 1 trajectory; at least 2 are needed to make non-empty train and test splits: segment_length=3 leaves "
+        "the trajectory of 5 steps in one piece (a remainder shorter than segment_length joins the last segment); "
+        "expected at most 2 for two segments")
+    assert len(load_custom(one, kind="continuous", segment_length=2).train) == 1   # 2 and 3 steps: two pieces
 
 
 def test_bad_split_values(tmp_path: Path) -> None:
@@ -336,9 +339,32 @@ def test_bad_split_values(tmp_path: Path) -> None:
     assert msg.endswith("column 'split': trajectory 101 has a block of 1 row in split 'test' (from step 4), shorter "
                         "than min_length=2; expected each split's block of a trajectory to be at least min_length "
                         "rows"), msg
+    msg = _error(_write(tmp_path, cols, "short2.parquet"), kind="continuous", min_length_is="custom.source.min_length")
+    assert "shorter than custom.source.min_length=2;" in msg, msg   # named as the caller names the key
     del cols["step"]   # without a step column the row of the file is named
     msg = _error(_write(tmp_path, cols, "rows.parquet"), kind="continuous")
     assert "has a block of 1 row in split 'test' (from row 9 of the file)" in msg, msg
+
+
+def test_cut_and_whole_trajectories_have_ids_of_one_type_and_never_the_same(tmp_path: Path) -> None:
+    """A trajectory cut by its split column beside whole ones of integer ids: every id is then a string ("0/2" and
+    "2", not "0/2" and 2), else the predictions' trajectory_id column could not be written (Arrow refuses mixed
+    types, after all the training); a piece whose id is another trajectory's is refused."""
+    from pipeline.workflow.evaluate import write_predictions
+
+    cols = {"trajectory": np.repeat([0, 1, 2], 6), "step": np.tile(np.arange(6), 3), "x": np.arange(18.0),
+            "split": ["train"] * 2 + ["valid"] * 2 + ["test"] * 2 + ["train"] * 6 + ["test"] * 6}
+    ds = load_custom(_write(tmp_path, cols), kind="continuous")
+    assert ds.meta["trajectory_ids"] == {"train": ["0/0", "1"], "valid": ["0/1"], "test": ["0/2", "2"]}
+    outputs = [t.copy() for t in ds.test]
+    write_predictions(tmp_path / "p.parquet", ds, outputs, outputs)
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert sorted(set(table.column("trajectory_id").to_pylist())) == ["0/2", "2"]
+    clash = _write(tmp_path, {"trajectory": ["a"] * 4 + ["a/1"] * 4, "x": np.arange(8.0),
+                              "split": ["train", "train", "test", "test"] + ["train"] * 4}, "clash.parquet")
+    assert _error(clash, kind="continuous").endswith(
+        "trajectory id 'a/1' of a piece of a cut trajectory is also the id of another trajectory (or of its piece); "
+        "expected ids that do not end in '/<number>' when trajectories are cut (rename the trajectory)")
 
 
 def test_single_symbol(tmp_path: Path) -> None:

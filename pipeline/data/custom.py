@@ -238,7 +238,7 @@ def _check_segment_length(segment_length: Any, min_length: Any) -> None:
                          "keep trajectories whole")
 
 
-def _pieces(rows: "Rows", segment_length: int | None, min_length: int
+def _pieces(rows: "Rows", segment_length: int | None, min_length: int, min_length_is: str = "min_length"
             ) -> tuple[list[Any], list[np.ndarray], list[list[int]] | None]:
     """The trajectories of the dataset: those of the file, cut where the ``split`` column changes within one and,
     with ``segment_length``, into consecutive segments; (ids, row indices of each in step order, spans).
@@ -250,7 +250,9 @@ def _pieces(rows: "Rows", segment_length: int | None, min_length: int
     no step is dropped and every segment has ``segment_length`` to ``2 * segment_length - 1`` steps (a block or
     trajectory shorter than that stays whole): the windows of 2SR fit every segment whenever they fit
     ``segment_length``. A cut trajectory's pieces are ``"<id>/<k>"``, k = 0, 1, ... in step order; with
-    ``segment_length`` every trajectory is, so ids are all of one kind. ``spans`` (None when nothing is cut):
+    ``segment_length`` every trajectory is; when any is cut every id is a string (one type in the predictions'
+    ``trajectory_id`` column), and a piece's id may not repeat another trajectory's. ``spans`` (None when nothing
+    is cut):
     each piece's first and last step in the file (its ``step`` values, or row positions 0, 1, ... within the
     trajectory without a step column), so a piece can be found in the file."""
     path, split, steps = rows.path, rows.split, rows.steps
@@ -280,7 +282,7 @@ def _pieces(rows: "Rows", segment_length: int | None, min_length: int
                     where = (f"step {int(steps[short[0]])}" if steps is not None else
                              f"row {int(short[0])} of the file")
                     raise ValueError(f"{path}: column 'split': trajectory {traj!r} has a block of {_rows_of(len(short))}"
-                                     f" in split {str(split[short[0]])!r} (from {where}), shorter than min_length="
+                                     f" in split {str(split[short[0]])!r} (from {where}), shorter than {min_length_is}="
                                      f"{min_length}; expected each split's block of a trajectory to be at least "
                                      f"min_length rows")
                 cut = True
@@ -294,6 +296,14 @@ def _pieces(rows: "Rows", segment_length: int | None, min_length: int
             groups.append(b)
             spans.append([int(steps[b[0]]), int(steps[b[-1]])] if steps is not None else [start, start + len(b) - 1])
             start += len(b)
+    if cut:   # ids of one type (a whole trajectory 8 beside pieces "7/0" is "8": a column of one type), all distinct
+        ids = [str(i) for i in ids]
+        seen: set[str] = set()
+        twice = next((i for i in ids if i in seen or seen.add(i)), None)
+        if twice is not None:
+            raise ValueError(f"{path}: trajectory id {twice!r} of a piece of a cut trajectory is also the id of "
+                             "another trajectory (or of its piece); expected ids that do not end in '/<number>' when "
+                             "trajectories are cut (rename the trajectory)")
     return ids, groups, spans if cut else None
 
 
@@ -610,15 +620,16 @@ def load_custom(
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
         if unknown:
             raise fail(f"column 'split' has values {brief_list(unknown)}; expected only {list(SPLITS)}")
-    uniq, groups, spans = _pieces(rows, segment_length, min_length)
+    uniq, groups, spans = _pieces(rows, segment_length, min_length, min_length_is)
     n_traj = len(uniq)
     if has_split:   # one split per piece: _pieces cut each trajectory where its split changes
         split_of = np.array([str(split_values[g[0]]) for g in groups])
         split_source = "column"
     else:
         if n_traj < 2:
-            how = (f"{segment_length_is}={segment_length} is not shorter than the trajectory ({len(groups[0])} "
-                   f"steps): expected a smaller {segment_length_is}" if segment_length is not None else
+            how = (f"{segment_length_is}={segment_length} leaves the trajectory of {len(groups[0])} steps in one "
+                   f"piece (a remainder shorter than {segment_length_is} joins the last segment); expected at most "
+                   f"{len(groups[0]) // 2} for two segments" if segment_length is not None else
                    f"cut it into segments with {segment_length_is}, or give a 'split' column (e.g. train rows "
                    "first, then test rows)")
             raise fail(f"only {n_traj} trajectory; at least 2 are needed to make non-empty train and test splits: "
