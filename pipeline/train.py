@@ -411,18 +411,27 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
             # best on today's split, from the scores in the history (the weights only where it is the same epoch)
             scores = [(e[select_on][metric], e["epoch"]) for e in history
                       if isinstance(e.get(select_on), dict) and math.isfinite(e[select_on][metric])]
-            best_metric, best_epoch = min(scores, key=lambda t: t[0]) if scores else (math.inf, 0)
+            if scores:
+                best_metric, best_epoch = min(scores, key=lambda t: t[0])
+            else:   # the split now watched was never scored: its watch starts after the checkpoint's epochs
+                best_metric, best_epoch = math.inf, ck["epoch"]
             if best_epoch == ck["epoch"]:     # the checkpoint's own weights
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             elif best_epoch != ck["best_epoch"]:
                 best_state = None
-            if cfg.restore_best and best_state is None and scores:
+            if cfg.restore_best and (best_state is None or not scores):
                 # restore_best would silently return the last epoch's weights under another epoch's name
-                raise ValueError(
-                    f"{checkpoint_path}: not resumed: train.eval_train={cfg.eval_train} moves the monitored split "
-                    f"to {select_on}, whose best epoch ({best_epoch}) the checkpoint kept no weights of, and "
-                    f"train.restore_best is on; expected train.eval_train={written.get('eval_train')!r} as the "
-                    "checkpoint was trained. Or delete it, or fit with resume=False to start over")
+                if "monitor" not in written:
+                    why = (f"it predates train.monitor and chose its best epoch on test, while {select_on} is "
+                           "watched now")
+                else:
+                    why = (f"train.eval_train={cfg.eval_train} (it was trained with "
+                           f"{written.get('eval_train')!r}) moves the monitored split to {select_on}")
+                kept = (f"whose best epoch ({best_epoch}) it kept no weights of" if scores else
+                        "on which none of its epochs was scored")
+                raise ValueError(f"{checkpoint_path}: not resumed under train.restore_best: {why}, {kept}; expected "
+                                 "the train settings it was trained with, or delete it, or fit with resume=False to "
+                                 "start over")
         start_epoch = ck["epoch"] + 1
         _set_rng_state(ck["rng"])
         log.info("resumed from %s at epoch %d", checkpoint_path, ck["epoch"])

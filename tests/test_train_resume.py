@@ -1,6 +1,7 @@
 """Training: exact resume from a checkpoint, determinism, refusal of foreign checkpoints, divergence handling, and
 the short Python API."""
 
+import math
 import re
 
 import numpy as np
@@ -214,11 +215,55 @@ def test_resume_that_moves_the_monitored_split_under_restore_best_restores_or_re
         r = fit(model, train, test, more, checkpoint_path=ck)
         assert evaluate(model, test)["mse"] == pytest.approx(r.history[r.best_epoch]["test"]["mse"], rel=1e-6)
     else:
-        with pytest.raises(ValueError, match=r"checkpoint\.pt: not resumed: train\.eval_train=False moves the "
-                                             r"monitored split to test, whose best epoch \(0\) .*restore_best is "
-                                             r"on; expected train\.eval_train=True"):
+        with pytest.raises(ValueError, match=r"checkpoint\.pt: not resumed under train\.restore_best: "
+                                             r"train\.eval_train=False \(it was trained with True\) moves the "
+                                             r"monitored split to test, whose best epoch \(0\) it kept no weights "
+                                             r"of; expected the train settings it was trained with"):
             fit(_gru(), train, test, more, checkpoint_path=ck)
         assert ck.read_bytes() == before
+
+
+def test_resume_onto_a_split_never_scored_under_restore_best_is_refused(tmp_path):
+    """eval_train switched on for a run without a valid split moves monitor 'auto' to train, which no epoch of the
+    checkpoint was scored on: under restore_best it returned best_epoch 0 at an infinite metric with the last
+    epoch's weights; it is refused. Without restore_best the watch of train starts after the checkpoint's epochs
+    (its best is the last epoch, whose weights the model holds, until a scored epoch beats it). A checkpoint
+    written before `monitor` existed is named as such, not as an eval_train change."""
+    rng = np.random.default_rng(1)
+    train = [rng.standard_normal((n, 2)) for n in (6, 7, 5, 8)]
+    test = [rng.standard_normal((n, 2)) + 0.5 for n in (6, 7)]
+    ck = tmp_path / "checkpoint.pt"
+    cfg = TrainConfig(epochs=3, lr=2.0, bptt=0, batch_size=2, device="cpu", restore_best=True, eval_train=False)
+    fit(_gru(), train, test, cfg, checkpoint_path=ck)
+    before = ck.read_bytes()
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: not resumed under train\.restore_best: "
+                                         r"train\.eval_train=True \(it was trained with False\) moves the monitored "
+                                         r"split to train, on which none of its epochs was scored;"):
+        fit(_gru(), train, test, TrainConfig(**{**cfg.__dict__, "eval_train": True}), checkpoint_path=ck)
+    assert ck.read_bytes() == before
+    free = TrainConfig(**{**cfg.__dict__, "restore_best": False})
+    fit(_gru(), train, test, free, checkpoint_path=ck, resume=False)
+    r = fit(_gru(), train, test, TrainConfig(**{**free.__dict__, "eval_train": True}), checkpoint_path=ck)
+    assert (r.best_epoch, r.best_metric) == (3, math.inf)          # no new epoch: the watch has not begun
+    r = fit(_gru(), train, test, TrainConfig(**{**free.__dict__, "eval_train": True, "epochs": 4}),
+            checkpoint_path=ck)
+    assert r.best_epoch == 4 and r.best_metric == r.history[4]["train"]["mse"]
+
+    # a checkpoint of before `monitor` (data seed 8: test's best epoch 0, train's 2): its best was chosen on test
+    rng = np.random.default_rng(8)
+    train = [rng.standard_normal((n, 2)) for n in (6, 7, 5, 8)]
+    test = [rng.standard_normal((n, 2)) + 0.5 for n in (6, 7)]
+    fit(_gru(), train, test, TrainConfig(**{**cfg.__dict__, "eval_train": True, "monitor": "test"}),
+        checkpoint_path=ck, resume=False)
+    ckpt = load_checkpoint(ck)
+    history = ckpt["history"]
+    assert ckpt["best_epoch"] == 0 and min(range(4), key=lambda e: history[e]["train"]["mse"]) == 2
+    del ckpt["train_config"]["monitor"]
+    torch.save(ckpt, ck)
+    with pytest.raises(ValueError, match=r"not resumed under train\.restore_best: it predates train\.monitor and "
+                                         r"chose its best epoch on test, while train is watched now, whose best "
+                                         r"epoch \(2\) it kept no weights of"):
+        fit(_gru(), train, test, TrainConfig(**{**cfg.__dict__, "eval_train": True}), checkpoint_path=ck)
 
 
 def test_a_non_finite_test_metric_names_the_end_of_the_epoch():
