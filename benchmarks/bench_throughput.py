@@ -112,7 +112,7 @@ def train_run(model, train, args, device) -> dict:
     model.to(device)
     dtype = next(model.parameters()).dtype
     optimizer = SGD(model.parameters(), lr=args.lr)
-    on_cpu = make_streams(train, args.batch, discrete=True, dtype=dtype, min_piece=args.bptt)
+    on_cpu = make_streams(train, args.batch, discrete=True, dtype=dtype, min_piece=args.bptt + 1)   # as fit
     # as fit: which windows have a target, and which have nothing but, read on the CPU
     scored, full, on_cpu_counts = zip(*[(bool(w[2].any()), bool(w[2].all()), int(w[2].sum()))
                                         for w in on_cpu.windows(args.bptt)])

@@ -490,9 +490,10 @@ def _fit(model: SequenceModel, train: Sequence[np.ndarray], test: Sequence[np.nd
         order = None
         if cfg.shuffle and not single:
             order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train))
-        # one trajectory: cut into batch_size pieces of a window or more, kept whole for whole-sequence BPTT
+        # one trajectory: cut into batch_size pieces of a window of targets or more (bptt + 1 steps), kept whole
+        # for whole-sequence BPTT
         on_cpu = make_streams(train, cfg.batch_size, discrete=discrete, order=order, dtype=dtype,
-                              min_piece=cfg.bptt if cfg.bptt > 0 else None)
+                              min_piece=cfg.bptt + 1 if cfg.bptt > 0 else None)
         # which windows have a target, and which have nothing but, read on the CPU: a test of the device's mask
         # (or indexing by it) would wait for the device
         scored, full = zip(*[(bool(w[2].any()), bool(w[2].all())) for w in on_cpu.windows(cfg.bptt)]) \

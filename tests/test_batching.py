@@ -173,7 +173,7 @@ def test_a_single_trajectory_is_cut_into_contiguous_pieces():
     (7, 20, 1, [3, 2, 2]),           # a window of 1 still leaves a transition per piece: at least 2 steps
 ])
 def test_a_single_trajectory_is_cut_into_pieces_of_a_window_or_more(length, n_streams, min_piece, sizes):
-    """Training passes its BPTT window as ``min_piece`` (pipeline.train.fit): a single 59-step series at
+    """Training passes bptt + 1 as ``min_piece`` (pipeline.train.fit): a single 59-step series at
     batch_size 20 was cut into 20 pieces of 2 steps, trained every target from the initial state and dropped the
     last 19 steps; with whole-sequence BPTT (``min_piece=None``) it stays whole."""
     whole = np.arange(length, dtype=np.int64)
