@@ -369,16 +369,17 @@ def _unknown(key: str, k: Any, allowed: typing.Iterable[str]) -> ParamsError:
                  if isinstance(k, int) and not isinstance(k, bool) else "")
         return ParamsError(f"{key}: the key {_describe(k)} is not a name{comma}; expected one of {sorted(allowed)}")
     allowed = list(allowed)
-    hint = fit_model_hint(k, allowed) or did_you_mean(k, allowed)
+    hint = fit_model_hint(k, allowed, key) or did_you_mean(k, allowed)
     return ParamsError(f"{key}.{k}: unknown key{hint} (expected one of {sorted(allowed)})")
 
 
-def fit_model_hint(k: str, allowed: typing.Iterable[str]) -> str:
+def fit_model_hint(k: str, allowed: typing.Iterable[str], section: str = "") -> str:
     """", did you mean 'future_window'? (fit_model's horizon)" for a ``fit_model`` argument that params.yaml names
     otherwise (:data:`FIT_MODEL_NAMES`): a user who knows the library writes ``horizon`` where the key is
     ``future_window``, no typo away from it; "" for other keys. Where the section has no such key, it says where
-    params.yaml sets the argument instead."""
-    if k not in FIT_MODEL_NAMES:
+    params.yaml sets the argument instead. A ``seed`` in a ``source`` section (``section``, e.g. ``ptb.source``)
+    is no run seed: a source's own seed draws its data, where the source has one."""
+    if k not in FIT_MODEL_NAMES or (k == "seed" and section.split(".")[-1] == "source"):
         return ""
     here, where = FIT_MODEL_NAMES[k]
     if here is not None and here in allowed:

@@ -156,6 +156,9 @@ def test_a_misspelt_key_names_the_key_it_is_closest_to(defaults):
                                    "seeds list (one run per seed) in params.yaml (expected one of ["),
     (("lgssm",), "rank", "lgssm.rank: unknown key; fit_model's rank is set by the variant's name, "
                          "factorized_psrnn_r<rank> in variants in params.yaml (expected one of ["),
+    # a source's seed draws its data (swimmer.source.seed): PTB's source has none, and no run seed is meant
+    (("ptb", "source"), "seed", "ptb.source.seed: unknown key (expected one of ['lines', 'unknown', "
+                                    "'vocab_from'])"),
 ])
 def test_fit_model_argument_names_point_to_their_params_key(defaults, where, key, message):
     """A user of pipeline.api.fit_model writes its argument names; where params.yaml spells one otherwise (no typo
