@@ -1072,9 +1072,13 @@ def _check_figure_option(key: str, option: str, v: Any) -> None:
     elif option == "feature":
         if v is not None and (not isinstance(v, str) or not v):
             raise ParamsError(f"{k}: expected a feature name or null, got {_describe(v)}")
+    elif option == "trajectory" and isinstance(v, str):   # a custom file's own trajectory id
+        if not v:
+            raise ParamsError(f"{k}: expected a trajectory id of your file, a non-negative integer or null, got ''")
     elif option in ("trajectory", "seed"):
         if v is not None and (not _is_int(v) or v < 0):
-            raise ParamsError(f"{k}: expected a non-negative integer or null, got {_describe(v)}")
+            what = "a trajectory id of your file (a string), " if option == "trajectory" else ""
+            raise ParamsError(f"{k}: expected {what}a non-negative integer or null, got {_describe(v)}")
         if v is not None and option == "trajectory":
             _check_int_ceiling(k, v)
 

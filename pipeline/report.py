@@ -672,7 +672,19 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         return None
     ids = sorted({i for _, t in tables.values() for i in pc.unique(t.column("trajectory")).to_pylist()
                   if i is not None})
-    trajectory = ids[0] if cfg["trajectory"] is None else int(cfg["trajectory"])
+    wanted = cfg["trajectory"]
+    if isinstance(wanted, str):   # the user's own id: the test trajectory whose trajectory_id it is
+        known = {str(r["trajectory_id"]): r["trajectory"] for _, t in tables.values()
+                 if "trajectory_id" in t.column_names
+                 for r in t.select(["trajectory_id", "trajectory"]).group_by(["trajectory_id", "trajectory"])
+                 .aggregate([]).to_pylist()}
+        if wanted not in known:
+            shown = _names(sorted(known, key=str)[:12]) if known else "none: the predictions have no trajectory ids"
+            notes.append(f"`{fname}`: trajectory id `{wanted}` is not among the test trajectories' ids on `{ds}` "
+                         f"({shown}); `report.figures.fig4b.trajectory` names one of them, or a number from 0")
+            return None
+        wanted = known[wanted]
+    trajectory = ids[0] if wanted is None else int(wanted)
     if trajectory not in ids:
         shown = ", ".join(str(i) for i in ids) if len(ids) <= 12 else f"{ids[0]} to {ids[-1]}, {len(ids)} in all"
         notes.append(f"`{fname}`: trajectory {trajectory} is not among the test trajectories on `{ds}` ({shown}); "

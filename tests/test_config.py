@@ -512,6 +512,12 @@ _NINES = "9" * 5000
      "digits"),
     (lambda p: p["report"].update(figures={"fig4b": {"trajectory": 10 ** 40}}),
      "report.figures.fig4b.trajectory: expected an integer <= 2**31 - 1, got an integer 1" + "0" * 40),
+    (lambda p: p["report"].update(figures={"fig4b": {"trajectory": -1}}),   # a string is a custom file's own id
+     "report.figures.fig4b.trajectory: expected a trajectory id of your file (a string), a non-negative integer or "
+     "null, got an integer -1"),
+    (lambda p: p["report"].update(figures={"fig4b": {"trajectory": ""}}),
+     "report.figures.fig4b.trajectory: expected a trajectory id of your file, a non-negative integer or null, got "
+     "''"),
     # a long text is shortened, so that what was expected survives the CLI's cut at 600 characters
     (lambda p: p["ptb"].update(variants=["psrnn", _LONG]),
      "ptb.variants: unknown model variant '" + "x" * 76 + "...; expected psrnn, psrnn_<L>layer, psrnn_<L>layer_skip, "

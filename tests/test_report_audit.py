@@ -245,6 +245,38 @@ def test_fig4b_on_a_custom_dataset_draws_its_own_variants_at_its_own_steps(tmp_p
     assert "- `fig4b.png`: no prediction file for `lstm` on `custom`" in md
 
 
+def test_fig4b_picks_a_custom_trajectory_by_the_users_id(tmp_path, figures):
+    """`report.figures.fig4b.trajectory` is a test trajectory's number from 0, or the user's own id (a string):
+    `run-07` draws the trajectory the file calls so; an id the test split lacks is a note naming those it has."""
+    root = tmp_path / "project"
+    steps = np.arange(1, 11)
+    rows = {"trajectory": [], "step": [], "target": [], "trajectory_id": [], "source_step": []}
+    for k, name in enumerate(("run-04", "run-07")):
+        rows["trajectory"] += [k] * 10
+        rows["step"] += steps.tolist()
+        rows["target"] += (np.sin(steps / 3) + k).tolist()
+        rows["trajectory_id"] += [name] * 10
+        rows["source_step"] += (100 * k + 5 * steps).tolist()
+    target = np.asarray(rows["target"])
+    table = pa.table({"trajectory": pa.array(rows["trajectory"], pa.int64()), "step": pa.array(rows["step"], pa.int64()),
+                      "feature": pa.array(["position"] * 20, pa.string()), "target": pa.array(target),
+                      "initial": pa.array(target + 0.2), "final": pa.array(target + 0.01),
+                      "trajectory_id": pa.array(rows["trajectory_id"]),
+                      "source_step": pa.array(rows["source_step"], pa.int64())})
+    _write_run(root, "custom", "psrnn", 0, "continuous", [1.0, 0.5])
+    (root / "predictions" / "custom").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, root / "predictions" / "custom" / "psrnn_s0.parquet")
+    write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "trajectory": "run-07"}})
+    fig = figures["fig4b.png"]
+    assert fig._suptitle.get_text().endswith("(custom, feature position, trajectory run-07)")
+    assert list(fig.axes[0].get_lines()[0].get_xdata()) == list(range(105, 151, 5))
+    result = write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "trajectory": "run-9"}})
+    assert "figures/fig4b.png" not in result["written"]
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("- `fig4b.png`: trajectory id `run-9` is not among the test trajectories' ids on `custom` (`run-04`, "
+            "`run-07`); `report.figures.fig4b.trajectory` names one of them, or a number from 0") in md
+
+
 def test_fig4b_on_a_paper_dataset_keeps_the_papers_variants(tmp_path, figures):
     """On the paper's datasets fig4b is the paper's figure: its models, in its order, whatever else was trained;
     a file without the custom columns (Swimmer's) keeps the prepared steps and numbers its trajectory."""
