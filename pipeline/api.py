@@ -634,6 +634,15 @@ def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | N
                       stacklevel=4)
 
 
+def _train_counts(cfg: ModelConfig, train: Sequence[np.ndarray]) -> list[int] | None:
+    """How often each symbol 0 … V-1 occurs in ``train`` (discrete models): the unigram yardstick of evaluate."""
+    if not cfg.discrete:
+        return None
+    from pipeline.naive import unigram_counts
+
+    return unigram_counts(train, cfg.input_dim)
+
+
 def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] | None) -> None:
     """Warn about features that look like no measurement, as the pipeline's custom source does: one that increases
     within every trajectory of 3 steps or more (at least two of them: a time stamp or a row counter) or one that
@@ -959,7 +968,8 @@ class FittedModel:
       ``stopped_early`` (the reason, or None); ``columns``, the names of train's columns when it had names (frames
       and dicts are then read by name), ``vocab``, the symbols of a model fitted on strings (index order), and
       ``standardize``, train's ``{"mean", "std"}`` per feature of a model fitted with ``standardize=True`` (None
-      otherwise).
+      otherwise), and ``train_counts``, how often each symbol occurs in train (discrete models; None otherwise):
+      :meth:`evaluate`'s unigram yardstick.
     """
 
     model: SequenceModel
@@ -1004,8 +1014,11 @@ class FittedModel:
 
         c = self.model.config
         mean, std = self._units() or (np.zeros(c.input_dim), np.ones(c.input_dim))
+        counts = self.extras.get("train_counts")   # None in files saved before fits kept them
         return TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
-                          epoch=self.epoch, kind="discrete" if c.discrete else "continuous", mean=mean, std=std)
+                          epoch=self.epoch, kind="discrete" if c.discrete else "continuous", mean=mean, std=std,
+                          train_counts=list(counts) if c.discrete and isinstance(counts, list) and
+                          len(counts) == c.input_dim else None)
 
     def _in_data_units(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
         if self._units() is None:
@@ -1052,7 +1065,8 @@ class FittedModel:
         in the units of the given arrays, and what repeating the last observation scores on the same steps
         (:mod:`pipeline.naive`'s yardstick); with ``standardize=True`` both in standardised units, as the pipeline
         reports them, and ``mse_data_units`` the one-step error in the arrays' units; ``{"bpc", "accuracy"}`` for a
-        discrete one, the bits per symbol of the next symbol and the fraction predicted most likely."""
+        discrete one, the bits per symbol of the next symbol and the fraction predicted most likely, with
+        ``unigram_bpc`` and ``unigram_accuracy``, what train's symbol frequencies score on the same steps."""
         from pipeline.inference import check_finite_outputs
         from pipeline.naive import last_value_mse
         from pipeline.train import check_scorable, evaluate, evaluate_and_predict
@@ -1060,7 +1074,9 @@ class FittedModel:
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
         if self.model.config.discrete:
-            return evaluate(self.model, inputs)
+            metrics = evaluate(self.model, inputs)
+            metrics.update(self._run()._unigram(np.concatenate([t[1:] for t in inputs])))
+            return metrics
         self._warn_far(inputs)
         metrics, outputs = evaluate_and_predict(self.model, inputs)
         check_finite_outputs(outputs, inputs, lambda k: f"trajectories[{k}]", self._what_inputs_are())
@@ -1423,7 +1439,8 @@ def fit_model(
                          extras={"train_config": asdict(tcfg), "windows": windows,
                                  "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
                                  "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
-                                 "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize})
+                                 "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
+                                 "train_counts": _train_counts(cfg, train)})
     if cfg.init == "2sr" and tcfg.epochs >= 1:
         _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)))
     return fitted

@@ -173,6 +173,7 @@ class TrainedRun:
     std: np.ndarray | None = None
     root: Path | None = None
     symbol_column: str = "symbol"   # discrete: the column of the training file's symbols, new files' default
+    train_counts: list[int] | None = None   # discrete: each symbol's count in train (the unigram yardstick)
 
     @classmethod
     def from_units(cls, model: Any, units: dict[str, Any], *, dataset: str, variant: str, seed: int, epoch: int,
@@ -181,9 +182,12 @@ class TrainedRun:
         model.eval()
         root = Path(root).resolve() if root is not None else None   # a later chdir must not move it
         if units["kind"] == "discrete":
+            counts = units.get("train_counts")   # absent in the units of runs trained before they were kept
+            ok = (isinstance(counts, list) and len(counts) == len(units["vocab"]) and sum(counts) > 0
+                  and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts))
             return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="discrete",
                        vocab=list(units["vocab"]), root=root,
-                       symbol_column=str(units.get("symbol_column", "symbol")))
+                       symbol_column=str(units.get("symbol_column", "symbol")), train_counts=counts if ok else None)
         return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="continuous",
                    features=list(units["features"]), mean=np.asarray(units["mean"], dtype=np.float64),
                    std=np.asarray(units["std"], dtype=np.float64), root=root)
@@ -345,7 +349,8 @@ class TrainedRun:
         """The pipeline's metrics on ``trajectories`` (BPC and accuracy, or MSE in standardised units as in the
         report), and for continuous data ``mse_data_units`` (the same errors in the original units) and
         ``last_value_mse`` (standardised, as ``mse``: what repeating the last observation scores on the same steps,
-        :mod:`pipeline.naive`'s yardstick). Trajectories without a step to score (all a single step, also once
+        :mod:`pipeline.naive`'s yardstick); for discrete data ``unigram_bpc`` and ``unigram_accuracy`` (the training
+        symbol frequencies' score on the same steps) where the run kept its training counts. Trajectories without a step to score (all a single step, also once
         ``unknown='drop'`` has left symbols out) are refused, as :meth:`pipeline.api.FittedModel.evaluate` refuses
         them, rather than scored NaN."""
         from pipeline.naive import last_value_mse
@@ -361,13 +366,24 @@ class TrainedRun:
                 from None
         self.model.to(resolve_device(device, "device="))
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
-            return evaluate(self.model, encoded)
+            metrics = evaluate(self.model, encoded)
+            metrics.update(self._unigram(np.concatenate([e[1:] for e in encoded])))
+            return metrics
         warn_far_from_training(encoded, self.features)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         check_finite_outputs(outputs, encoded, _indexed)   # else NaN metrics
         metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
         metrics["last_value_mse"] = last_value_mse(encoded)
         return metrics
+
+    def _unigram(self, targets: np.ndarray) -> dict[str, float]:
+        """``unigram_bpc`` and ``unigram_accuracy`` on the symbol indices ``targets`` (the yardstick of the report,
+        :func:`pipeline.naive.unigram_metrics`, from the training counts the run kept); {} without them."""
+        if self.train_counts is None:
+            return {}
+        from pipeline.naive import unigram_metrics
+
+        return {f"unigram_{k}": v for k, v in unigram_metrics(self.train_counts, targets).items()}
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
         """The mean squared one-step error per feature and step, as the pipeline's MSE but in the data's units."""
@@ -730,7 +746,12 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     if units is None:   # the initial weights, or a run trained before runs kept their units
         if not prepared.is_file():
             raise missing
-        units = read_dataset(prepared).units()
+        ds = read_dataset(prepared)
+        units = ds.units()
+        if ds.discrete:
+            from pipeline.naive import unigram_counts
+
+            units["train_counts"] = unigram_counts(ds.train, len(ds.vocab))
         _check_units_fit(units, model, str(prepared))
     return TrainedRun.from_units(model, units, dataset=dataset, variant=variant, seed=seed, epoch=epoch, root=root)
 
@@ -1107,6 +1128,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     sq_data_units, n_data_units = 0.0, 0   # continuous: the one-step errors in the data's units
     sq_last = 0.0                           # continuous: the errors of repeating the last observation (pipeline.naive)
     bits_sum, correct = 0.0, 0              # discrete: the BPC and accuracy, from the log-probabilities written
+    unigram_targets: list[np.ndarray] = []  # discrete: the scored symbols, for the unigram yardstick
 
     def block_table(pieces: list[tuple[int, int, np.ndarray]]) -> Any:
         """The output rows of filtered pieces (k, start, outputs): rows start … of trajectory k, as one table."""
@@ -1139,6 +1161,8 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             bits = (-logp[rows, t] / math.log(2)).numpy()
             bits_sum += float(bits[scored].sum())
             correct += int((best == t)[mask].sum())
+            if run.train_counts is not None:
+                unigram_targets.append(target[scored])
             columns += [symbols.take(pa.array(best.numpy())), pa.array(logp[rows, best].exp().numpy()),
                         pa.array(bits, mask=~scored)]
             if probabilities:
@@ -1173,6 +1197,9 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         if run.discrete:
             metrics = ({"bpc": bits_sum / scored_rows, "accuracy": correct / scored_rows} if scored_rows
                        else {"bpc": float("nan"), "accuracy": float("nan")})
+            if run.train_counts is not None:
+                metrics.update(run._unigram(np.concatenate(unigram_targets) if unigram_targets
+                                            else np.zeros(0, np.int64)))
         else:
             metrics = sums.result()
             metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")

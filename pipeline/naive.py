@@ -42,15 +42,30 @@ def naive_metrics(train: Sequence[np.ndarray], test: Sequence[np.ndarray], *, di
             bad = (s < 0) | (s >= V)
             if bad.any():   # bincount would grow past V, or an index wrap round: a wrong number, silently
                 raise ValueError(f"{name}: symbol {int(s[bad][0])}; expected symbols 0 … {V - 1}")
-        counts = np.bincount(syms, minlength=V).astype(np.float64)
-        p = (counts + 0.5) / (counts.sum() + 0.5 * V)
-        bits = -np.log2(p[targets])
-        return {"unigram": {"bpc": float(bits.mean()),
-                            "accuracy": float(np.mean(targets == int(np.argmax(counts))))}}
+        return {"unigram": unigram_metrics(np.bincount(syms, minlength=V), targets)}
 
     mean = np.concatenate([_rows(t) for t in train]).mean(axis=0)
     return {"last_value": {"mse": last_value_mse(test)},
             "train_mean": {"mse": _scored_mse(test, lambda x: np.broadcast_to(mean, x[:-1].shape))}}
+
+
+def unigram_counts(train: Sequence[np.ndarray], vocab_size: int) -> list[int]:
+    """How often each symbol 0 … V-1 occurs in the ``train`` trajectories: what :func:`unigram_metrics` needs, kept
+    with a trained run (its ``data_units``) so that new data are scored against the same yardstick."""
+    syms = [np.asarray(t, dtype=np.int64).ravel() for t in train]
+    return np.bincount(np.concatenate(syms) if syms else np.zeros(0, np.int64), minlength=vocab_size).tolist()
+
+
+def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """The unigram predictor on the symbols ``targets``: the training frequencies ``counts`` with add-½ smoothing
+    (a symbol never seen in training costs finite bits), ``bpc``, and ``accuracy``, that of always predicting the
+    most frequent training symbol; NaN for no target."""
+    counts = np.asarray(counts, dtype=np.float64)
+    targets = np.asarray(targets, dtype=np.int64).ravel()
+    if targets.size == 0:
+        return {"bpc": float("nan"), "accuracy": float("nan")}
+    p = (counts + 0.5) / (counts.sum() + 0.5 * len(counts))
+    return {"bpc": float(-np.log2(p[targets]).mean()), "accuracy": float(np.mean(targets == int(np.argmax(counts))))}
 
 
 def last_value_mse(trajectories: Sequence[np.ndarray]) -> float:

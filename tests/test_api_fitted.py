@@ -257,7 +257,12 @@ def test_strings_are_symbols(tmp_path, quiet):
     indices = [np.searchsorted(vocab, list("the rat"))]
     assert _same(fitted.predict(["the rat"]), fitted.predict([list("the rat")]))
     assert _same(fitted.predict(["the rat"]), pipeline.train.predict(fitted.model, indices))
-    assert fitted.evaluate(["the rat"]) == pipeline.train.evaluate(fitted.model, indices)
+    from pipeline.naive import naive_metrics
+
+    unigram = naive_metrics([np.searchsorted(vocab, list(t)) for t in train], indices, discrete=True,
+                            vocab_size=len(vocab))["unigram"]   # train's frequencies on the same steps
+    assert fitted.evaluate(["the rat"]) == {**pipeline.train.evaluate(fitted.model, indices),
+                                            "unigram_bpc": unigram["bpc"], "unigram_accuracy": unigram["accuracy"]}
     (forecast,) = fitted.forecast(["the c"], 4)
     assert forecast.dtype.kind == "U" and len(forecast) == 4 and set(forecast) <= set(vocab)
     fitted.save(tmp_path / "m.pt")

@@ -130,6 +130,37 @@ def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
     assert summary["metrics"]["bpc"] == pytest.approx(want["bpc"], rel=1e-9)
     assert summary["metrics"]["accuracy"] == pytest.approx(want["accuracy"])
     assert json.loads(out.schema.metadata[PREDICT_META_KEY])["vocab"] == run.vocab
+    assert "unigram_bpc" not in summary["metrics"]   # a run without its training counts: no yardstick
+
+
+def test_a_discrete_run_with_its_training_counts_scores_the_unigram_yardstick(discrete_run, tmp_path):
+    """As evaluate of a continuous run reports last_value_mse: a run that kept train's symbol counts (refine keeps
+    them in data_units) reports unigram_bpc and unigram_accuracy, pipeline.naive's unigram on the same steps, from
+    evaluate and from predict_file (whose blocks split the trajectories)."""
+    import dataclasses
+
+    from pipeline.naive import naive_metrics, unigram_counts
+
+    run, test = discrete_run
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=20, n_test=4, length=60, seed=0)
+    counts = unigram_counts(ds.train, 4)
+    units = {"kind": "discrete", "vocab": run.vocab, "train_counts": counts}
+    with_counts = TrainedRun.from_units(run.model, units, dataset="hmm", variant="psrnn", seed=0, epoch=1)
+    assert with_counts.train_counts == counts and sum(counts) == sum(len(t) for t in ds.train)
+    want = naive_metrics(ds.train, test, discrete=True, vocab_size=4)["unigram"]
+    raw = [[run.vocab[i] for i in t] for t in test]
+    scores = with_counts.evaluate(raw)
+    assert (scores["unigram_bpc"], scores["unigram_accuracy"]) == pytest.approx((want["bpc"], want["accuracy"]),
+                                                                               rel=1e-12)
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "symbol": np.array(run.vocab)[np.concatenate(test)]})
+    summary = predict_file(with_counts, src, tmp_path / "pred.parquet", block_rows=7)
+    assert summary["metrics"]["unigram_bpc"] == pytest.approx(want["bpc"], rel=1e-12)
+    assert summary["metrics"]["unigram_accuracy"] == pytest.approx(want["accuracy"], rel=1e-12)
+    # counts that do not fit the vocabulary (a damaged file) are ignored, not trusted
+    assert TrainedRun.from_units(run.model, {**units, "train_counts": counts[:3]}, dataset="hmm", variant="psrnn",
+                                 seed=0, epoch=1).train_counts is None
+    assert "unigram_bpc" not in dataclasses.replace(with_counts, train_counts=None).evaluate(raw)
 
 
 def test_a_custom_runs_symbol_column_is_the_default_for_new_files(discrete_run, tmp_path):

@@ -495,12 +495,14 @@ def test_a_run_marked_done_by_the_previous_fingerprint_is_kept(tmp_path, clean_e
     (mdir / "done").write_text(refine._legacy_fingerprint(params, root, "hmm", "psrnn", 0) + "\n")
     (mdir / "tracked").unlink()
     history = json.loads((mdir / "history.json").read_text())
-    assert history["data_units"] == load_prepared(root, "hmm").units()   # the units load_run reads
+    ds = load_prepared(root, "hmm")   # the units load_run reads, with train's symbol counts (the unigram yardstick)
+    counts = np.bincount(np.concatenate(ds.train), minlength=len(ds.vocab)).tolist()
+    assert history["data_units"] == {**ds.units(), "train_counts": counts}
     del history["data_units"]   # and a run trained before runs kept their units gets them
     (mdir / "history.json").write_text(json.dumps(history))
     refine.refine(params, root, "hmm")
     assert _mtime(root, "psrnn", 0) == mtime and _runs(root) == runs
-    assert json.loads((mdir / "history.json").read_text())["data_units"] == load_prepared(root, "hmm").units()
+    assert json.loads((mdir / "history.json").read_text())["data_units"] == {**ds.units(), "train_counts": counts}
     assert (mdir / "done").read_text().strip() == refine.run_fingerprints(params, root, "hmm", "psrnn", 0)[0]
     assert (mdir / "tracked").read_text().strip() == refine.tracking_fingerprint(params, root)
     # markers of neither fingerprint are a run of another configuration: trained again
