@@ -126,10 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text, out in (
             ("predict", "one-step predictions of a trained run on new trajectories (a Parquet file in the schema "
                         "of a custom dataset); not a DVC stage",
-             "Parquet file to write: one row per input row, the prediction of the next observation"),
+             "Parquet file to write (CSV for a name ending in .csv): one row per input row, the prediction of the next "
+             "observation"),
             ("forecast", "free-running forecasts of the next --steps observations after each trajectory of a "
                          "Parquet file (each prediction fed back as the next input); not a DVC stage",
-             "Parquet file to write: one row per trajectory and horizon 1..steps")):
+             "Parquet file to write (CSV for a name ending in .csv): one row per trajectory and horizon 1..steps")):
         d = command(name, help=text)
         d.add_argument("dataset", help="the dataset the run was trained on, e.g. swimmer or custom")
         d.add_argument("variant", help="the run's model variant, e.g. psrnn")
@@ -462,9 +463,9 @@ def _check_inference_args(args: argparse.Namespace, root: Path) -> None:
     resolve_device(args.device, "--device")
     check_output_path(args.output, root)   # not over the project's own files, before the run is loaded
     suffix = Path(args.output).suffix
-    if suffix.lower() != ".parquet":   # a .csv name would not make a CSV: say so rather than surprise a reader
+    if suffix.lower() not in (".parquet", ".csv"):   # a .txt name would not make text: say so, not surprise a reader
         print(f"psrnn {args.stage}: warning: {args.output}: written as Parquet (pyarrow), whatever its name ends with "
-              f"({suffix or 'no suffix'}); expected a name ending in .parquet", file=sys.stderr)
+              f"({suffix or 'no suffix'}); expected a name ending in .parquet (or .csv for CSV)", file=sys.stderr)
 
 
 def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:

@@ -1049,9 +1049,40 @@ def _write_table(run: TrainedRun, input_path: Path, output_path: Path, columns: 
         _add_output_meta(writer, run, input_path, info)
 
 
+def is_csv(output_path: str | Path) -> bool:
+    """Whether an output is written as CSV (a name ending in .csv) rather than Parquet."""
+    return Path(output_path).suffix.lower() == ".csv"
+
+
+def _check_csv_probabilities(output_path: Path, run: "TrainedRun", probabilities: bool) -> None:
+    if probabilities and is_csv(output_path):
+        raise ValueError(f"{output_path}: probabilities=True writes a list of {len(run.vocab)} probabilities per row, "
+                         "which CSV cannot hold; expected a .parquet output for them")
+
+
+class _CSVWriter:
+    """The part of ``pq.ParquetWriter`` that predict_file and forecast_file use, writing CSV: the same rows and
+    columns, without the metadata (a CSV file has none; the CLI prints the summary)."""
+
+    def __init__(self, path: Path, schema: Any) -> None:
+        import pyarrow.csv as pacsv
+
+        self._writer = pacsv.CSVWriter(str(path), schema)
+
+    def write_table(self, table: Any, row_group_size: int | None = None) -> None:
+        self._writer.write_table(table)
+
+    def add_key_value_metadata(self, metadata: dict[str, str]) -> None:
+        pass
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 @contextmanager
 def _output_writer(output_path: Path, schema: Any) -> Iterator[Any]:
-    """A Parquet writer of ``schema`` into a temporary file renamed to ``output_path`` when the block ends.
+    """A Parquet writer of ``schema`` into a temporary file renamed to ``output_path`` when the block ends (a CSV
+    writer for a name ending in .csv).
 
     The Arrow schema is not stored in the file (``store_schema=False``): predict_file knows its summary only after
     the last row group, and key-value metadata added at close (:func:`_add_output_meta`) reads back as the schema
@@ -1061,6 +1092,14 @@ def _output_writer(output_path: Path, schema: Any) -> Iterator[Any]:
 
     from pipeline.io import atomic_path
 
+    if is_csv(output_path):
+        with atomic_path(output_path, suffix=".csv") as tmp:
+            writer = _CSVWriter(tmp, schema)
+            try:
+                yield writer
+            finally:
+                writer.close()
+        return
     with atomic_path(output_path) as tmp, pq.ParquetWriter(tmp, schema, store_schema=False) as writer:
         yield writer
 
@@ -1107,6 +1146,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     check_unknown(unknown)
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path, getattr(run, "root", None))
+    _check_csv_probabilities(output_path, run, probabilities)   # before the input is read
     block_rows = min(block_rows, rows_within_budget(run.model))
     dev = resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
@@ -1278,6 +1318,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     check_sample(sample, run.discrete)
     check_unknown(unknown)
     check_output_path(output_path, getattr(run, "root", None))
+    _check_csv_probabilities(output_path, run, probabilities)   # before the input is read
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     spacings, single, fallback = _check_forecast_steps(input_path, data, steps)

@@ -131,6 +131,17 @@ def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
     assert summary["metrics"]["accuracy"] == pytest.approx(want["accuracy"])
     assert json.loads(out.schema.metadata[PREDICT_META_KEY])["vocab"] == run.vocab
     assert "unigram_bpc" not in summary["metrics"]   # a run without its training counts: no yardstick
+    # CSV: the same rows, but no list of probabilities per row (refused before the input is read)
+    import pyarrow.csv as pacsv
+
+    with pytest.raises(ValueError, match=r"pred\.csv: probabilities=True writes a list of 4 probabilities per row, "
+                                         r"which CSV cannot hold; expected a \.parquet output for them$"):
+        predict_file(run, src, tmp_path / "pred.csv", symbol_column="sym", probabilities=True)
+    assert not (tmp_path / "pred.csv").exists()
+    predict_file(run, src, tmp_path / "pred.csv", symbol_column="sym")
+    csv = pacsv.read_csv(tmp_path / "pred.csv")
+    assert csv.column("predicted").to_pylist() == out.column("predicted").to_pylist()
+    assert csv.column("next_bits").null_count == len(test)
 
 
 def test_a_discrete_run_with_its_training_counts_scores_the_unigram_yardstick(discrete_run, tmp_path):
@@ -1038,11 +1049,22 @@ def test_predict_and_forecast_warn_when_the_run_is_not_current(capsys, tmp_path,
            "their own)")
     (mdir / "done").write_text(run_fingerprints(load_params(REPO / "params.yaml"), tmp_path, "lgssm", "psrnn", 0)[0])
     assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, out) == (0, "")
-    csv = tmp_path / "out.csv"   # the name does not choose the format: said, not silently ignored
-    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, str(csv)) == (
-        0, f"psrnn predict: warning: {csv}: written as Parquet (pyarrow), whatever its name ends with (.csv); "
-           "expected a name ending in .parquet")
-    assert pq.read_table(csv).num_rows == len(test[0]) + len(test[1])
+    txt = tmp_path / "out.txt"   # a name of another format: written as Parquet, said, not silently ignored
+    assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", src, str(txt)) == (
+        0, f"psrnn predict: warning: {txt}: written as Parquet (pyarrow), whatever its name ends with (.txt); "
+           "expected a name ending in .parquet (or .csv for CSV)")
+    assert pq.read_table(txt).num_rows == len(test[0]) + len(test[1])
+    # a .csv name writes CSV: the same rows and columns as the Parquet output, for predict and forecast
+    import pyarrow.csv as pacsv
+
+    for stage, extra, parquet in (("predict", [], out), ("forecast", ["--steps", "3"], str(tmp_path / "f.parquet"))):
+        csv = tmp_path / f"{stage}.csv"
+        assert _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", src, str(csv), *extra) == (0, "")
+        assert _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", src, parquet, *extra) == (0, "")
+        got, want = pacsv.read_csv(csv), pq.read_table(parquet)
+        assert got.column_names == want.column_names and got.num_rows == want.num_rows
+        for name in want.column_names:
+            assert np.allclose(got.column(name).to_numpy(), want.column(name).to_numpy(), rtol=1e-15), name
     # what the comparison reads is gone (the prepared data; the run keeps its own units): said, and the run used
     (mdir / "history.json").write_text(json.dumps({"data_units": {"kind": "continuous", "features": run.features,
                                                                   "mean": run.mean.tolist(),
