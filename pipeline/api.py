@@ -884,8 +884,8 @@ def _check_shape_options(model: str, a: dict[str, Any]) -> None:
                          "leave it out (psrnn, lstm, gru and rnn stack layers)")
     if a["bias_scale"] is not None and not (model in PSRNN_MODELS and a["init"] == "2sr"):
         has = ("init='random' sets its bias to zero" if model in PSRNN_MODELS else "has no such bias")
-        raise ValueError(f"bias_scale={brief(a['bias_scale'])}: the PSRNN bias is bias_scale × the mean 2SR state; "
-                         f"{model} {has}, leave it out")
+        raise ValueError(f"bias_scale={brief(a['bias_scale'])}: the PSRNN bias is bias_scale × the mean unnormalised "
+                         f"2SR update; {model} {has}, leave it out")
     if not isinstance(a["decoder_input"], str) or a["decoder_input"] not in DECODER_INPUTS:
         raise ValueError(f"decoder_input={brief(a['decoder_input'])}: expected 'top' (the decoder reads the top "
                          "layer's state) or 'all' (every layer's)")
@@ -960,8 +960,9 @@ class FittedModel:
     * ``model``: the network (a :class:`pipeline.models.common.SequenceModel`), holding the weights of
       :attr:`epoch`; ``model.config`` says its kind (``discrete``), sizes and options.
     * ``history``: one dict per epoch, epoch 0 the initialisation: ``{"epoch", "seconds", "train", "valid",
-      "test", "lr"}``, each split's metrics ``{"mse"}`` or ``{"bpc", "accuracy"}`` (``"test"`` is the training
-      data when no test set was given; ``"valid"`` only with ``valid=``).
+      "test", "lr"}`` (``"lr"``, the rate the epoch trained at, from epoch 1 on), each split's metrics
+      ``{"mse"}`` or ``{"bpc", "accuracy"}`` (``"test"`` is the training data when no test set was given;
+      ``"valid"`` only with ``valid=``).
     * ``two_stage``: the 2SR statistics the model was initialised from (PSRNNs with init '2sr', the KF's linear
       2SR); None for the others, and after :func:`load_fitted` (not saved).
     * ``extras``: ``train_config``, ``windows`` (past/future), ``two_stage_config``, ``best_epoch``,
@@ -1327,7 +1328,8 @@ def fit_model(
       bound); refused for the other models, which have none.
     * ``init``: ``"2sr"`` (default: PSRNNs by two-stage regression, the paper's) or ``"random"`` (PSRNNs only,
       to see what 2SR buys); the RNN baselines are Xavier-initialised, the KF by linear 2SR.
-    * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean 2SR state; default 0 for ``psrnn``,
+    * ``bias_scale``: the PSRNN bias is ``bias_scale`` × the layer's mean unnormalised 2SR update
+      (W ×₂ o ×₃ q before the 2-norm, averaged over the training steps); default 0 for ``psrnn``,
       0.1 for ``factorized_psrnn``; refused where there is no such bias (the other models, ``init="random"``).
 
     2SR (epoch 0):
@@ -1427,6 +1429,7 @@ def fit_model(
 
         warnings.warn(f"fit_model: {note}; where their error stands apart, a small bias_scale= (0.05 to 0.2) "
                       "breaks the symmetry", UserWarning, stacklevel=2)
+    _warn_if_training_data_choose(tcfg, bool(plan.valid))
     completed: list[dict[str, Any]] = []
     try:
         result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
@@ -1441,9 +1444,55 @@ def fit_model(
                                  "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
                                  "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
                                  "train_counts": _train_counts(cfg, train)})
-    if cfg.init == "2sr" and tcfg.epochs >= 1:
-        _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)))
+    if cfg.init == "2sr":
+        _warn_if_no_better_than_naive(fitted, train)
+        if tcfg.epochs >= 1:
+            _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)),
+                                    test_given=plan.test is not train)
     return fitted
+
+
+def _warn_if_training_data_choose(tcfg: Any, has_valid: bool) -> None:
+    """Warn when restore_best, lr_decay or patience watch the training data (no ``valid=``, ``eval_train`` on):
+    the best epoch is then the one that fits train best, which is rarely the one that predicts best; pass
+    ``valid=`` to choose on held-out data. (Watching test, ``monitor='test'``, is logged by fit.)"""
+    import warnings
+
+    if tcfg.scheduled and tcfg.monitored_split(has_valid) == "train":
+        warnings.warn(f"fit_model: train_options {tcfg.schedule_keys} watch the training data (no valid= given): the "
+                      "epochs are chosen and scheduled by how well they fit train; pass valid= (held-out "
+                      "trajectories) to choose by how well they predict", UserWarning, stacklevel=3)
+
+
+def _warn_if_no_better_than_naive(fitted: FittedModel, train: Sequence[np.ndarray]) -> None:
+    """Warn when the 2SR initialisation scores train no better than a predictor that learns no dynamics: the
+    training mean (continuous) or the unigram (discrete). A ridge too large for clean, smooth data over-smooths
+    2SR, one too small lets it fit noise, and either can leave a constant predictor (a sine fitted at ridge 1e-4
+    gave the training mean's MSE, 1.000); the one-step metrics of training then start from nothing 2SR learnt."""
+    import warnings
+
+    from pipeline.metrics import primary_metric
+    from pipeline.naive import naive_metrics
+
+    first = fitted.history[0] if fitted.history else {}
+    metric = primary_metric(fitted.model.config.discrete)
+    start = (first.get("train") or {}).get(metric)
+    if start is None or not np.isfinite(start):
+        return
+    naive = naive_metrics(train, train, discrete=fitted.model.config.discrete,
+                          vocab_size=fitted.model.config.input_dim if fitted.model.config.discrete else None)
+    name = "unigram" if fitted.model.config.discrete else "train_mean"
+    baseline = naive.get(name, {}).get(metric)
+    # continuous: explaining under a tenth of the variance left by the mean is no dynamics (0.997 against 1.000)
+    if baseline is None or start < (baseline if fitted.model.config.discrete else NO_BETTER_THAN_MEAN * baseline):
+        return
+    what = "the training symbol frequencies (unigram)" if fitted.model.config.discrete else "the training mean"
+    ridge = (fitted.extras.get("two_stage_config") or {}).get("ridge")
+    now = f"now {ridge:g}: " if isinstance(ridge, (int, float)) else ""
+    warnings.warn(f"fit_model: the 2SR initialisation scores train {metric} {start:.4g}, hardly better than "
+                  f"predicting {what} ({baseline:.4g}): it learnt next to no dynamics; try another ridge= ({now}1e-1 "
+                  "… 1e-4, chosen on held-out data, benchmarks/ridge_sweep.py), horizon= or state_dim=",
+                  UserWarning, stacklevel=3)
 
 
 def far_side_note(model, splits: dict[str, Sequence[np.ndarray] | None]) -> str | None:
@@ -1467,15 +1516,20 @@ def far_side_note(model, splits: dict[str, Sequence[np.ndarray] | None]) -> str 
             "and the decoder reads the mirror image wrong")
 
 
+#: a continuous 2SR initialisation whose training MSE is above this fraction of the training mean's gets a warning
+NO_BETTER_THAN_MEAN = 0.9
 #: a final model this much worse than a 2SR initialisation (relative, on the monitored split) gets a warning
 WORSE_THAN_2SR = 0.10
 
 
-def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
+def _warn_if_worse_than_2sr(fitted: FittedModel, split: str, test_given: bool = True) -> None:
     """Warn when BPTT left a 2SR-initialised model worse than its initialisation, by more than
     :data:`WORSE_THAN_2SR` on the split that scores epochs (``train_config.monitor``): with the paper's SGD at
     lr 1 a small data set often does, and the returned weights (the last epoch's) would silently be worse than
-    what 2SR gave. Xavier and random initialisations are not compared: their epoch 0 is no model."""
+    what 2SR gave. Where that split held but the test split (``test_given``) did not, that is said instead: a
+    PSRNN without a bias whose state turned to its mirror image on a test trajectory kept its training BPC and
+    went from 0.59 to 1.56 test BPC. Xavier and random initialisations are not compared: their epoch 0 is no
+    model."""
     import warnings
 
     from pipeline.metrics import primary_metric
@@ -1487,6 +1541,17 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str) -> None:
         return
     initial, final = entries[0][split][metric], entries[final_epoch][split][metric]
     if not worse_than_start(initial, final):
+        if split != "test" and test_given and "test" in entries[0] and "test" in entries[final_epoch]:
+            t0, t1 = entries[0]["test"][metric], entries[final_epoch]["test"][metric]
+            if worse_than_start(t0, t1):
+                bias = (" (without a bias a PSRNN's state can turn to its mirror image on some trajectories: "
+                        "bias_scale=0.1 breaks the symmetry)" if fitted.model.config.model == "psrnn" else "")
+                warnings.warn(f"fit_model: the returned model (epoch {final_epoch}) scores test {metric} {t1:.4g}, "
+                              f"{worse_by(t0, t1)} than its 2SR initialisation (epoch 0: {t0:.4g}), while {split} "
+                              f"{metric} went from {initial:.4g} to {final:.4g}: training fits data that the test "
+                              f"trajectories do not follow{bias}; evaluate them one by one to find those that "
+                              "went wrong, and choose the epoch on held-out data (valid=, train_options="
+                              "{'restore_best': True})", UserWarning, stacklevel=3)
         return
     lr = fitted.extras["train_config"]["lr"]
     with_valid = "" if split == "valid" else " with valid=..."   # valid given: it already scores the epochs

@@ -40,14 +40,15 @@ def quiet():
 @pytest.mark.parametrize("argument, message", [
     ({"model": "kf", "n_layers": 3}, "n_layers=3: the Kalman filter has one state, no layers to stack; leave it out "
                                      "(psrnn, lstm, gru and rnn stack layers)"),
-    ({"model": "lstm", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean 2SR state; "
-                                           "lstm has no such bias, leave it out"),
-    ({"model": "gru", "bias_scale": 0.0}, "bias_scale=0.0: the PSRNN bias is bias_scale × the mean 2SR state; gru "
-                                          "has no such bias, leave it out"),
-    ({"model": "kf", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean 2SR state; kf has "
-                                         "no such bias, leave it out"),
-    ({"init": "random", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean 2SR state; "
-                                            "psrnn init='random' sets its bias to zero, leave it out"),
+    ({"model": "lstm", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean unnormalised "
+                                           "2SR update; lstm has no such bias, leave it out"),
+    ({"model": "gru", "bias_scale": 0.0}, "bias_scale=0.0: the PSRNN bias is bias_scale × the mean unnormalised "
+                                          "2SR update; gru has no such bias, leave it out"),
+    ({"model": "kf", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean unnormalised "
+                                         "2SR update; kf has no such bias, leave it out"),
+    ({"init": "random", "bias_scale": 0.1}, "bias_scale=0.1: the PSRNN bias is bias_scale × the mean "
+                                            "unnormalised 2SR update; psrnn init='random' sets its bias to zero, "
+                                            "leave it out"),
     ({"model": "rnn", "decoder_input": "all"}, "decoder_input='all': the skip connections of a multilayer PSRNN; "
                                                "rnn's decoder reads its top layer, leave it out"),
     ({"model": "kf", "decoder_input": "all"}, "decoder_input='all': the skip connections of a multilayer PSRNN; kf's "
@@ -535,6 +536,65 @@ def test_the_worse_than_2sr_warning_survives_a_perfect_epoch_0():
                     extras={"train_config": {"lr": 1.0}})
     with pytest.warns(UserWarning, match=r"scores train bpc 0\.5, worse than its 2SR initialisation \(epoch 0: 0\)"):
         pipeline.api._warn_if_worse_than_2sr(f, "train")
+
+
+def test_a_test_split_worse_than_its_2sr_start_is_said_even_when_train_improved():
+    """A PSRNN without a bias whose state turned to its mirror image on a test trajectory kept improving on train
+    (the monitored split) and went from 0.59 to 1.56 test BPC without a word: the test split is compared too, and
+    a bias is suggested for a PSRNN; nothing is said when test held, or when no test set was given."""
+    model = pipeline.api.initialise_model(pipeline.api.ModelConfig(model="psrnn", discrete=True, input_dim=5,
+                                                                   output_dim=5, state_dim=3, obs_dim=3,
+                                                                   init="random"))
+    history = [{"epoch": 0, "train": {"bpc": 0.57}, "test": {"bpc": 0.589}},
+               {"epoch": 3, "train": {"bpc": 0.563}, "test": {"bpc": 1.564}}]
+    f = FittedModel(model=model, history=history, extras={"train_config": {"lr": 1e-3}})
+    with pytest.warns(UserWarning) as caught:
+        pipeline.api._warn_if_worse_than_2sr(f, "train")
+    (w,) = caught
+    assert str(w.message).startswith(
+        "fit_model: the returned model (epoch 3) scores test bpc 1.564, 166% worse than its 2SR initialisation "
+        "(epoch 0: 0.589), while train bpc went from 0.57 to 0.563: training fits data that the test trajectories do "
+        "not follow (without a bias a PSRNN's state can turn to its mirror image on some trajectories: "
+        "bias_scale=0.1 breaks the symmetry); evaluate them one by one"), str(w.message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipeline.api._warn_if_worse_than_2sr(f, "train", test_given=False)   # "test" was train itself
+        held = [{**history[0]}, {**history[1], "test": {"bpc": 0.6}}]
+        pipeline.api._warn_if_worse_than_2sr(FittedModel(model=model, history=held, extras=f.extras), "train")
+
+
+def test_a_2sr_start_no_better_than_the_training_mean_is_said():
+    """Sines fitted at ridge 1e-4 gave a 2SR start that predicts the training mean (test MSE 1.000 standardised,
+    repeating the last value 0.06) with no warning; at the default ridge it predicts (0.016) and nothing is said."""
+    rng = np.random.default_rng(0)
+    series = []
+    for _ in range(13):
+        t, phase = np.arange(150), rng.uniform(0, 6)
+        series.append(np.c_[1013 + 5 * np.sin(0.2 * t + phase),
+                            20 + 0.01 * np.cos(0.2 * t + phase) + 0.001 * rng.standard_normal(150)])
+    args = dict(horizon=5, epochs=0, standardize=True, state_dim=6, obs_dim=6, n_features=200)
+    with pytest.warns(UserWarning, match=r"^fit_model: the 2SR initialisation scores train mse 0\.99\d+, hardly "
+                                         r"better than predicting the training mean \(1\): it learnt next to no "
+                                         r"dynamics; try another ridge= \(now 0\.0001: "):
+        fit_model(series[:10], series[10:], ridge=1e-4, **args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted = fit_model(series[:10], series[10:], **args)
+    assert fitted.evaluate(series[10:])["mse"] < 0.05
+
+
+def test_restore_best_on_the_training_data_is_said(symbols):
+    """restore_best (or lr_decay, patience) without valid= watches train: the epoch kept is the one that fits
+    train best; said, and not with valid= given."""
+    opts = dict(state_dim=3, obs_dim=3, n_features=32, horizon=1, epochs=1, lr=0.1, device="cpu")
+    with pytest.warns(UserWarning, match=r"^fit_model: train_options \['restore_best'\] watch the training data "
+                                         r"\(no valid= given\): "):
+        fit_model(symbols.train, symbols.test, train_options={"restore_best": True}, **opts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_model(symbols.train[:4], symbols.test, valid=symbols.train[4:], train_options={"restore_best": True},
+                  **opts)
+    assert not [w for w in caught if "watch the training data" in str(w.message)]
 
 
 # ------------------------------------------------------------------------------------------- standardize=True
