@@ -313,3 +313,28 @@ def test_the_mse_in_data_units_is_in_the_table_and_summary_of_the_datasets_that_
     assert "| variant | seeds | params | test MSE | test MSE (data units) | init MSE (mean) |" in custom
     assert "| `kf` | 2 | 1,000 | 0.500 ± 0.000 | 3.000 ± 1.414 |" in custom
     assert "data units" not in lgssm
+
+
+def test_2sr_variants_that_ended_worse_than_their_start_are_named_under_the_table(tmp_path):
+    """Swimmer's PSRNN at lr 1 went from 0.006 to 0.69 test MSE with nothing in results.md but the init column: the
+    2SR-initialised variants (PSRNNs, factorized, KF) whose mean test metric ended more than 10% worse than their
+    mean start are named under their table; Xavier baselines, which start from no model, and variants that held
+    are not."""
+    root = tmp_path / "project"
+    for seed, (start, end) in enumerate(((0.006, 0.69), (0.0066, 0.70))):
+        _write_run(root, "swimmer", "psrnn", seed, "continuous", [start, 0.3, end])
+    _write_run(root, "swimmer", "kf", 0, "continuous", [0.0009, 0.00098])          # 9% worse: not more than 10%
+    _write_run(root, "swimmer", "factorized_psrnn_r40", 0, "continuous", [0.006, 0.0095])
+    _write_run(root, "swimmer", "lstm", 0, "continuous", [1.2, 0.02])               # Xavier: improved, not named
+    _write_run(root, "swimmer", "gru", 0, "continuous", [0.01, 0.5])                # Xavier: not compared
+    write_report(root, tmp_path / "reports")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("Ended more than 10% worse than their initialisation on test (mean over seeds, test MSE): "
+            "`factorized_psrnn_r40` 6.000e-03 → 9.500e-03; `psrnn` 6.300e-03 → 0.695: BPTT undid the 2SR start (a "
+            "lower rate for them, `train.overrides`, or `train.restore_best` keeps it: README, \"Per-variant "
+            "training settings\").") in md, md
+    _write_run(root, "swimmer", "psrnn", 0, "continuous", [0.006, 0.005])
+    _write_run(root, "swimmer", "psrnn", 1, "continuous", [0.0066, 0.006])
+    _write_run(root, "swimmer", "factorized_psrnn_r40", 0, "continuous", [0.006, 0.006])
+    write_report(root, tmp_path / "reports")
+    assert "Ended more than" not in (tmp_path / "reports" / "results.md").read_text()
