@@ -1118,7 +1118,9 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
                  "(lower is better). Curves show the mean over seeds with the min–max band shaded.", ""]
         if not runs:
             lines += ["No runs found.", ""]
-        for ds in sorted(set(grouped) | (selected or set())):   # a listed dataset without runs says so
+        # in the order of params' datasets (the paper's first), a listed dataset without runs saying so
+        shown = list(dict.fromkeys(datasets)) if datasets is not None else sorted(grouped)
+        for ds in shown:
             lines += _table(ds, grouped.get(ds, {}))
         lines += ["## Figures", ""]
         lines += [f"- [{Path(w).name}]({w})" for w in written] or ["None."]

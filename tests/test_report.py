@@ -265,6 +265,10 @@ def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
     assert "- `fig4b.png`: `swimmer` not in `datasets` (params.yaml)" in md
     assert "- `fig4a.png`: `swimmer`, `mocap`, `handwriting` not in `datasets` (params.yaml)" in md
     assert "no runs for dataset" not in md
+    # the sections follow the order of `datasets` (the paper's sets first), not the alphabet
+    write_report(project, out, datasets=["swimmer", "ptb", "hmm"])
+    md = (out / "results.md").read_text()
+    assert md.index("## swimmer") < md.index("## ptb") < md.index("## hmm")
 
 
 def test_the_table_names_runs_stopped_early_or_scored_at_their_best_epoch(tmp_path: Path):
