@@ -264,3 +264,16 @@ def test_the_mse_in_data_units_is_not_compared_on_its_own():
     result = compare_summaries(ours, BASE)
     assert result.agrees and not any("data_units" in r.key for r in result.rows)
     assert compare_summaries(BASE, ours).agrees
+
+
+def test_rows_of_another_parameter_count_are_named_as_other_models():
+    """A tiny run compared with the full reference listed every number of its smaller models as "differs" and never
+    said why: rows whose n_params differ are other models (other sizes in params.yaml), named in one note line."""
+    ours = copy.deepcopy(BASE)
+    ours["hmm"]["psrnn"]["n_params"] = 60
+    ours["swimmer"]["kf"]["n_params"] = 5
+    text = format_comparison(compare_summaries(ours, BASE), "ours.json", "reference.json")
+    assert text.splitlines()[-1] == ("note: 2 row(s) have another parameter count (hmm psrnn, swimmer kf): those are "
+                                     "other models (params.yaml's sizes differ from the reference's), so their "
+                                     "numbers are not comparable")
+    assert "note:" not in format_comparison(compare_summaries(BASE, copy.deepcopy(BASE)), "a", "b")
