@@ -752,6 +752,11 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     if "device" in train_options:   # else refused by fit as train.device, after the 2SR work
         resolve_device(train_options["device"], "train_options['device']=")
     _check_train_values(train_options)
+    defaults = inspect.signature(fit_model).parameters
+    for key in _TRAIN_ARGUMENTS:   # both given, and unlike: one would silently win over the other
+        if key in train_options and a[key] != defaults[key].default and a[key] != train_options[key]:
+            raise ValueError(f"{key}={brief(a[key])} and train_options[{key!r}]={brief(train_options[key])}: two "
+                             f"values for one setting; expected one of them ({key}= alone)")
 
     spectral = model == "kf" or (model in PSRNN_MODELS and a["init"] == "2sr")
     if not spectral and (two_stage_options or a["ridge"] is not None):
@@ -1359,7 +1364,8 @@ def fit_model(
     * ``device`` (auto: CUDA when present), ``seed`` and the above go to :class:`pipeline.train.TrainConfig`;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
       ``max_loss``, ``eval_train``; the schedule ``monitor``, ``lr_decay``, ``patience``, ``min_delta``,
-      ``restore_best``) or overrides these. ``valid``: trajectories held out for the schedule and the best epoch
+      ``restore_best``) or overrides these where they keep their defaults (both given, and unlike, is an
+      error). ``valid``: trajectories held out for the schedule and the best epoch
       (scored after every epoch, like ``test``); without them the schedule monitors the training metrics.
     * A loss or gradient that is not finite (or a loss above ``train_options['max_loss']``) stops training with
       :class:`pipeline.train.TrainingDiverged`, whose ``history`` holds the epochs completed (epoch 0 included)

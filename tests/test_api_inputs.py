@@ -273,6 +273,23 @@ def test_config_errors_name_the_fit_model_argument_not_the_params_key(argument, 
     refused(message, fit_model, symbols.train, **{**SMALL, **argument})
 
 
+@pytest.mark.parametrize("argument, message", [
+    ({"epochs": 2, "train_options": {"epochs": 3}},
+     "epochs=2 and train_options['epochs']=3: two values for one setting; expected one of them (epochs= alone)"),
+    ({"lr": 0.5, "train_options": {"lr": 0.01}},
+     "lr=0.5 and train_options['lr']=0.01: two values for one setting; expected one of them (lr= alone)"),
+])
+def test_a_setting_given_twice_and_unlike_is_refused(argument, message, features, no_work):
+    """fit_model(epochs=2, lr=0.5, train_options={"epochs": 3, "lr": 0.01}) trained 3 epochs at 0.01 without a
+    word; train_options may set an argument that keeps its default, or repeat one's value."""
+    refused(message, fit_model, features.train, **{**SMALL, **argument})
+
+
+def test_train_options_set_arguments_left_at_their_defaults(features):
+    fitted = fit_model(features.train, **{**SMALL, "epochs": 5, "lr": 0.1, "train_options": {"epochs": 1, "lr": 0.1}})
+    assert [h["epoch"] for h in fitted.history] == [0, 1]
+
+
 def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_work):
     refused("state_dim=5: the Kalman filter's state has at most future window × features = 2 × 2 dimensions; "
              "expected a smaller state_dim or a longer horizon", fit_model, features.train, model="kf",
