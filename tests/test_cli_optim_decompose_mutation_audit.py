@@ -182,7 +182,8 @@ def test_cli_parquet_suffix_in_any_case_is_not_warned_about(tmp_path, capsys):
 
     from pipeline.cli import _check_inference_args
 
-    for name, warned in (("out.PARQUET", False), ("out.parquet", False), ("out.csv", True)):
+    for name, warned in (("out.PARQUET", False), ("out.parquet", False), ("out.csv", False), ("out.CSV", False),
+                         ("out.txt", True)):   # .csv writes CSV; another suffix is written as Parquet, said
         args = argparse.Namespace(stage="predict", block_rows=65536, device="cpu", output=str(tmp_path / name))
         _check_inference_args(args, tmp_path)
         assert bool(capsys.readouterr().err) == warned, name
