@@ -560,6 +560,10 @@ def _check_train_values(options: dict[str, Any]) -> None:
         raise ValueError(f"{named('momentum')}: expected a number in [0, 1)")
     if "weight_decay" in options:
         _check_number("train_options['weight_decay']", options["weight_decay"])
+    if "lr" in options:   # as lr= is checked: TrainConfig.validate compares it, and 'x' was a TypeError
+        _check_number("train_options['lr']", options["lr"], positive=True)
+    if "clip" in options:
+        _check_number("train_options['clip']", options["clip"])
     if "lr_decay" in options and not (_is_real(options["lr_decay"]) and 0 < options["lr_decay"] <= 1):
         # TrainConfig.validate compares it to numbers: "a" was a TypeError
         raise ValueError(f"{named('lr_decay')}: expected a factor in (0, 1] (1 = a fixed learning rate)")
@@ -752,11 +756,6 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     if "device" in train_options:   # else refused by fit as train.device, after the 2SR work
         resolve_device(train_options["device"], "train_options['device']=")
     _check_train_values(train_options)
-    defaults = inspect.signature(fit_model).parameters
-    for key in _TRAIN_ARGUMENTS:   # both given, and unlike: one would silently win over the other
-        if key in train_options and a[key] != defaults[key].default and a[key] != train_options[key]:
-            raise ValueError(f"{key}={brief(a[key])} and train_options[{key!r}]={brief(train_options[key])}: two "
-                             f"values for one setting; expected one of them ({key}= alone)")
 
     spectral = model == "kf" or (model in PSRNN_MODELS and a["init"] == "2sr")
     if not spectral and (two_stage_options or a["ridge"] is not None):
@@ -827,6 +826,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     tcfg = TrainConfig(**{"epochs": a["epochs"], "lr": a["lr"], "bptt": bptt, "batch_size": a["batch_size"],
                           "clip": a["clip"], "device": a["device"], "seed": a["seed"], **train_options})
     _validated(tcfg.validate, two_stage_options, train_options)
+    _check_settings_given_twice(a, tcfg)   # after validation, which names a bad train_options value as such
     valid = arrays.get("valid") or None
     _validated(lambda: tcfg.monitored_split(bool(valid)), two_stage_options, train_options)
     for name in ("train", "valid", "test"):   # as pipeline.train.fit checks them, but before any 2SR work
@@ -847,6 +847,20 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
 _TWO_STAGE_ARGUMENTS = {"state_dim": "state_dim", "obs_dim": "obs_dim", "n_features": "n_features",
                         "past_window": "past_window", "future_window": "horizon", "ridge": "ridge", "seed": "seed"}
 _TRAIN_ARGUMENTS = ("epochs", "lr", "bptt", "batch_size", "clip", "device", "seed")
+
+
+def _check_settings_given_twice(a: dict[str, Any], tcfg: Any) -> None:
+    """Refuse an argument set away from its default and given in ``train_options`` with another value (``tcfg``
+    holds train_options' values): one would silently win over the other. An argument at its default cannot be
+    told from one not given, so train_options sets it."""
+    defaults = inspect.signature(fit_model).parameters
+    for key in _TRAIN_ARGUMENTS:
+        ours, theirs = a[key], getattr(tcfg, key)
+        if ours is None or ours == defaults[key].default:
+            continue
+        if ours != theirs:   # theirs is the argument's own value unless train_options set the key
+            raise ValueError(f"{key}={brief(ours)} and train_options[{key!r}]={brief(theirs)}: two values for one "
+                             f"setting; expected one of them ({key}= alone)")
 
 
 def _validated(check: Any, two_stage_options: dict[str, Any], train_options: dict[str, Any]) -> None:
@@ -1465,9 +1479,11 @@ def _warn_if_training_data_choose(tcfg: Any, has_valid: bool) -> None:
     import warnings
 
     if tcfg.scheduled and tcfg.monitored_split(has_valid) == "train":
-        warnings.warn(f"fit_model: train_options {tcfg.schedule_keys} watch the training data (no valid= given): the "
-                      "epochs are chosen and scheduled by how well they fit train; pass valid= (held-out "
-                      "trajectories) to choose by how well they predict", UserWarning, stacklevel=3)
+        why, fix = (("train_options['monitor']='train', although valid= is given",
+                     "leave monitor out (auto: valid) to choose by how well they predict") if has_valid else
+                    ("no valid= given", "pass valid= (held-out trajectories) to choose by how well they predict"))
+        warnings.warn(f"fit_model: train_options {tcfg.schedule_keys} watch the training data ({why}): the epochs "
+                      f"are chosen and scheduled by how well they fit train; {fix}", UserWarning, stacklevel=3)
 
 
 def _warn_if_no_better_than_naive(fitted: FittedModel, train: Sequence[np.ndarray]) -> None:
@@ -1492,13 +1508,13 @@ def _warn_if_no_better_than_naive(fitted: FittedModel, train: Sequence[np.ndarra
     # continuous: explaining under a tenth of the variance left by the mean is no dynamics (0.997 against 1.000)
     if baseline is None or start < (baseline if fitted.model.config.discrete else NO_BETTER_THAN_MEAN * baseline):
         return
-    what = "the training symbol frequencies (unigram)" if fitted.model.config.discrete else "the training mean"
+    what, how = (("the training symbol frequencies (unigram)", "no better than") if fitted.model.config.discrete
+                 else ("the training mean", "hardly better than"))
     ridge = (fitted.extras.get("two_stage_config") or {}).get("ridge")
     now = f"now {ridge:g}: " if isinstance(ridge, (int, float)) else ""
-    warnings.warn(f"fit_model: the 2SR initialisation scores train {metric} {start:.4g}, hardly better than "
-                  f"predicting {what} ({baseline:.4g}): it learnt next to no dynamics; try another ridge= ({now}1e-1 "
-                  "… 1e-4, chosen on held-out data, benchmarks/ridge_sweep.py), horizon= or state_dim=",
-                  UserWarning, stacklevel=3)
+    warnings.warn(f"fit_model: the 2SR initialisation scores train {metric} {start:.4g}, {how} predicting {what} "
+                  f"({baseline:.4g}): it learnt next to no dynamics; try another ridge= ({now}1e-1 … 1e-4, chosen "
+                  "on held-out data, benchmarks/ridge_sweep.py), horizon= or state_dim=", UserWarning, stacklevel=3)
 
 
 def far_side_note(model, splits: dict[str, Sequence[np.ndarray] | None]) -> str | None:
@@ -1552,12 +1568,14 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str, test_given: bool = 
             if worse_than_start(t0, t1):
                 bias = (" (without a bias a PSRNN's state can turn to its mirror image on some trajectories: "
                         "bias_scale=0.1 breaks the symmetry)" if fitted.model.config.model == "psrnn" else "")
+                kept = fitted.extras["train_config"].get("restore_best") and split == "valid"
+                choose = "" if kept else (", and choose the epoch on held-out data (valid=, train_options="
+                                          "{'restore_best': True})")
                 warnings.warn(f"fit_model: the returned model (epoch {final_epoch}) scores test {metric} {t1:.4g}, "
                               f"{worse_by(t0, t1)} than its 2SR initialisation (epoch 0: {t0:.4g}), while {split} "
                               f"{metric} went from {initial:.4g} to {final:.4g}: training fits data that the test "
                               f"trajectories do not follow{bias}; evaluate them one by one to find those that "
-                              "went wrong, and choose the epoch on held-out data (valid=, train_options="
-                              "{'restore_best': True})", UserWarning, stacklevel=3)
+                              f"went wrong{choose}", UserWarning, stacklevel=3)
         return
     lr = fitted.extras["train_config"]["lr"]
     with_valid = "" if split == "valid" else " with valid=..."   # valid given: it already scores the epochs

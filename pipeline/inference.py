@@ -376,14 +376,18 @@ class TrainedRun:
         metrics["last_value_mse"] = last_value_mse(encoded)
         return metrics
 
-    def _unigram(self, targets: np.ndarray) -> dict[str, float]:
-        """``unigram_bpc`` and ``unigram_accuracy`` on the symbol indices ``targets`` (the yardstick of the report,
-        :func:`pipeline.naive.unigram_metrics`, from the training counts the run kept); {} without them."""
+    def _unigram(self, targets: np.ndarray | None = None, *, target_counts: np.ndarray | None = None
+                 ) -> dict[str, float]:
+        """``unigram_bpc`` and ``unigram_accuracy`` on the symbol indices ``targets`` (or their histogram,
+        ``target_counts``): the yardstick of the report, :func:`pipeline.naive.unigram_metrics`, from the training
+        counts the run kept; {} without them."""
         if self.train_counts is None:
             return {}
         from pipeline.naive import unigram_metrics
 
-        return {f"unigram_{k}": v for k, v in unigram_metrics(self.train_counts, targets).items()}
+        if target_counts is None:
+            target_counts = np.bincount(np.asarray(targets, dtype=np.int64).ravel(), minlength=len(self.train_counts))
+        return {f"unigram_{k}": v for k, v in unigram_metrics(self.train_counts, target_counts=target_counts).items()}
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
         """The mean squared one-step error per feature and step, as the pipeline's MSE but in the data's units."""
@@ -1055,7 +1059,7 @@ def is_csv(output_path: str | Path) -> bool:
 
 
 def _check_csv_probabilities(output_path: Path, run: "TrainedRun", probabilities: bool) -> None:
-    if probabilities and is_csv(output_path):
+    if probabilities and run.discrete and is_csv(output_path):   # a continuous run has none to write
         raise ValueError(f"{output_path}: probabilities=True writes a list of {len(run.vocab)} probabilities per row, "
                          "which CSV cannot hold; expected a .parquet output for them")
 
@@ -1168,7 +1172,8 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     sq_data_units, n_data_units = 0.0, 0   # continuous: the one-step errors in the data's units
     sq_last = 0.0                           # continuous: the errors of repeating the last observation (pipeline.naive)
     bits_sum, correct = 0.0, 0              # discrete: the BPC and accuracy, from the log-probabilities written
-    unigram_targets: list[np.ndarray] = []  # discrete: the scored symbols, for the unigram yardstick
+    # discrete: how often each symbol is a scored target, for the unigram yardstick (memory flat in the input)
+    target_counts = np.zeros(len(run.vocab), dtype=np.int64) if run.discrete else None
 
     def block_table(pieces: list[tuple[int, int, np.ndarray]]) -> Any:
         """The output rows of filtered pieces (k, start, outputs): rows start … of trajectory k, as one table."""
@@ -1201,8 +1206,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             bits = (-logp[rows, t] / math.log(2)).numpy()
             bits_sum += float(bits[scored].sum())
             correct += int((best == t)[mask].sum())
-            if run.train_counts is not None:
-                unigram_targets.append(target[scored])
+            target_counts[:] += np.bincount(target[scored], minlength=len(run.vocab))   # in place: no rebinding
             columns += [symbols.take(pa.array(best.numpy())), pa.array(logp[rows, best].exp().numpy()),
                         pa.array(bits, mask=~scored)]
             if probabilities:
@@ -1237,9 +1241,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         if run.discrete:
             metrics = ({"bpc": bits_sum / scored_rows, "accuracy": correct / scored_rows} if scored_rows
                        else {"bpc": float("nan"), "accuracy": float("nan")})
-            if run.train_counts is not None:
-                metrics.update(run._unigram(np.concatenate(unigram_targets) if unigram_targets
-                                            else np.zeros(0, np.int64)))
+            metrics.update(run._unigram(target_counts=target_counts))
         else:
             metrics = sums.result()
             metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")

@@ -56,16 +56,22 @@ def unigram_counts(train: Sequence[np.ndarray], vocab_size: int) -> list[int]:
     return np.bincount(np.concatenate(syms) if syms else np.zeros(0, np.int64), minlength=vocab_size).tolist()
 
 
-def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray) -> dict[str, float]:
-    """The unigram predictor on the symbols ``targets``: the training frequencies ``counts`` with add-½ smoothing
-    (a symbol never seen in training costs finite bits), ``bpc``, and ``accuracy``, that of always predicting the
-    most frequent training symbol; NaN for no target."""
+def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray | None = None, *,
+                    target_counts: Sequence[int] | np.ndarray | None = None) -> dict[str, float]:
+    """The unigram predictor on the symbols ``targets`` (or on their histogram ``target_counts``, which a stream
+    of blocks accumulates): the training frequencies ``counts`` with add-½ smoothing (a symbol never seen in
+    training costs finite bits), ``bpc``, and ``accuracy``, that of always predicting the most frequent training
+    symbol; NaN for no target."""
     counts = np.asarray(counts, dtype=np.float64)
-    targets = np.asarray(targets, dtype=np.int64).ravel()
-    if targets.size == 0:
+    if target_counts is None:
+        target_counts = np.bincount(np.asarray(targets, dtype=np.int64).ravel(), minlength=len(counts))
+    hist = np.asarray(target_counts, dtype=np.float64)
+    n = hist.sum()
+    if n == 0:
         return {"bpc": float("nan"), "accuracy": float("nan")}
     p = (counts + 0.5) / (counts.sum() + 0.5 * len(counts))
-    return {"bpc": float(-np.log2(p[targets]).mean()), "accuracy": float(np.mean(targets == int(np.argmax(counts))))}
+    return {"bpc": float((hist * -np.log2(p[:len(hist)])).sum() / n),
+            "accuracy": float(hist[int(np.argmax(counts))] / n)}
 
 
 def last_value_mse(trajectories: Sequence[np.ndarray]) -> float:

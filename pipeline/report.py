@@ -679,7 +679,9 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                  for r in t.select(["trajectory_id", "trajectory"]).group_by(["trajectory_id", "trajectory"])
                  .aggregate([]).to_pylist()}
         if wanted not in known:
-            shown = _names(sorted(known, key=str)[:12]) if known else "none: the predictions have no trajectory ids"
+            ids_shown = sorted(known, key=lambda i: (0, int(i), i) if i.lstrip("-").isdigit() else (1, 0, i))
+            shown = ((_names(ids_shown[:12]) + (f" and {len(ids_shown) - 12} more" if len(ids_shown) > 12 else ""))
+                     if known else "none: the predictions have no trajectory ids")
             notes.append(f"`{fname}`: trajectory id `{wanted}` is not among the test trajectories' ids on `{ds}` "
                          f"({shown}); `report.figures.fig4b.trajectory` names one of them, or a number from 0")
             return None

@@ -595,6 +595,12 @@ def test_restore_best_on_the_training_data_is_said(symbols):
         fit_model(symbols.train[:4], symbols.test, valid=symbols.train[4:], train_options={"restore_best": True},
                   **opts)
     assert not [w for w in caught if "watch the training data" in str(w.message)]
+    # valid= given, but monitor='train' chosen: said as such, not as a missing valid=
+    with pytest.warns(UserWarning, match=r"^fit_model: train_options \['restore_best'\] watch the training data "
+                                         r"\(train_options\['monitor'\]='train', although valid= is given\): .*leave "
+                                         r"monitor out \(auto: valid\)"):
+        fit_model(symbols.train[:4], symbols.test, valid=symbols.train[4:],
+                  train_options={"restore_best": True, "monitor": "train"}, **opts)
 
 
 # ------------------------------------------------------------------------------------------- standardize=True

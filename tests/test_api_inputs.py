@@ -285,9 +285,21 @@ def test_a_setting_given_twice_and_unlike_is_refused(argument, message, features
     refused(message, fit_model, features.train, **{**SMALL, **argument})
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"lr": "x"}, "train_options['lr']='x': expected a finite number > 0"),   # a TypeError of TrainConfig's before
+    ({"lr": float("nan")}, "train_options['lr']=nan: expected a finite number > 0"),
+    ({"clip": "a"}, "train_options['clip']='a': expected a finite number >= 0"),
+])
+def test_a_bad_train_options_value_is_named_not_taken_for_a_second_setting(options, message, features, no_work):
+    refused(message, fit_model, features.train, **{**SMALL, "lr": 0.3, "train_options": options})
+
+
 def test_train_options_set_arguments_left_at_their_defaults(features):
     fitted = fit_model(features.train, **{**SMALL, "epochs": 5, "lr": 0.1, "train_options": {"epochs": 1, "lr": 0.1}})
     assert [h["epoch"] for h in fitted.history] == [0, 1]
+    # lr=1.0 is the default, which cannot be told from no lr= at all: train_options' rate is the one trained at
+    fitted = fit_model(features.train, **{**SMALL, "lr": 1.0, "train_options": {"lr": np.float64(0.5)}})
+    assert fitted.extras["train_config"]["lr"] == 0.5
 
 
 def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_work):
