@@ -1373,7 +1373,8 @@ def fit_model(
     * ``bptt``: the truncated-BPTT horizon; ``None`` (default) picks it by the kind of data, as the paper does:
       35 for discrete data, 0 (whole sequences) for continuous data.
     * ``batch_size``: the number of parallel streams: train's trajectories are laid end to end into this many
-      streams, trained side by side (one gradient step per ``bptt`` window of all of them).
+      streams, trained side by side (one gradient step per ``bptt`` window of all of them); a single trajectory
+      is cut into at most this many pieces of ``bptt`` + 1 steps or more (kept whole with ``bptt`` 0).
     * ``clip``: the gradient-norm clip (the gradient is scaled down to this 2-norm when above it); 0 = off.
     * ``device`` (auto: CUDA when present), ``seed`` and the above go to :class:`pipeline.train.TrainConfig`;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
@@ -1384,7 +1385,9 @@ def fit_model(
     * A loss or gradient that is not finite (or a loss above ``train_options['max_loss']``) stops training with
       :class:`pipeline.train.TrainingDiverged`, whose ``history`` holds the epochs completed (epoch 0 included)
       and ``model`` the network as it stood. A final model that scores more than 10% worse than a 2SR
-      initialisation on the monitored split gets a UserWarning with the remedies.
+      initialisation on the monitored split gets a UserWarning with the remedies, as do one that much worse on
+      a test set of its own while the monitored split held, a 2SR start no better than the training mean or
+      unigram, a schedule that watches train, and feature columns that look like a time or a label.
 
     ``extras`` of the result holds the configs used: ``train_config``, ``windows`` (past/future) and
     ``two_stage_config`` (PSRNNs initialised by 2SR); ``best_epoch`` and ``stopped_early`` (the reason, or

@@ -1123,8 +1123,10 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
                  symbol_column: str | None = None, unknown: str = "error", probabilities: bool = False,
                  device: str = "cpu", block_rows: int = DEFAULT_BLOCK_ROWS) -> dict[str, Any]:
     """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
-    (Parquet, written to a temporary file and renamed), and return a summary (rows, trajectories, dropped rows,
-    metrics over the steps that have a next observation).
+    (Parquet, or CSV for a name ending in .csv: the same rows, no metadata, ``probabilities`` refused; written to a
+    temporary file and renamed), and return a summary (rows, trajectories, dropped rows, metrics over the steps
+    that have a next observation; for symbols with ``unigram_bpc`` and ``unigram_accuracy`` where the run kept its
+    training counts).
 
     Output columns, one row per input row (in trajectory and step order; rows of dropped unknown symbols have
     none): ``trajectory`` (the input's ids), ``step`` (the input's, or the row's 0-based position in its
@@ -1139,7 +1141,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     The predictions are made and written ``block_rows`` rows at a time (one Parquet row group each; fewer where a
     large vocabulary's outputs would exceed :func:`rows_within_budget`), so memory does not grow with the input
     beyond the input itself: the 5.1M characters of the full PTB train file stream through like the 125k of its
-    test split. The summary also sits in the schema metadata ``psrnn_predict``."""
+    test split. The summary also sits in the schema metadata ``psrnn_predict`` (Parquet only)."""
     import pyarrow as pa
     import torch
 

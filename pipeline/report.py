@@ -624,7 +624,8 @@ def _read_predictions(path: Path) -> Any:
 def fig4b_variants(cfg: Mapping[str, Any], by_variant: Mapping[str, Any]) -> list[str]:
     """The variants figure 4b draws: those its ``variants`` option names; unset (null), the paper's models
     (:data:`PAPER_MODELS`) on the paper's datasets, where the figure is the paper's, and on any other dataset
-    every variant it has runs of (``params.yaml``'s variants of it), so that a user's ``psrnn_delta`` is drawn and
+    every variant it has outputs of in ``metrics/`` and ``plots/`` (those params.yaml lists: refine and evaluate
+    prune the rest), so that a user's ``psrnn_delta`` is drawn and
     a paper model the dataset never trains is not reported missing."""
     if cfg.get("variants") is not None:
         return list(dict.fromkeys(cfg["variants"]))

@@ -32,7 +32,8 @@ feature columns    integer, float or bool          ``kind="continuous"``: the ob
 Auto-detected features (``features=None``): a column is a feature if its Parquet type is integer or floating point
 (dictionary-encoded too). Every other column besides ``trajectory``/``step``/``split`` and pandas index columns
 (strings, booleans, lists, structs, timestamps, dates, decimals, ...) is dropped with a logged WARNING naming the
-dropped columns; name the columns in ``features`` to silence it (a named non-numeric column is an error). If no
+dropped columns; name the columns in ``features`` to silence it (a named bool column is read as 0/1; any other
+named non-numeric column is an error). If no
 column is left, that is an error; so is a string column whose values all read as numbers (checked on its first
 100 values): a feature written as text, e.g. from a CSV, is not dropped silently. A numeric column that looks like
 no measurement (increasing within every trajectory, like a time stamp; or constant within each trajectory but not
