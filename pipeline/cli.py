@@ -485,7 +485,8 @@ def _discrete_options(args: argparse.Namespace, run) -> dict[str, Any]:
 def _warn_if_stale(args: argparse.Namespace, root: Path, params) -> None:
     """``predict`` and ``forecast`` use a finished run as it is (a model trained on older params may be just what
     is wanted), but say so on stderr when its params, data, initial weights or training code are not the current
-    ones, which ``evaluate`` refuses (:func:`pipeline.workflow.evaluate.check_current`). Runs of a dataset, variant
+    ones, which ``evaluate`` refuses (:func:`pipeline.workflow.evaluate.check_current`), or when a custom dataset's
+    file changed since it was prepared (:func:`pipeline.workflow.runs.source_changed`). Runs of a dataset, variant
     or seed that the params no longer list, and ``--initial`` weights, are not compared."""
     from pipeline.workflow.evaluate import check_current
 
@@ -505,6 +506,12 @@ def _warn_if_stale(args: argparse.Namespace, root: Path, params) -> None:
     except (OSError, ValueError) as exc:   # what the comparison reads is gone or unreadable: the run is still used
         print(f"psrnn {args.stage}: warning: could not compare the run with the current params and data "
               f"({one_line(exc)}); using it as it is", file=sys.stderr)
+    else:   # current against the prepared file, which a later edit of a custom file has not reached yet
+        from pipeline.workflow.runs import source_changed
+
+        changed = source_changed(params, root, args.dataset)
+        if changed:
+            print(f"psrnn {args.stage}: warning: {changed}; using it as it is", file=sys.stderr)
 
 
 def _predict(args: argparse.Namespace, root: Path, params) -> None:

@@ -985,7 +985,7 @@ def test_refine_notes_the_2sr_runs_that_end_worse_than_their_start(tmp_path, cle
     assert refine.worse_than_start_note(restored.dataset("hmm"), histories) is None
 
 
-def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp_path, clean_env):
+def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp_path, clean_env, capsys):
     """The fingerprints of a custom dataset's runs hold the prepared file, which only `dvc repro` rebuilds: after
     an edit of the user's file `psrnn runs` said "trained" for runs of the old data. It says stale, and why; and
     the MLflow run is tagged with the sha256 of the data it trained on (the prepared file and the user's)."""
@@ -1028,6 +1028,12 @@ def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp
            "again and retrains them")
     assert source_changed(params, root, "custom") == why
     assert [(r["status"], r["why"]) for r in list_runs(params, root)] == [("stale", why)]
+    # psrnn predict uses the run, and says so (the run's fingerprint still matches the prepared file)
+    from pipeline.cli import main
+
+    capsys.readouterr()
+    assert main(["--root", str(root), "predict", "custom", "gru", "0", str(src), str(root / "p.parquet")]) == 0
+    assert capsys.readouterr().err == f"psrnn predict: warning: {why}; using it as it is\n"
     assert source_changed(params, root, "hmm") is None     # built-in sets are checked by sha256 on download
 
 

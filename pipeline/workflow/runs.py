@@ -9,8 +9,8 @@ other params, data or code than the current ones, is seen before it is used. The
   (:func:`pipeline.workflow.refine.run_fingerprints`), as ``evaluate`` checks it;
 * ``stale``: finished with other ones (``evaluate`` refuses it, ``predict`` warns; ``refine`` trains it again),
   or a custom dataset's file changed since it was prepared (the runs trained on the earlier data, which is what
-  ``data/prepared/`` still holds, so ``evaluate`` and ``predict`` do not notice; ``dvc repro`` prepares it again
-  and retrains them);
+  ``data/prepared/`` still holds, so ``evaluate`` does not notice, while ``predict`` and ``forecast`` warn;
+  ``dvc repro`` prepares it again and retrains them);
 * ``finished``: finished, but not checkable against the current params (its dataset, variant or seed is not in
   ``params.yaml``, or its initial weights are gone);
 * ``unfinished``: a checkpoint without the ``done`` marker (killed, diverged, or being trained): ``refine``
