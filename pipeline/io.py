@@ -16,6 +16,7 @@ import contextlib
 import errno
 import functools
 import glob
+import hashlib
 import json
 import os
 import tempfile
@@ -287,3 +288,13 @@ def plain_values(value: Any, where: str) -> Any:
         return type(value)(plain_values(v, f"{where}[{i}]") for i, v in enumerate(value))
     raise ValueError(f"{where}: a {type(value).__name__} ({brief(value, 60)}); expected numbers, strings, lists and "
                      "dicts (what a saved model file holds besides tensors)")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in chunks of 1 MiB (a downloaded raw file, a custom dataset's file, a prepared
+    one)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

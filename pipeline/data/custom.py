@@ -81,7 +81,6 @@ integer >= 2 and >= ``min_length``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import numbers
@@ -95,6 +94,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, unscorable, utf8_error
+from pipeline.io import sha256_file
 from pipeline.messages import brief, brief_list
 from pipeline.train_config import SEED_LIMIT
 
@@ -661,7 +661,7 @@ def load_custom(
                        f"{s} trajectory of 2 steps or more")
     meta: dict[str, Any] = {
         "source": f"custom:{path.name}",
-        "file_sha256": _sha256(path),
+        "file_sha256": sha256_file(path),
         "split_source": split_source,
         "trajectory_ids": {s: [uniq[k] for k in members[s]] for s in SPLITS},
     }
@@ -771,14 +771,6 @@ def _is_bool(t: Any) -> bool:
     import pyarrow as pa
 
     return pa.types.is_boolean(t.value_type if pa.types.is_dictionary(t) else t)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _rows(n: int) -> str:

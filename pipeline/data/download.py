@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Callable
 
-from pipeline.io import atomic_path, write_json
+from pipeline.io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -279,15 +279,6 @@ def mirror_problem(path: Path, *, directory: bool = True) -> str | None:
 # --------------------------------------------------------------------------------------------------------------------
 # Fetching
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(

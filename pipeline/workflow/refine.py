@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import Params
-from pipeline.io import read_json, write_json, write_text
+from pipeline.io import read_json, sha256_file, write_json, write_text
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
@@ -496,22 +496,25 @@ def data_tags(prepared: Path) -> dict[str, str]:
 @functools.lru_cache(maxsize=16)
 def _data_tags(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, str], ...]:
     """:func:`data_tags`, once per version of a file (every run of a dataset is tagged with the same)."""
+    tags = [("data_sha256", sha256_file(path))]
+    source = recorded_source_sha256(Path(path))
+    if source is not None:
+        tags.append(("source_sha256", source))
+    return tuple(tags)
+
+
+def recorded_source_sha256(prepared: Path) -> str | None:
+    """The sha256 of the custom file that ``prepared`` was prepared from, as its metadata records it
+    (``file_sha256``); None for a built-in dataset's, or a prepared file that is gone or unreadable."""
     import pyarrow.parquet as pq
 
     from pipeline.data.schema import META_KEY
 
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    tags = [("data_sha256", digest.hexdigest())]
     try:
-        source = json.loads(pq.read_schema(path).metadata[META_KEY]).get("file_sha256")
+        source = json.loads(pq.read_schema(prepared).metadata[META_KEY]).get("file_sha256")
     except (OSError, ValueError, KeyError, TypeError):
-        source = None
-    if isinstance(source, str):
-        tags.append(("source_sha256", source))
-    return tuple(tags)
+        return None
+    return source if isinstance(source, str) else None
 
 
 def _log_missing_epochs(tracker, history: list[dict[str, Any]], discrete: bool) -> None:

@@ -87,23 +87,19 @@ def source_changed(params: Params, root: Path, dataset: str) -> str | None:
 
     if not is_custom(dataset):
         return None
+    from pipeline.io import sha256_file
     from pipeline.workflow.data import custom_path
     from pipeline.workflow.paths import prepared_path
+    from pipeline.workflow.refine import recorded_source_sha256
 
+    recorded = recorded_source_sha256(prepared_path(root, dataset))
+    if recorded is None:
+        return None
     try:
-        import json
-
-        import pyarrow.parquet as pq
-
-        from pipeline.data.download import sha256_file
-        from pipeline.data.schema import META_KEY
-
         written, full = custom_path(params.dataset(dataset), root)
-        meta = json.loads(pq.read_schema(prepared_path(root, dataset)).metadata[META_KEY])
-        recorded = meta.get("file_sha256")
-        if recorded is None or sha256_file(full) == recorded:
+        if sha256_file(full) == recorded:
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):   # gone or unreadable: evaluate and preprocess say so
         return None
     return (f"{dataset}.source.path: {written} changed since it was prepared (its sha256 is not the one "
             f"data/prepared/{dataset}.parquet records): the runs trained on the earlier data; dvc repro prepares it "
