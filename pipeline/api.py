@@ -30,6 +30,7 @@ from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.features import window_count
 from pipeline.io import plain_values as _plain
 from pipeline.messages import brief, brief_list
+from pipeline.naive import worse_than_start
 from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, UPPER_LAYER_FIELDS, LinearStateSpace, TwoStageConfig, TwoStageModel, \
     is_finite_number, linear_two_stage, multilayer_two_stage
@@ -1543,18 +1544,16 @@ def far_side_note(model, splits: dict[str, Sequence[np.ndarray] | None]) -> str 
 
 #: a continuous 2SR initialisation whose training MSE is above this fraction of the training mean's gets a warning
 NO_BETTER_THAN_MEAN = 0.9
-#: a final model this much worse than a 2SR initialisation (relative, on the monitored split) gets a warning
-WORSE_THAN_2SR = 0.10
 
 
 def _warn_if_worse_than_2sr(fitted: FittedModel, split: str, test_given: bool = True) -> None:
     """Warn when BPTT left a 2SR-initialised model worse than its initialisation, by more than
-    :data:`WORSE_THAN_2SR` on the split that scores epochs (``train_config.monitor``): with the paper's SGD at
-    lr 1 a small data set often does, and the returned weights (the last epoch's) would silently be worse than
-    what 2SR gave. Where that split held but the test split (``test_given``) did not, that is said instead: a
-    PSRNN without a bias whose state turned to its mirror image on a test trajectory kept its training BPC and
-    went from 0.59 to 1.56 test BPC. Xavier and random initialisations are not compared: their epoch 0 is no
-    model."""
+    :data:`pipeline.naive.WORSE_THAN_START` on the split that scores epochs (``train_config.monitor``): with the
+    paper's SGD at lr 1 a small data set often does, and the returned weights (the last epoch's) would silently
+    be worse than what 2SR gave. Where that split held but the test split (``test_given``) did not, that is said
+    instead: a PSRNN without a bias whose state turned to its mirror image on a test trajectory kept its training
+    BPC and went from 0.59 to 1.56 test BPC. Xavier and random initialisations are not compared: their epoch 0
+    is no model."""
     import warnings
 
     from pipeline.metrics import primary_metric
@@ -1587,13 +1586,6 @@ def _warn_if_worse_than_2sr(fitted: FittedModel, split: str, test_given: bool = 
                   f"{initial:.4g}); BPTT made it worse: try a lower lr= (now {lr:g}), or "
                   f"train_options={{'restore_best': True}}{with_valid} to keep the best epoch's weights",
                   UserWarning, stacklevel=3)
-
-
-def worse_than_start(initial: float, final: float) -> bool:
-    """Whether a final BPC / MSE is more than :data:`WORSE_THAN_2SR` worse than the epoch-0 one (both finite)."""
-    import math
-
-    return math.isfinite(initial) and math.isfinite(final) and final - initial > WORSE_THAN_2SR * abs(initial)
 
 
 def worse_by(initial: float, final: float) -> str:

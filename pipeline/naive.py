@@ -14,6 +14,7 @@ prints these numbers beside every table so that no curve is read without them.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -72,6 +73,16 @@ def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray | No
     p = (counts + 0.5) / (counts.sum() + 0.5 * len(counts))
     return {"bpc": float((hist * -np.log2(p[:len(hist)])).sum() / n),
             "accuracy": float(hist[int(np.argmax(counts))] / n)}
+
+
+#: a 2SR-initialised model whose final metric is this much worse (relative) than its epoch-0 one is called out:
+#: by fit_model's warning, refine's note and the report's line under a table
+WORSE_THAN_START = 0.10
+
+
+def worse_than_start(initial: float, final: float) -> bool:
+    """Whether a final BPC / MSE is more than :data:`WORSE_THAN_START` worse than the epoch-0 one (both finite)."""
+    return math.isfinite(initial) and math.isfinite(final) and final - initial > WORSE_THAN_START * abs(initial)
 
 
 def last_value_mse(trajectories: Sequence[np.ndarray]) -> float:

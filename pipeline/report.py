@@ -903,6 +903,8 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
         lines += ["Schedule (`train.patience`, `train.restore_best`): " + "; ".join(scheduled) + ".", ""]
     worse = _worse_than_start(by_variant, [v for _, v, _ in rows], primary)
     if worse:
+        from pipeline.naive import WORSE_THAN_START
+
         lines += [f"Ended more than {WORSE_THAN_START:.0%} worse than their initialisation on test (mean over seeds, "
                   f"test {LABELS[primary]}): " + "; ".join(worse) + ": BPTT undid the 2SR start (a lower rate for "
                   "them, `train.overrides`, or `train.restore_best` keeps it: README, \"Per-variant training "
@@ -910,16 +912,13 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     return lines
 
 
-#: a 2SR-initialised variant whose mean final test metric is this much worse than its mean start is named
-WORSE_THAN_START = 0.10
-
-
 def _worse_than_start(by_variant: Mapping[str, Sequence[dict]], order: Sequence[str], metric: str) -> list[str]:
     """The 2SR-initialised variants (PSRNNs, factorized PSRNNs, the KF) whose mean final test ``metric`` is more
-    than :data:`WORSE_THAN_START` worse than their mean epoch-0 one, as "`psrnn` 0.006 → 0.692": the table's
-    init column shows it, but only beside a number the eye compares with the rows above (Swimmer's PSRNN at lr 1
-    ended 110 times worse than it started). Xavier-initialised baselines have no start to compare."""
+    than :data:`pipeline.naive.WORSE_THAN_START` worse than their mean epoch-0 one, as "`psrnn` 0.006 → 0.692":
+    the table's init column shows it, but only beside a number the eye compares with the rows above (Swimmer's
+    PSRNN at lr 1 ended 110 times worse than it started). Xavier-initialised baselines have no start to compare."""
     from pipeline.config import ParamsError, Variant
+    from pipeline.naive import worse_than_start
 
     out = []
     for v in order:
@@ -927,7 +926,7 @@ def _worse_than_start(by_variant: Mapping[str, Sequence[dict]], order: Sequence[
             variant = Variant.parse(v)
         except ParamsError:
             continue
-        if variant.family not in ("psrnn", "factorized_psrnn", "kf") or variant.init != "2sr":
+        if variant.init != "2sr":   # the PSRNNs, factorized PSRNNs and the KF; the baselines are "xavier"
             continue
         runs = [r for r in by_variant[v] if r["test"] is not None]
         final, _ = _finite(r["test"].get(metric) for r in runs)
@@ -935,7 +934,7 @@ def _worse_than_start(by_variant: Mapping[str, Sequence[dict]], order: Sequence[
         if not final or not start:
             continue
         a, b = float(np.mean(start)), float(np.mean(final))
-        if b - a > WORSE_THAN_START * abs(a):
+        if worse_than_start(a, b):
             out.append(f"`{_md(v)}` {_fmt(a)} → {_fmt(b)}")
     return out
 

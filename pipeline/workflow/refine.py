@@ -118,11 +118,12 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
 
 def worse_than_start_note(dp, histories: dict[str, dict[str, Any]]) -> str | None:
     """One line naming the 2SR-initialised runs (PSRNNs, factorized PSRNNs, Kalman filters) whose final model
-    scores more than ``pipeline.api.WORSE_THAN_2SR`` worse than their epoch 0 on the split that scores their
+    scores more than ``pipeline.naive.WORSE_THAN_START`` worse than their epoch 0 on the split that scores their
     epochs, as ``fit_model`` warns: with the paper's SGD at lr 1 a small data set often makes them so, and the
     trained model is then worse than what 2SR gave (the final model: the last epoch's weights, or the best epoch's
     with ``train.restore_best``). None when there is none."""
-    from pipeline.api import WORSE_THAN_2SR, worse_by, worse_than_start
+    from pipeline.api import worse_by
+    from pipeline.naive import WORSE_THAN_START, worse_than_start
     from pipeline.metrics import primary_metric
 
     worse, counted = [], 0
@@ -142,9 +143,9 @@ def worse_than_start_note(dp, histories: dict[str, dict[str, Any]]) -> str | Non
         return None
     shown = "; ".join(worse[:6]) + (f"; and {len(worse) - 6} more" if len(worse) > 6 else "")
     return (f"refine {dp.name}: note: {len(worse)} of {counted} 2SR-initialised runs end more than "
-            f"{100 * WORSE_THAN_2SR:.0f}% worse than their 2SR start on the split that scores their epochs ({shown}): "
-            f"a lower lr for those variants ({dp.name}.train.overrides, README \"Per-variant training settings\") or "
-            "train.restore_best: true keeps what 2SR gave")
+            f"{100 * WORSE_THAN_START:.0f}% worse than their 2SR start on the split that scores their epochs "
+            f"({shown}): a lower lr for those variants ({dp.name}.train.overrides, README \"Per-variant training "
+            "settings\") or train.restore_best: true keeps what 2SR gave")
 
 
 def check_devices(dp, variants: list[str]) -> None:
