@@ -3,11 +3,11 @@
 Each of the B streams is a concatenation of whole trajectories; ``reset[t, b]`` marks the first step of a
 trajectory, where the model restarts from its initial state, and ``mask[t, b]`` marks the steps that have a target
 (o_{t+1} in the same trajectory). A single long trajectory (PTB) is cut into B contiguous pieces, as
-``batchify`` does in word_language_model, but only into pieces of at least one BPTT window of targets (``bptt``
-+ 1 steps): a single trajectory
-trained by whole-sequence BPTT (``bptt`` 0) stays whole, and a short one is cut into fewer pieces (cutting a
-59-step series into 20 pieces of 2 steps trained every target from the initial state). Evaluation uses one
-stream per trajectory, so the state is filtered through the whole test sequence and never reset per batch.
+``batchify`` does in word_language_model, but only into pieces of at least one BPTT window of targets
+(``bptt`` + 1 steps): a single trajectory trained by whole-sequence BPTT (``bptt`` 0) stays whole, and a short
+one is cut into fewer pieces (cutting a 59-step series into 20 pieces of 2 steps trained every target from the
+initial state). Evaluation uses one stream per trajectory, so the state is filtered through the whole test
+sequence and never reset per batch.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ def make_streams(trajectories: Sequence[np.ndarray], n_streams: int, *, discrete
 
     A single trajectory is cut into at most ``n_streams`` contiguous pieces of at least ``min_piece`` steps each
     (training passes ``bptt + 1``: a window of targets), their lengths differing by at most one step so that no
-    step is dropped;
-    ``min_piece=None`` keeps it whole (whole-sequence BPTT).
+    step is dropped; ``min_piece=None`` keeps it whole (whole-sequence BPTT).
 
     Continuous inputs are stored in ``dtype`` (default float32; pass the model's dtype, so that a float64 model
     sees its float64 data unrounded, and ``Streams.to(device, dtype)`` copies nothing). Discrete inputs are

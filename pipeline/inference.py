@@ -385,9 +385,8 @@ class TrainedRun:
             return {}
         from pipeline.naive import unigram_metrics
 
-        if target_counts is None:
-            target_counts = np.bincount(np.asarray(targets, dtype=np.int64).ravel(), minlength=len(self.train_counts))
-        return {f"unigram_{k}": v for k, v in unigram_metrics(self.train_counts, target_counts=target_counts).items()}
+        scores = unigram_metrics(self.train_counts, targets, target_counts=target_counts)
+        return {f"unigram_{k}": v for k, v in scores.items()}
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
         """The mean squared one-step error per feature and step, as the pipeline's MSE but in the data's units."""
