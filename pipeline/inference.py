@@ -749,12 +749,10 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     if units is None:   # the initial weights, or a run trained before runs kept their units
         if not prepared.is_file():
             raise missing
-        ds = read_dataset(prepared)
-        units = ds.units()
-        if ds.discrete:
-            from pipeline.naive import unigram_counts
+        # what refine keeps with a run (pipeline.workflow.refine.run_units), from the prepared file
+        from pipeline.workflow.refine import run_units as units_of_dataset
 
-            units["train_counts"] = unigram_counts(ds.train, len(ds.vocab))
+        units = units_of_dataset(read_dataset(prepared))
         _check_units_fit(units, model, str(prepared))
     return TrainedRun.from_units(model, units, dataset=dataset, variant=variant, seed=seed, epoch=epoch, root=root)
 
