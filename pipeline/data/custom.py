@@ -240,9 +240,9 @@ def _check_segment_length(segment_length: Any, min_length: Any) -> None:
 
 
 def _pieces(rows: "Rows", segment_length: int | None, min_length: int, min_length_is: str = "min_length"
-            ) -> tuple[list[Any], list[np.ndarray], list[list[int]] | None]:
+            ) -> tuple[list[Any], list[np.ndarray], list[int] | None]:
     """The trajectories of the dataset: those of the file, cut where the ``split`` column changes within one and,
-    with ``segment_length``, into consecutive segments; (ids, row indices of each in step order, spans).
+    with ``segment_length``, into consecutive segments; (ids, row indices of each in step order, offsets).
 
     One long recording is the common case: its split column may give a block of train steps, then valid or test
     ones (each split's rows contiguous within the trajectory, so no split sees another's steps in between), and
@@ -252,14 +252,13 @@ def _pieces(rows: "Rows", segment_length: int | None, min_length: int, min_lengt
     trajectory shorter than that stays whole): the windows of 2SR fit every segment whenever they fit
     ``segment_length``. A cut trajectory's pieces are ``"<id>/<k>"``, k = 0, 1, ... in step order; with
     ``segment_length`` every trajectory is; when any is cut every id is a string (one type in the predictions'
-    ``trajectory_id`` column), and a piece's id may not repeat another trajectory's. ``spans`` (None when nothing
-    is cut):
-    each piece's first and last step in the file (its ``step`` values, or row positions 0, 1, ... within the
-    trajectory without a step column), so a piece can be found in the file."""
+    ``trajectory_id`` column), and a piece's id may not repeat another trajectory's. ``offsets`` (None when
+    nothing is cut): each piece's first row position within its trajectory of the file, the step that names it
+    where the file has no step column (with one, the piece's rows give its steps)."""
     path, split, steps = rows.path, rows.split, rows.steps
     ids: list[Any] = []
     groups: list[np.ndarray] = []
-    spans: list[list[int]] = []
+    offsets: list[int] = []
     cut = segment_length is not None
     for k, g in enumerate(rows.groups):
         traj = _py(rows.ids[k])
@@ -295,7 +294,7 @@ def _pieces(rows: "Rows", segment_length: int | None, min_length: int, min_lengt
         for j, b in enumerate(blocks):
             ids.append(f"{traj}/{j}" if segment_length is not None or len(blocks) > 1 else traj)
             groups.append(b)
-            spans.append([int(steps[b[0]]), int(steps[b[-1]])] if steps is not None else [start, start + len(b) - 1])
+            offsets.append(start)
             start += len(b)
     if cut:   # ids of one type (a whole trajectory 8 beside pieces "7/0" is "8": a column of one type), all distinct
         ids = [str(i) for i in ids]
@@ -305,7 +304,7 @@ def _pieces(rows: "Rows", segment_length: int | None, min_length: int, min_lengt
             raise ValueError(f"{path}: trajectory id {twice!r} of a piece of a cut trajectory is also the id of "
                              "another trajectory (or of its piece); expected ids that do not end in '/<number>' when "
                              "trajectories are cut (rename the trajectory)")
-    return ids, groups, spans if cut else None
+    return ids, groups, offsets if cut else None
 
 
 def _py(value: Any) -> Any:
@@ -621,7 +620,7 @@ def load_custom(
         unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
         if unknown:
             raise fail(f"column 'split' has values {brief_list(unknown)}; expected only {list(SPLITS)}")
-    uniq, groups, spans = _pieces(rows, segment_length, min_length, min_length_is)
+    uniq, groups, offsets = _pieces(rows, segment_length, min_length, min_length_is)
     n_traj = len(uniq)
     if has_split:   # one split per piece: _pieces cut each trajectory where its split changes
         split_of = np.array([str(split_values[g[0]]) for g in groups])
@@ -665,11 +664,11 @@ def load_custom(
         "split_source": split_source,
         "trajectory_ids": {s: [uniq[k] for k in members[s]] for s in SPLITS},
     }
-    if rows.steps is not None or spans is not None:
+    if rows.steps is not None or offsets is not None:
         # the prepared file numbers every trajectory's steps 0, 1, ...: the file's own step values (a piece of a
         # trajectory without a step column: its row positions within that trajectory), for the outputs
         meta["trajectory_steps"] = {s: [_recorded_steps(rows.steps[groups[k]]) if rows.steps is not None else
-                                        {"first": spans[k][0], "every": 1} for k in members[s]] for s in SPLITS}
+                                        {"first": offsets[k], "every": 1} for k in members[s]] for s in SPLITS}
     if segment_length is not None:
         meta["segment_length"] = int(segment_length)
 
