@@ -494,13 +494,13 @@ def _warn_if_stale(args: argparse.Namespace, root: Path, params) -> None:
         return
     if args.variant not in [v.name for v in params.dataset(args.dataset).variants]:
         return
-    from pipeline.inference import run_units
+    from pipeline.inference import recorded_units
     from pipeline.workflow.paths import model_dir
 
     try:
         check_current(params, root, args.dataset, args.variant, args.run_seed)
     except RuntimeError as exc:
-        units = ("" if run_units(model_dir(root, args.dataset, args.variant, args.run_seed)) is not None else
+        units = ("" if recorded_units(model_dir(root, args.dataset, args.variant, args.run_seed)) is not None else
                  ", in the units of the current prepared data (the run predates runs that keep their own)")
         print(f"psrnn {args.stage}: warning: {one_line(exc)}; using it as it is{units}", file=sys.stderr)
     except (OSError, ValueError) as exc:   # what the comparison reads is gone or unreadable: the run is still used

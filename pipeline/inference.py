@@ -695,7 +695,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     ``initial`` its epoch-0 (2SR / random) weights. A run that did not finish is refused, naming its directory, and
     so is an initial-weights file or checkpoint whose stored model is not the one ``variant`` names (e.g. another
     variant's file copied over it). A trained run takes and gives data in the units it was trained in
-    (:func:`run_units`); the initial weights, and a run trained before runs kept their units, in those of the
+    (:func:`recorded_units`); the initial weights, and a run trained before runs kept their units, in those of the
     prepared dataset."""
     from pipeline.config import Variant
     from pipeline.data.schema import read_dataset
@@ -735,7 +735,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     epoch, units = 0, None
     if not initial:
         path = finished_checkpoint(root, dataset, variant, seed)
-        units = run_units(path.parent)
+        units = recorded_units(path.parent)
         if units is not None:
             _check_units_fit(units, model, str(path.parent / "history.json"))
         ck = load_checkpoint(path)
@@ -749,15 +749,15 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     if units is None:   # the initial weights, or a run trained before runs kept their units
         if not prepared.is_file():
             raise missing
-        # what refine keeps with a run (pipeline.workflow.refine.run_units), from the prepared file
-        from pipeline.workflow.refine import run_units as units_of_dataset
+        # what refine keeps with a run, from the prepared file
+        from pipeline.workflow.refine import units_to_keep
 
-        units = units_of_dataset(read_dataset(prepared))
+        units = units_to_keep(read_dataset(prepared))
         _check_units_fit(units, model, str(prepared))
     return TrainedRun.from_units(model, units, dataset=dataset, variant=variant, seed=seed, epoch=epoch, root=root)
 
 
-def run_units(run_dir: Path) -> dict[str, Any] | None:
+def recorded_units(run_dir: Path) -> dict[str, Any] | None:
     """The data units (:meth:`pipeline.data.schema.SequenceDataset.units`) that the trained run in ``run_dir`` was
     trained in, from its ``history.json``; None for a run trained before runs kept them (refine adds them to a
     finished run it finds current). They, not the prepared file's, are what the model takes and gives: a later

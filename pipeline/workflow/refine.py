@@ -306,7 +306,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         if units is None or (units.get("kind") == "discrete" and "train_counts" not in units):
             # trained before runs kept their units (or a discrete run's symbol counts); the data are the same
             # (fingerprint)
-            history["data_units"] = run_units(load_prepared(root, dataset))
+            history["data_units"] = units_to_keep(load_prepared(root, dataset))
             write_json(history_file, history)
         _write_plot(root, dataset, variant_name, seed, history["history"])
         if tracked_file.is_file() and tracked_file.read_text().strip() == tracked:
@@ -367,7 +367,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "git_commit": tracker.tags.get("mlflow.source.git.commit"), "git_dirty": tracker.tags.get("git_dirty"),
                # the units the model takes and gives data in: pipeline.inference.load_run reads them here, not from
                # the prepared file, which a later preprocess may change without retraining the run
-               "data_units": run_units(ds), "history": result.history}
+               "data_units": units_to_keep(ds), "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
     _log_outcome(tracker, params, ds, model, mdir, history)
@@ -470,7 +470,7 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     return tracker
 
 
-def run_units(ds: Any) -> dict[str, Any]:
+def units_to_keep(ds: Any) -> dict[str, Any]:
     """What a trained run keeps of its data (history.json's ``data_units``, the MLflow run's data_units.json): the
     dataset's :meth:`~pipeline.data.schema.SequenceDataset.units` and, for symbols, ``train_counts``, how often
     each occurs in train, so that predict and evaluate on new data report the unigram yardstick of the report."""
@@ -555,7 +555,7 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     tracker.log_artifact(mdir / "history.json")
     # the logged model works in the dataset's units (vocabulary indices, standardised features): this says which,
     # so that pipeline.inference.load_mlflow_run can take and give data in the original units
-    tracker.log_dict({**run_units(ds), "dataset": history["dataset"], "variant": history["variant"],
+    tracker.log_dict({**units_to_keep(ds), "dataset": history["dataset"], "variant": history["variant"],
                       "seed": history["seed"], "epoch": int(last["epoch"])}, "data_units.json")
     epoch = str(int(last["epoch"]))
     if params.tracking.get("log_model", True) and tracker.tag("model_epoch") != epoch:
