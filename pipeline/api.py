@@ -29,7 +29,7 @@ import numpy as np
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.features import window_count
 from pipeline.io import plain_values as _plain
-from pipeline.messages import brief, brief_list
+from pipeline.messages import brief, brief_list, unlikely_measurements
 from pipeline.naive import worse_than_start
 from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, UPPER_LAYER_FIELDS, LinearStateSpace, TwoStageConfig, TwoStageModel, \
@@ -649,29 +649,19 @@ def _train_counts(cfg: ModelConfig, train: Sequence[np.ndarray]) -> list[int] | 
 
 
 def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] | None) -> None:
-    """Warn about features that look like no measurement, as the pipeline's custom source does: one that increases
-    within every trajectory of 3 steps or more (at least two of them: a time stamp or a row counter) or one that
-    is constant within each trajectory but not across them (an id or a label, such as a room number). A frame of a
-    groupby keeps such columns, and fit_model takes every column of train[0] but the id columns."""
+    """Warn about features that look like no measurement, as the pipeline's custom source does
+    (:func:`pipeline.messages.unlikely_measurements`: a time stamp or row counter, an id or a label). A frame of
+    a groupby keeps such columns, and fit_model takes every column of train[0] but the id columns."""
     import warnings
 
     flat = [t.reshape(len(t), -1) for t in train]
-    long = [t for t in flat if len(t) >= 3]
-    found, names = [], []
-    for j in range(flat[0].shape[1]):
-        if len(long) >= 2 and all((np.diff(t[:, j]) > 0).all() for t in long):
-            why = "increases within every trajectory, like a time"
-        elif len(flat) >= 2 and all((t[:, j] == t[0, j]).all() for t in flat) \
-                and len({float(t[0, j]) for t in flat}) > 1:
-            why = "constant within each trajectory, like a label"
-        else:
-            continue
-        names.append(j if columns is None else columns[j])
-        found.append(f"feature {brief(names[-1])} ({why})")
+    found = unlikely_measurements(np.concatenate(flat), [len(t) for t in flat])
     if found:
+        names = [j if columns is None else columns[j] for j, _ in found]
+        shown = ", ".join(f"feature {brief(name)} ({why})" for name, (_, why) in zip(names, found))
         leave = (f"leave them out (frame.drop(columns={names!r}))" if columns is not None else
                  f"leave out the columns {names}")
-        warnings.warn(f"train: features that look like no measurement: {', '.join(found)}; the model reads them as "
+        warnings.warn(f"train: features that look like no measurement: {shown}; the model reads them as "
                       f"observations to predict: {leave} unless they are", UserWarning, stacklevel=4)
 
 

@@ -3,7 +3,8 @@ survives however long the value is (the CLI cuts an error at 600 characters; Pyt
 integer of more than 4300 digits, so a huge integer cannot even be printed).
 
 The one-line errors that echo a value they were given show it through :func:`brief` or :func:`brief_list`;
-nothing here changes a result (dvc.yaml does not list this module).
+:func:`unlikely_measurements` finds the columns that the warnings about features like a time or a label name.
+Nothing here changes a result (dvc.yaml does not list this module).
 """
 
 from __future__ import annotations
@@ -61,3 +62,30 @@ def brief_list(values: Iterable[Any], most: int = 10, each: int = 40) -> str:
     values = list(values)
     shown = ", ".join(brief(v, each) for v in values[:most])
     return shown + (f", ... ({len(values)} in all)" if len(values) > most else "")
+
+
+def unlikely_measurements(values: Any, lengths: Any) -> list[tuple[int, str]]:
+    """The feature columns of ``values`` that look like no measurement, each as (column, why), for the warnings of a
+    custom source (features taken by default) and of ``fit_model``: a column that increases within every trajectory
+    of 3 rows or more (at least two of them: a time stamp or a row counter), or one that is constant within each
+    trajectory but not across them (an id or a label, such as a room number). They stay features (a counter can be
+    one): the caller warns. ``values``: (rows, features), trajectory after trajectory, each in step order;
+    ``lengths``: rows per trajectory."""
+    import numpy as np
+
+    values, lengths = np.asarray(values), np.asarray(lengths, dtype=np.int64)
+    values = values.reshape(len(values), -1)
+    same = np.repeat(np.arange(lengths.size), lengths)
+    same = same[1:] == same[:-1]                   # interval between two rows of one trajectory
+    if not same.any():
+        return []
+    long_intervals = same & np.repeat(lengths >= 3, lengths)[1:]
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    found = []
+    for j in range(values.shape[1]):
+        d = np.diff(values[:, j])
+        if int((lengths >= 3).sum()) >= 2 and (d[long_intervals] > 0).all():
+            found.append((j, "increases within every trajectory, like a time"))
+        elif lengths.size >= 2 and (d[same] == 0).all() and np.unique(values[starts, j]).size > 1:
+            found.append((j, "constant within each trajectory, like a label"))
+    return found

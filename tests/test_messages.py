@@ -40,3 +40,29 @@ def test_an_option_with_a_huge_value_gets_its_own_message():
 
     with pytest.raises(ValueError, match=r"^seed=an integer of about 5001 digits: expected an integer with 0 <= seed"):
         check_seed(10 ** 5000)
+
+
+def test_unlikely_measurements_judges_each_trajectory_on_its_own_rows():
+    import numpy as np
+
+    from pipeline.messages import unlikely_measurements
+
+    lengths = [4, 3, 5]
+    rng = np.random.default_rng(0)
+    clock = np.concatenate([np.arange(n) + 10.0 * k for k, n in enumerate(lengths)])   # restarts each trajectory
+    room = np.repeat([3.0, 7.0, 3.0], lengths)
+    constant = np.full(sum(lengths), 2.0)                       # the same everywhere: no label
+    noise = rng.normal(size=sum(lengths))
+    climbs_across = np.sort(rng.normal(size=sum(lengths)))      # also increasing within each: a time too
+    values = np.stack([noise, clock, room, constant, climbs_across], axis=1)
+    assert unlikely_measurements(values, lengths) == [
+        (1, "increases within every trajectory, like a time"), (2, "constant within each trajectory, like a label"),
+        (4, "increases within every trajectory, like a time")]
+    # one trajectory tells a time from a trend, and a label from a constant, by nothing: no warning
+    assert unlikely_measurements(values[:4], [4]) == []
+    # a trajectory of 2 rows does not count towards the two of 3 rows or more that a time needs
+    assert unlikely_measurements(values[:6, 1:2], [4, 2]) == []
+    # a step back inside one trajectory is no clock; a label that changes once inside one is none either
+    broken = values.copy()
+    broken[8, 1], broken[5, 2] = -1.0, 5.0
+    assert unlikely_measurements(broken, lengths) == [(4, "increases within every trajectory, like a time")]

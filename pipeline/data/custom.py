@@ -95,7 +95,7 @@ import numpy as np
 
 from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, unscorable, utf8_error
 from pipeline.io import sha256_file
-from pipeline.messages import brief, brief_list
+from pipeline.messages import brief, brief_list, unlikely_measurements
 from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
@@ -130,27 +130,13 @@ def _warn_uneven_steps(path, codes: np.ndarray, steps: np.ndarray, ids: np.ndarr
                     "y" if trajs == 1 else "ies", _py(ids[codes[k]]), int(steps[k + 1]), int(steps[k]),
                     int(diffs[first]))
 
-def _warn_unlikely_features(path, values: np.ndarray, columns: list[str], s_codes: np.ndarray, order: np.ndarray,
+def _warn_unlikely_features(path, values: np.ndarray, columns: list[str], order: np.ndarray,
                             lengths: np.ndarray) -> None:
-    """Warn about numeric columns that ``features=None`` takes but that look like no measurement: a column that
-    increases within every trajectory of 3 rows or more (at least two of them: a time stamp or a row counter, kept
-    beside or instead of ``step``), or one that is constant within each trajectory but not across them (an id or a
-    label, such as a room number). They stay features (a counter can be one); the warning names them once.
-    ``s_codes``/``order``: trajectory codes and row indices in (trajectory, step) order; ``lengths`` per trajectory."""
-    same = np.diff(s_codes) == 0                         # interval between two rows of one trajectory
-    if not same.any():
-        return
-    long_rows = np.repeat(lengths >= 3, lengths)[1:]     # the interval's trajectory has 3 rows or more
-    long_intervals = same & long_rows
-    starts = np.r_[0, np.cumsum(lengths)[:-1]]
-    found = []
-    for j, name in enumerate(columns):
-        x = values[order, j]
-        d = np.diff(x)
-        if int((lengths >= 3).sum()) >= 2 and (d[long_intervals] > 0).all():
-            found.append(f"{name!r} (increases within every trajectory, like a time)")
-        elif len(lengths) >= 2 and (d[same] == 0).all() and np.unique(x[starts]).size > 1:
-            found.append(f"{name!r} (constant within each trajectory, like a label)")
+    """Warn once about numeric columns that ``features=None`` takes but that look like no measurement
+    (:func:`pipeline.messages.unlikely_measurements`: a time stamp or row counter kept beside or instead of
+    ``step``, an id or a label); they stay features. ``order``: row indices in (trajectory, step) order;
+    ``lengths`` per trajectory."""
+    found = [f"{columns[j]!r} ({why})" for j, why in unlikely_measurements(values[order], lengths)]
     if found:
         log.warning("%s: numeric columns taken as features (features=None) that look like no measurement: %s; name "
                     "the feature columns in features to leave them out (time belongs in the step column, as "
@@ -572,7 +558,7 @@ def read_rows(
                    f"{_py(uniq[k])!r} with {int(lengths[k])} rows)")
 
     if auto_features:
-        _warn_unlikely_features(path, values, value_columns, s_codes, order, lengths)
+        _warn_unlikely_features(path, values, value_columns, order, lengths)
 
     split_values = None
     if has_split:
