@@ -675,10 +675,11 @@ def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names:
 
 def _standardisation(train: Sequence[np.ndarray]) -> dict[str, list[float]]:
     """Train's mean and std per feature (float64), as the pipeline standardises a custom file: a constant
-    feature gets std 1."""
+    feature (every train value equal) gets std 1. Its computed std need not be 0 (0.3 a thousand times has std
+    5.7e-15, from the rounding of the mean), and dividing by it would read a later 0.3 + 1e-9 as 10⁵ stds away."""
     x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
     std = x.std(axis=0)
-    std[std == 0] = 1.0
+    std[x.max(axis=0) == x.min(axis=0)] = 1.0
     return {"mean": x.mean(axis=0).tolist(), "std": std.tolist()}
 
 

@@ -654,6 +654,20 @@ def test_standardize_fits_as_on_standardised_data_and_answers_in_the_data_units(
         load_fitted(tmp_path / "odd.pt")
 
 
+def test_standardize_gives_a_constant_feature_std_1_whatever_the_rounding_of_its_mean_leaves():
+    """0.3 in every train row has a computed std of about 1e-16, not 0: divided by it, a later 0.3 + 1e-9 would
+    be millions of stds away and swamp the other feature's predictions."""
+    from pipeline.api import _standardisation
+
+    train = [np.stack([np.sin(0.3 * np.arange(200) + i), np.full(200, 0.3)], axis=1) for i in range(5)]
+    assert np.concatenate(train)[:, 1].std() != 0.0          # what made std == 0 miss it
+    units = _standardisation(train)
+    assert units["std"][1] == 1.0 and units["mean"][1] == pytest.approx(0.3, abs=1e-14)
+    assert 0.5 < units["std"][0] < 1.0
+    nearly = [np.stack([t[:, 0], t[:, 1] + 1e-9 * (np.arange(200) % 2)], axis=1) for t in train]
+    assert _standardisation(nearly)["std"][1] == pytest.approx(5e-10)   # a feature that varies keeps its std
+
+
 def test_standardize_is_for_continuous_data_and_a_boolean(symbols, features, no_work):
     refused("standardize=True: standardises continuous features, and train holds discrete symbols; leave it out",
             fit_model, symbols.train, standardize=True, **SMALL)

@@ -102,6 +102,15 @@ def test_continuous(tmp_path: Path) -> None:
     np.testing.assert_array_equal(raw.train[0], np.column_stack([cols["b"][rows], cols["a"][rows]]))
 
 
+def test_a_constant_column_gets_std_1_though_its_computed_std_is_not_0(tmp_path: Path) -> None:
+    cols = _continuous()
+    cols["c"] = np.full(len(cols["a"]), 0.3)
+    assert cols["c"].std() != 0.0
+    ds = load_custom(_write(tmp_path, cols), kind="continuous")
+    assert ds.meta["normalization"]["std"][2] == 1.0
+    assert np.all(np.abs(np.concatenate(ds.train)[:, 2]) < 1e-13)
+
+
 @pytest.mark.parametrize("fraction", [0.01, 0.99])
 def test_at_least_one_trajectory_each_side(tmp_path: Path, fraction: float) -> None:
     path = _write(tmp_path, _continuous(n_traj=3))

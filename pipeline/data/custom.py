@@ -725,10 +725,12 @@ def _standardise(trajs: dict[str, list[np.ndarray]], columns: list[str], path: P
         scale[huge] = np.abs(train[:, huge]).max(axis=0)
         scaled = train[:, huge] / scale[huge]
         mean[huge], std[huge] = scaled.mean(axis=0), scaled.std(axis=0)  # in units of scale
-    constant = [f for f, sd in zip(columns, std) if sd == 0]
+    # every train value equal, whatever std the rounding of the mean leaves (0.3 a thousand times: 5.7e-15)
+    same = train.max(axis=0) == train.min(axis=0)
+    constant = [f for f, c in zip(columns, same) if c]
     if constant:
         log.warning("%s: constant feature columns %s in train: std set to 1", path, constant)
-    std[std == 0] = 1.0
+    std[same] = 1.0
     out: dict[str, list[np.ndarray]] = {}
     with np.errstate(over="ignore", invalid="ignore"):
         for s, ts in trajs.items():
