@@ -532,6 +532,46 @@ def test_the_id_columns_of_a_frame_are_never_features(features, symbols):
             [{"trajectory": np.zeros(5), "step": np.arange(5)}], **SMALL)
 
 
+def test_a_frame_of_the_long_format_is_read_in_step_order_and_one_trajectory_at_a_time(features):
+    """The pipeline reads a file's rows in step order; a frame from it was read in row order, so a shuffled frame
+    trained on scrambled trajectories, and a whole file passed as [frame] on every trajectory run together. Now
+    rows follow `step` (predictions too), and a frame of several trajectories or splits, or a repeated step, is
+    refused naming the column."""
+    frames = [{"trajectory": np.full(len(t), k), "step": np.arange(len(t)), "x": t[:, 0], "y": t[:, 1]}
+              for k, t in enumerate(features.train)]
+    rng = np.random.default_rng(0)
+    shuffled = []
+    for f in frames:
+        rows = rng.permutation(len(f["x"]))
+        shuffled.append({c: v[rows] for c, v in f.items()})
+    plain = fit_model([t.copy() for t in features.train], **{**SMALL, "epochs": 0})
+    fitted = fit_model(shuffled, **{**SMALL, "epochs": 0})
+    assert fitted.history[0]["train"] == plain.history[0]["train"]
+    assert all(np.array_equal(a, b) for a, b in zip(fitted.predict(shuffled), plain.predict(features.train)))
+    whole = {c: np.concatenate([f[c] for f in frames]) for c in frames[0]}
+    n = len(features.train)
+    refused(f"train[0]: column 'trajectory' holds {n} values (0, 1, 2, ... ({n} in all)); expected one trajectory "
+            "per element, e.g. [g for _, g in frame.groupby('trajectory')]", fit_model, [whole], **SMALL)
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: column 'trajectory' holds"):
+        fitted.predict([whole])
+    twice = {**frames[0], "step": np.arange(len(frames[0]["x"])) // 2}
+    refused("train[1]: column 'step' repeats step 0; expected each step once in a trajectory (several "
+            "trajectories in one frame? group by 'trajectory')", fit_model, [frames[1], twice], **SMALL)
+    half = len(frames[0]["x"]) // 2
+    mixed = {**frames[0], "split": np.array(["train"] * half + ["test"] * (len(frames[0]["x"]) - half))}
+    refused("train[0]: column 'split' holds 2 values ('test', 'train'); expected the rows of one split per "
+            "trajectory: group by both, e.g. [g for _, g in frame.groupby(['trajectory', 'split'])], and pass each "
+            "split's as its own", fit_model, [mixed], **SMALL)
+    refused("train[0]: column 'step' holds strings; expected numbers (the order of the rows in time)",
+            fit_model, [{**frames[0], "step": np.array(["a"] * len(frames[0]["x"]))}], **SMALL)
+
+
+def test_symbols_ending_in_a_nul_are_refused_not_merged(no_work):
+    refused(r"train[0]: the symbol 'a\x00' at step 0 ends in a NUL character, which numpy's strings drop (it would "
+            r"merge with the symbol without it); expected symbols without trailing '\x00'",
+            fit_model, [["a\x00", "a", "b"] * 10], **SMALL)
+
+
 def test_features_like_a_time_or_a_label_get_a_warning_naming_them(features, recwarn):
     """As the pipeline's custom source warns: a column increasing within every trajectory (a time stamp) or
     constant within each but not across them (a room number) is read as an observation to predict."""
