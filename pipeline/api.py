@@ -1167,7 +1167,8 @@ class FittedModel:
         inputs = self._inputs(trajectories)
         self._warn_far(inputs)
         out = self._run().forecast_encoded(inputs, steps, sample=sample, seed=seed,
-                                   device=str(next(self.model.parameters()).device), units=self._what_inputs_are())
+                                   device=str(next(self.model.parameters()).device), units=self._what_inputs_are(),
+                                   distributions=False)
         vocab = self.extras.get("vocab")
         if vocab is not None:
             symbols = np.asarray(vocab, dtype=str)

@@ -424,10 +424,13 @@ class TrainedRun:
         return out
 
     def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str,
-                         name: Any = None, units: str = "standard deviations from the training mean"
-                         ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+                         name: Any = None, units: str = "standard deviations from the training mean",
+                         distributions: bool = True) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """:meth:`forecast` of trajectories already in model units (vocabulary indices, standardised features);
-        discrete values are vocabulary indices. They are checked (:func:`pipeline.api.model_inputs`): a float
+        discrete values are vocabulary indices. With ``distributions=False`` a discrete trajectory's second
+        element is the probability of each symbol fed back (steps,), not the whole distributions (steps, V): a
+        caller that keeps no more does not hold steps x V floats per trajectory (5000 symbols, 20000 steps: 0.8
+        GB). They are checked (:func:`pipeline.api.model_inputs`): a float
         symbol is not truncated, NaN is not fed to the model, a wrong width is named; so are forecasts that are not
         finite (:func:`check_finite_outputs`; ``name(k)`` names trajectory k, default ``trajectories[k]``)."""
         import torch
@@ -459,7 +462,7 @@ class TrainedRun:
                 if self.discrete:
                     p = self.decode(o)
                     nxt = _draw(p, uniforms[:, h]) if sample else p.argmax(axis=1)
-                    probs.append(p)
+                    probs.append(p if distributions else p[np.arange(len(nxt)), nxt])
                     values.append(nxt)
                     x = nxt[None, :]
                 else:
@@ -1324,7 +1327,8 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
     spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device,
-                                  name=lambda k: f"{input_path}: trajectory {brief(data.ids[k])}")
+                                  name=lambda k: f"{input_path}: trajectory {brief(data.ids[k])}",
+                                  distributions=probabilities)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
         "trajectory": _arrow_values(np.repeat(data.ids, steps)),
@@ -1337,7 +1341,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
         chosen = np.concatenate([values for values, _ in result])
         probs = np.concatenate([p for _, p in result])
         columns["predicted"] = _arrow_values(_symbol_values(run.vocab, data.rows.values)[chosen])
-        columns["probability"] = pa.array(probs[np.arange(len(chosen)), chosen])
+        columns["probability"] = pa.array(probs[np.arange(len(chosen)), chosen] if probabilities else probs)
         if probabilities:
             columns["probabilities"] = _probability_lists(probs)
     else:

@@ -318,6 +318,30 @@ def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
     assert "single_row" not in forecast_file(run, src, tmp_path / "fc.parquet", steps=1)
 
 
+def test_forecasts_that_keep_no_distributions_keep_the_chosen_probabilities(discrete_run, tmp_path):
+    """A forecast whose caller keeps only the symbols (FittedModel.forecast) or their probabilities
+    (forecast_file without probabilities) holds steps floats per trajectory, not steps x V; the same numbers."""
+    from pipeline.inference import forecast_file
+
+    run, test = discrete_run
+    encoded = [np.asarray(t) for t in test[:3]]
+    for sample in (False, True):
+        whole = run.forecast_encoded(encoded, 6, sample=sample, seed=4, device="cpu")
+        lean = run.forecast_encoded(encoded, 6, sample=sample, seed=4, device="cpu", distributions=False)
+        for (values, probs), (lean_values, chosen) in zip(whole, lean):
+            assert probs.shape == (6, len(run.vocab)) and chosen.shape == (6,)
+            np.testing.assert_array_equal(lean_values, values)
+            np.testing.assert_array_equal(chosen, probs[np.arange(6), values])
+    src = _write(tmp_path / "in.parquet", {"trajectory": ["x"] * 5 + ["y"] * 3, "step": [3, 4, 5, 6, 9, 0, 1, 2],
+                                          "symbol": [10, 20, 30, 40, 10, 20, 20, 30]})
+    forecast_file(run, src, tmp_path / "all.parquet", steps=4, probabilities=True)
+    forecast_file(run, src, tmp_path / "lean.parquet", steps=4)
+    full, lean = pq.read_table(tmp_path / "all.parquet"), pq.read_table(tmp_path / "lean.parquet")
+    assert "probabilities" not in lean.column_names
+    for column in ("predicted", "probability"):
+        assert lean.column(column).to_pylist() == full.column(column).to_pylist()
+
+
 def test_fit_model_result_forecasts_in_its_own_units():
     ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=10, n_test=2, length=50, seed=1)
     fitted = fit_model(ds.train, ds.test, model="psrnn", state_dim=4, obs_dim=4, n_features=64, horizon=2,
