@@ -1029,7 +1029,8 @@ class FittedModel:
       ``"valid"`` only with ``valid=``).
     * ``two_stage``: the 2SR statistics the model was initialised from (PSRNNs with init '2sr', the KF's linear
       2SR); None for the others, and after :func:`load_fitted` (not saved).
-    * ``extras``: ``train_config``, ``windows`` (past/future), ``two_stage_config``, ``best_epoch``,
+    * ``extras``: ``train_config``, ``windows`` (past/future), ``two_stage_config`` (the PSRNNs' 2SR; None for
+      the others), ``kf_ridge`` (the Kalman filter's linear 2SR ridge; None for the others), ``best_epoch``,
       ``stopped_early`` (the reason, or None); ``columns``, the names of train's columns when it had names (frames
       and dicts are then read by name), ``vocab``, the symbols of a model fitted on strings (index order), and
       ``standardize``, train's ``{"mean", "std"}`` per feature of a model fitted with ``standardize=True`` (None
@@ -1131,7 +1132,8 @@ class FittedModel:
         (:mod:`pipeline.naive`'s yardstick); with ``standardize=True`` both in standardised units, as the pipeline
         reports them, and ``mse_data_units`` the one-step error in the arrays' units; ``{"bpc", "accuracy"}`` for a
         discrete one, the bits per symbol of the next symbol and the fraction predicted most likely, with
-        ``unigram_bpc`` and ``unigram_accuracy``, what train's symbol frequencies score on the same steps."""
+        ``unigram_bpc`` and ``unigram_accuracy``, what train's symbol frequencies (add-½ smoothed, so that a symbol
+        never seen in train costs finite bits) score on the same steps."""
         from pipeline.inference import check_finite_outputs
         from pipeline.naive import last_value_mse
         from pipeline.train import check_scorable, evaluate, evaluate_and_predict
@@ -1498,7 +1500,7 @@ def fit_model(
 
         warnings.warn(f"fit_model: {note}; where their error stands apart, a small bias_scale= (0.05 to 0.2) "
                       "breaks the symmetry", UserWarning, stacklevel=2)
-    _warn_if_training_data_choose(tcfg, bool(plan.valid))
+    _warn_if_training_data_choose(tcfg, bool(plan.valid), test_given=plan.test is not train)
     completed: list[dict[str, Any]] = []
     try:
         result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
@@ -1510,7 +1512,7 @@ def fit_model(
     fitted = FittedModel(model=net, history=result.history, two_stage=tsm or lss,
                          extras={"train_config": asdict(tcfg), "windows": windows,
                                  "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
-                                 "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
+                                 "kf_ridge": plan.kf_ridge, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
                                  "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
                                  "train_counts": _train_counts(cfg, train)})
     if cfg.init == "2sr":
@@ -1521,18 +1523,28 @@ def fit_model(
     return fitted
 
 
-def _warn_if_training_data_choose(tcfg: Any, has_valid: bool) -> None:
-    """Warn when restore_best, lr_decay or patience watch the training data (no ``valid=``, ``eval_train`` on):
-    the best epoch is then the one that fits train best, which is rarely the one that predicts best; pass
-    ``valid=`` to choose on held-out data. (Watching test, ``monitor='test'``, is logged by fit.)"""
+def _warn_if_training_data_choose(tcfg: Any, has_valid: bool, test_given: bool = True) -> None:
+    """Warn when restore_best, lr_decay or patience watch the training data (no ``valid=``, ``eval_train`` on;
+    or no ``test=`` either, whose entries are then train's): the best epoch is then the one that fits train
+    best, which is rarely the one that predicts best; pass ``valid=`` to choose on held-out data. (Watching a
+    test set of its own, ``monitor='test'``, is logged by fit.)"""
     import warnings
 
-    if tcfg.scheduled and tcfg.monitored_split(has_valid) == "train":
+    if not tcfg.scheduled:
+        return
+    split = tcfg.monitored_split(has_valid)
+    if split == "test" and not test_given:
+        why, fix = (f"{'no valid= given' if tcfg.monitor == 'auto' else 'train_options[' + repr('monitor') + ']=' + repr(split)}"
+                    ", and without test= the test entries are train's",
+                    "pass valid= (held-out trajectories) to choose by how well they predict")
+    elif split == "train":
         why, fix = (("train_options['monitor']='train', although valid= is given",
                      "leave monitor out (auto: valid) to choose by how well they predict") if has_valid else
                     ("no valid= given", "pass valid= (held-out trajectories) to choose by how well they predict"))
-        warnings.warn(f"fit_model: train_options {tcfg.schedule_keys} watch the training data ({why}): the epochs "
-                      f"are chosen and scheduled by how well they fit train; {fix}", UserWarning, stacklevel=3)
+    else:
+        return
+    warnings.warn(f"fit_model: train_options {tcfg.schedule_keys} watch the training data ({why}): the epochs "
+                  f"are chosen and scheduled by how well they fit train; {fix}", UserWarning, stacklevel=3)
 
 
 def _warn_if_no_better_than_naive(fitted: FittedModel, train: Sequence[np.ndarray]) -> None:
@@ -1555,11 +1567,13 @@ def _warn_if_no_better_than_naive(fitted: FittedModel, train: Sequence[np.ndarra
     name = "unigram" if fitted.model.config.discrete else "train_mean"
     baseline = naive.get(name, {}).get(metric)
     # continuous: explaining under a tenth of the variance left by the mean is no dynamics (0.997 against 1.000)
-    if baseline is None or start < (baseline if fitted.model.config.discrete else NO_BETTER_THAN_MEAN * baseline):
+    # a baseline of 0 (a constant series, one symbol) leaves nothing to learn, and nothing to warn about
+    if baseline is None or baseline <= 0 or \
+            start < (baseline if fitted.model.config.discrete else NO_BETTER_THAN_MEAN * baseline):
         return
     what, how = (("the training symbol frequencies (unigram)", "no better than") if fitted.model.config.discrete
                  else ("the training mean", "hardly better than"))
-    ridge = (fitted.extras.get("two_stage_config") or {}).get("ridge")
+    ridge = (fitted.extras.get("two_stage_config") or {}).get("ridge", fitted.extras.get("kf_ridge"))
     now = f"now {ridge:g}: " if isinstance(ridge, (int, float)) else ""
     warnings.warn(f"fit_model: the 2SR initialisation scores train {metric} {start:.4g}, {how} predicting {what} "
                   f"({baseline:.4g}): it learnt next to no dynamics; try another ridge= ({now}1e-1 … 1e-4, chosen "

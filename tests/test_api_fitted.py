@@ -581,6 +581,20 @@ def test_a_2sr_start_no_better_than_the_training_mean_is_said():
         warnings.simplefilter("error")
         fitted = fit_model(series[:10], series[10:], **args)
     assert fitted.evaluate(series[10:])["mse"] < 0.05
+    # a constant series: the training mean scores 0 and leaves nothing to learn, nor to warn about ("hardly better
+    # than predicting the training mean (0)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_model([np.full(50, 3.0) for _ in range(3)], epochs=0, state_dim=2, obs_dim=2, n_features=20)
+
+
+def test_the_kalman_filters_ridge_is_kept_with_the_fit(features):
+    """The KF's linear 2SR has no two_stage_config; its ridge, which changes the model, was recorded nowhere."""
+    kf = fit_model(features.train, model="kf", ridge=0.5, **{**ZERO, "state_dim": 2})
+    assert kf.extras["kf_ridge"] == 0.5 and kf.extras["two_stage_config"] is None
+    assert fit_model(features.train, model="kf", **{**ZERO, "state_dim": 2}).extras["kf_ridge"] == \
+        pipeline.api._KF_RIDGE
+    assert fit_model(features.train, **ZERO).extras["kf_ridge"] is None
 
 
 def test_restore_best_on_the_training_data_is_said(symbols):
@@ -594,6 +608,16 @@ def test_restore_best_on_the_training_data_is_said(symbols):
         warnings.simplefilter("always")
         fit_model(symbols.train[:4], symbols.test, valid=symbols.train[4:], train_options={"restore_best": True},
                   **opts)
+    assert not [w for w in caught if "watch the training data" in str(w.message)]
+    # no valid= and no test=: the test entries, which eval_train=False leaves monitored, are train's
+    for options, why in (({"eval_train": False}, "no valid= given"),
+                         ({"monitor": "test"}, "train_options['monitor']='test'")):
+        with pytest.warns(UserWarning, match=r"^fit_model: train_options \['restore_best'\] watch the training data "
+                                             rf"\({re.escape(why)}, and without test= the test entries are train's\)"):
+            fit_model(symbols.train, train_options={"restore_best": True, **options}, **opts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_model(symbols.train, symbols.test, train_options={"restore_best": True, "eval_train": False}, **opts)
     assert not [w for w in caught if "watch the training data" in str(w.message)]
     # valid= given, but monitor='train' chosen: said as such, not as a missing valid=
     with pytest.warns(UserWarning, match=r"^fit_model: train_options \['restore_best'\] watch the training data "
