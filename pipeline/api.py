@@ -513,7 +513,7 @@ def _checked_splits(splits: dict[str, Any], kind: str = "auto") -> _Data:
             if kind == "auto" and (_is_symbols(a) or _is_text(a)):
                 raise ValueError(f"{name}[{i}]: {_kind_text(a)}, but train[0] holds {_kind_text(first)}; expected "
                                  "one kind in train, valid and test: integer 1-D arrays (symbols) or float arrays "
-                                 "(features)")
+                                 f"(features){'' if _is_text(a) else _MEASUREMENTS}")
         out[name] = [_features(f"{name}[{i}]", a, width, "as train[0] has") for i, a in enumerate(arrays)]
     return _Data(False, width, out, columns)
 

@@ -38,7 +38,7 @@ def test_integer_and_float_trajectories_are_not_mixed(no_work):
              "float arrays (features)", fit_model, [ints, floats], **SMALL)
     refused("train[1]: discrete symbols (an integer 1-D array), but train[0] holds continuous features (a float64 "
              "array of shape (32,)); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
-             "float arrays (features)", fit_model, [floats, ints], **SMALL)
+             "float arrays (features) (measurements? pass kind='continuous')", fit_model, [floats, ints], **SMALL)
     refused("test[0]: continuous features (a float64 array of shape (32,)), but train[0] holds discrete symbols "
              "(an integer 1-D array); expected one kind in train, valid and test: integer 1-D arrays (symbols) or "
              "float arrays (features)", fit_model, [ints], [floats], **SMALL)
