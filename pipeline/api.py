@@ -1154,9 +1154,9 @@ class FittedModel:
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:
-        """Per trajectory, the ``steps`` observations after its end, each prediction fed back as the next input
-        (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) float64 values for a continuous model; for a
-        discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
+        """Per trajectory, the ``steps`` (an integer >= 1) observations after its end, each prediction fed back as
+        the next input (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) float64 values for a continuous
+        model; for a discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
         (``seed``; a trajectory's draws depend only on the seed and its index in the list): int64 indices, or
         strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
         nothing. ``trajectories`` are read as :meth:`predict` reads them."""
