@@ -170,7 +170,7 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
         raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
-    order = _step_order(where, t, keys, len(values[0]))
+    order = step_order(where, t, keys, len(values[0]))
     if order is not None:
         values = [v[order] for v in values]
     text = [c for c, v in zip(columns, values) if v.dtype.kind == "U" or
@@ -186,21 +186,23 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     return values[0] if len(values) == 1 else np.column_stack(values)
 
 
-def _step_order(where: str, t: Any, keys: dict[str, Any], length: int) -> np.ndarray | None:
+def step_order(where: str, t: Any, keys: dict[str, Any], length: int) -> np.ndarray | None:
     """The rows of a trajectory with the pipeline's id columns in step order (None: as they are). A frame of a
     pipeline-format file keeps ``trajectory``, ``step`` and ``split``: rows are taken in ``step`` order, as the
     pipeline reads them (a shuffled or merged frame would otherwise be a scrambled trajectory), and a frame that
     holds several trajectories, repeats a step or mixes splits is refused: each would silently train on a
-    sequence that is none."""
+    sequence that is none. ``keys``: {column name: key}; ``where`` (may be empty) begins the messages."""
+    at = f"{where}: " if where else ""
+
     def column(name: str) -> np.ndarray:
         try:
             v = np.asarray(t[keys[name]])
         except (ValueError, TypeError, RuntimeError) as exc:
-            raise ValueError(f"{where}: column {name!r} is not an array ({' '.join(str(exc).split())[:120]}); "
+            raise ValueError(f"{at}column {name!r} is not an array ({' '.join(str(exc).split())[:120]}); "
                              "expected one value per step") from None
-        v = column_values(f"{where}: column {name!r}", v)
+        v = column_values(f"{at}column {name!r}", v)
         if len(v) != length:
-            raise ValueError(f"{where}: column {name!r} has {len(v)} values and the features {length}; expected "
+            raise ValueError(f"{at}column {name!r} has {len(v)} values and the features {length}; expected "
                              "one value per step")
         return v
 
@@ -212,21 +214,21 @@ def _step_order(where: str, t: Any, keys: dict[str, Any], length: int) -> np.nda
             v = column(name)
             distinct = np.unique(v)
             if distinct.size > 1:
-                raise ValueError(f"{where}: column {name!r} holds {distinct.size} values "
+                raise ValueError(f"{at}column {name!r} holds {distinct.size} values "
                                  f"({brief_list(distinct.tolist(), 3)}); {hint}")
     if "step" not in keys:
         return None
     steps = column("step")
     if steps.dtype.kind not in "iuf":
         held = "strings" if steps.dtype.kind == "U" else f"{steps.dtype} values"
-        raise ValueError(f"{where}: column 'step' holds {held}; expected numbers (the order of the rows in time)")
+        raise ValueError(f"{at}column 'step' holds {held}; expected numbers (the order of the rows in time)")
     if steps.size < 2 or (np.diff(steps) > 0).all():
         return None
     order = np.argsort(steps, kind="stable")
     repeated = np.flatnonzero(np.diff(steps[order]) == 0)
     if repeated.size:
         step = steps[order][repeated[0]].item()
-        raise ValueError(f"{where}: column 'step' repeats step {step!r}; expected each step once in a trajectory "
+        raise ValueError(f"{at}column 'step' repeats step {step!r}; expected each step once in a trajectory "
                          "(several trajectories in one frame? group by 'trajectory')")
     return order
 

@@ -260,11 +260,12 @@ class TrainedRun:
     def _by_name(self, trajectory: Any) -> Any:
         """The run's columns of a trajectory with named columns (DataFrame or mapping); anything else as it is."""
         if isinstance(trajectory, collections.abc.Mapping):
-            names = [str(k) for k in trajectory]
+            keys = list(trajectory)
         elif hasattr(trajectory, "columns") and hasattr(trajectory, "__getitem__"):   # pandas / polars frames
-            names = [str(k) for k in trajectory.columns]
+            keys = list(trajectory.columns)
         else:
             return trajectory
+        names = [str(k) for k in keys]
         wanted = [self.symbol_column] if self.discrete else self.features
         missing = [n for n in wanted if n not in names]
         if missing:
@@ -272,15 +273,21 @@ class TrainedRun:
                         f"the features the run was trained on, {self.features}")
             raise ValueError(f"no column {', '.join(map(repr, missing))} (columns present: {names}); expected "
                              f"{expected}")
-        if self.discrete:
-            return trajectory[self.symbol_column]   # symbols are compared as text, whatever their type
-        from pipeline.api import column_values
+        from pipeline.api import column_values, step_order
 
-        columns = [column_values(f"column {n!r}", np.asarray(trajectory[n])) for n in wanted]
+        by_name = dict(zip(names, keys))
+        # rows in step order, one trajectory and split per frame, as predict_file reads a file
+        if self.discrete:
+            symbols = trajectory[by_name[self.symbol_column]]   # compared as text, whatever their type
+            order = step_order("", trajectory, by_name, len(symbols))
+            return symbols if order is None else np.asarray(symbols)[order]
+        columns = [column_values(f"column {n!r}", np.asarray(trajectory[by_name[n]])) for n in wanted]
         if len({len(v) for v in columns}) > 1:
             lengths = ", ".join(f"{n!r} {len(v)}" for n, v in zip(wanted, columns))
             raise ValueError(f"columns of different lengths ({lengths}); expected one value per step in each")
-        return np.column_stack(columns)
+        order = step_order("", trajectory, by_name, len(columns[0]))
+        stacked = np.column_stack(columns)
+        return stacked if order is None else stacked[order]
 
     def _encode_all(self, trajectories: Sequence[Any], unknown: str) -> list[np.ndarray]:
         """:meth:`encode` of every trajectory, each with at least one observation left; errors name the index
