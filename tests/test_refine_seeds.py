@@ -1073,6 +1073,19 @@ def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys)
     assert main(["--root", str(root), "runs", "hmm", "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line)["status"] for line in lines] == ["unfinished", "stale", "not trained"]
+    # the prepared data gone (a preprocess that failed: DVC removes its output): a listed run cannot be checked,
+    # which is neither "finished" (a run params.yaml no longer lists) nor stale
+    prepared = root / "data" / "prepared" / "hmm.parquet"
+    prepared.rename(root / "hmm.parquet.bak")
+    row = {(r["variant"], r["seed"]): r for r in list_runs(params, root)}[("psrnn", 0)]
+    assert (row["status"], row["listed"]) == ("unchecked", True)
+    assert row["why"] == ("cannot be checked against params.yaml (data/prepared/hmm.parquet is missing); dvc repro "
+                          "rebuilds what is missing, then retrains the run only if it is stale")
+    assert main(["--root", str(root), "runs", "hmm"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == "3 runs: 1 unfinished, 1 unchecked, 1 not trained"
+    assert out[-1].startswith("unchecked (hmm psrnn s0): cannot be checked against params.yaml (")
+    (root / "hmm.parquet.bak").rename(prepared)
     from pipeline.workflow.runs import format_runs   # nothing to list: says what was asked
 
     assert format_runs([], "ptb", listed=False) == ("no runs of ptb: models/ptb/ holds none, and ptb is not in "

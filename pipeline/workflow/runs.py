@@ -11,8 +11,10 @@ other params, data or code than the current ones, is seen before it is used. The
   or a custom dataset's file changed since it was prepared (the runs trained on the earlier data, which is what
   ``data/prepared/`` still holds, so ``evaluate`` does not notice, while ``predict`` and ``forecast`` warn;
   ``dvc repro`` prepares it again and retrains them);
-* ``finished``: finished, but not checkable against the current params (its dataset, variant or seed is not in
-  ``params.yaml``, or its initial weights are gone);
+* ``finished``: finished, and not in the current params (its dataset, variant or seed is not in
+  ``params.yaml``);
+* ``unchecked``: finished and listed, but what its fingerprint reads (the prepared data, the initial weights) is
+  gone, say after a preprocess that failed: ``dvc repro`` rebuilds it, then retrains the run only if stale;
 * ``unfinished``: a checkpoint without the ``done`` marker (killed, diverged, or being trained): ``refine``
   resumes it;
 * ``not trained``: listed in ``params.yaml`` (a variant of ``<ds>.variants`` and a seed of ``seeds``, of a dataset
@@ -119,8 +121,16 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
             try:
                 current = run_fingerprints(params, root, dataset, variant, seed, shared)[0]
                 row["status"] = "trained" if (mdir / "done").read_text().strip() == current else "stale"
-            except (OSError, ValueError, KeyError):   # initial weights or prepared data gone: not checkable
-                pass
+            except (OSError, ValueError, KeyError) as exc:   # initial weights or prepared data gone
+                # not "finished" (that is a run params.yaml no longer lists), and not known to be stale either
+                row["status"] = "unchecked"
+                if isinstance(exc, FileNotFoundError) and exc.filename:
+                    gone = Path(exc.filename)
+                    what = f"{gone.relative_to(root) if gone.is_relative_to(root) else gone} is missing"
+                else:
+                    what = " ".join(str(exc).split())[:300]
+                row["why"] = (f"cannot be checked against params.yaml ({what}); dvc repro rebuilds what is missing, "
+                              "then retrains the run only if it is stale")
             if row["status"] == "stale":   # what evaluate's refusal says: the train settings that changed, or not
                 from pipeline.workflow.evaluate import what_changed
 
@@ -189,11 +199,11 @@ def format_runs(rows: list[dict[str, Any]], dataset: str | None = None, listed: 
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     text.append(f"{len(rows)} run{'' if len(rows) == 1 else 's'}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    reasons: dict[str, list[str]] = {}
+    reasons: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r.get("why"):
-            reasons.setdefault(r["why"], []).append(f"{r['dataset']} {r['variant']} s{r['seed']}")
-    for why, runs in reasons.items():
+            reasons.setdefault((r["status"], r["why"]), []).append(f"{r['dataset']} {r['variant']} s{r['seed']}")
+    for (status, why), runs in reasons.items():
         shown = ", ".join(runs) if len(runs) <= 3 else f"{', '.join(runs[:3])} and {len(runs) - 3} more"
-        text.append(f"stale ({shown}): {why}")
+        text.append(f"{status} ({shown}): {why}")
     return "\n".join(text) + "\n"
