@@ -1035,6 +1035,12 @@ def test_psrnn_runs_calls_a_custom_datasets_runs_stale_once_its_file_changed(tmp
     assert main(["--root", str(root), "predict", "custom", "gru", "0", str(src), str(root / "p.parquet")]) == 0
     assert capsys.readouterr().err == f"psrnn predict: warning: {why}; using it as it is\n"
     assert source_changed(params, root, "hmm") is None     # built-in sets are checked by sha256 on download
+    # source.path pointed at another file: said as such, not as an edit of a file nobody touched
+    shutil.copy(src, root / "data" / "other.parquet")
+    raw["custom"]["source"]["path"] = "data/other.parquet"
+    assert source_changed(_write_params(root, raw), root, "custom") == (
+        "custom.source.path names data/other.parquet, and data/prepared/custom.parquet was prepared from "
+        "mine.parquet: the runs trained on the earlier data; dvc repro prepares it again and retrains them")
 
 
 def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys):

@@ -507,15 +507,26 @@ def _data_tags(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, str], ..
 def recorded_source_sha256(prepared: Path) -> str | None:
     """The sha256 of the custom file that ``prepared`` was prepared from, as its metadata records it
     (``file_sha256``); None for a built-in dataset's, or a prepared file that is gone or unreadable."""
+    return recorded_source(prepared)[1]
+
+
+def recorded_source(prepared: Path) -> tuple[str | None, str | None]:
+    """The file name and the sha256 of the custom file that ``prepared`` was prepared from, as its metadata
+    records them (``source`` = ``custom:<name>``, ``file_sha256``); None for what it does not record (a built-in
+    dataset's), both None for a prepared file that is gone or unreadable."""
     import pyarrow.parquet as pq
 
     from pipeline.data.schema import META_KEY
 
     try:
-        source = json.loads(pq.read_schema(prepared).metadata[META_KEY]).get("file_sha256")
+        meta = json.loads(pq.read_schema(prepared).metadata[META_KEY])
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source if isinstance(source, str) else None
+        return None, None
+    if not isinstance(meta, dict):
+        return None, None
+    source, sha = meta.get("source"), meta.get("file_sha256")
+    name = source[len("custom:"):] if isinstance(source, str) and source.startswith("custom:") else None
+    return name, sha if isinstance(sha, str) else None
 
 
 def _log_missing_epochs(tracker, history: list[dict[str, Any]], discrete: bool) -> None:

@@ -92,9 +92,9 @@ def source_changed(params: Params, root: Path, dataset: str) -> str | None:
     from pipeline.io import sha256_file
     from pipeline.workflow.data import custom_path
     from pipeline.workflow.paths import prepared_path
-    from pipeline.workflow.refine import recorded_source_sha256
+    from pipeline.workflow.refine import recorded_source
 
-    recorded = recorded_source_sha256(prepared_path(root, dataset))
+    name, recorded = recorded_source(prepared_path(root, dataset))
     if recorded is None:
         return None
     try:
@@ -103,9 +103,13 @@ def source_changed(params: Params, root: Path, dataset: str) -> str | None:
             return None
     except (OSError, ValueError, KeyError, TypeError):   # gone or unreadable: evaluate and preprocess say so
         return None
-    return (f"{dataset}.source.path: {written} changed since it was prepared (its sha256 is not the one "
-            f"data/prepared/{dataset}.parquet records): the runs trained on the earlier data; dvc repro prepares it "
-            "again and retrains them")
+    if name is not None and name != Path(full).name:   # another file named: not an edit of the same one
+        what = (f"{dataset}.source.path names {written}, and data/prepared/{dataset}.parquet was prepared from "
+                f"{name}")
+    else:
+        what = (f"{dataset}.source.path: {written} changed since it was prepared (its sha256 is not the one "
+                f"data/prepared/{dataset}.parquet records)")
+    return f"{what}: the runs trained on the earlier data; dvc repro prepares it again and retrains them"
 
 
 def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, listed: bool, shared: Any
