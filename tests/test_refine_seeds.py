@@ -945,6 +945,14 @@ def test_restore_best_is_what_refine_evaluate_and_mlflow_report(tmp_path, clean_
     assert result["model_epoch"] == best and result["test"]["bpc"] == pytest.approx(want, rel=1e-6)
     run = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_run(history["run_id"])
     assert run.data.metrics["final_test_bpc"] == pytest.approx(want, rel=1e-12)
+    # psrnn runs shows the number of the weights kept first, the last epoch's beside it
+    from pipeline.workflow.runs import format_runs, list_runs
+
+    (row,) = list_runs(params, root)
+    last = history["history"][-1]["test"]["bpc"]
+    assert (row["epoch"], row["model_epoch"], row["value"], row["model_value"]) == (3, best, last, want)
+    line = format_runs([row]).splitlines()[1]
+    assert f"3 (best {best})  bpc {want:.4g} (last {last:.4g})  {history['run_id']}" in line
 
 
 def test_a_run_marked_by_the_legacy_fingerprint_is_kept_and_not_logged_again(tmp_path, clean_env, capsys):

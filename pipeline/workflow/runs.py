@@ -21,8 +21,8 @@ other params, data or code than the current ones, is seen before it is used. The
   of ``datasets``) with no run folder.
 
 The metric is the last epoch's test metric of the run's history (``epoch`` is that epoch; with
-``restore_best`` the weights are the best epoch's, ``model_epoch``), the MLflow run id the one the run was
-logged to.
+``restore_best`` the weights are the best epoch's, ``model_epoch``, whose test metric the table shows first),
+the MLflow run id the one the run was logged to.
 """
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ from pipeline.workflow.paths import dataset_models_dir, folder_seed, metrics_dir
 def _row(dataset: str, variant: str, seed: int, listed: bool, status: str | None = None) -> dict[str, Any]:
     """A row of :func:`list_runs` with nothing known of the run yet."""
     return {"dataset": dataset, "variant": variant, "seed": seed, "status": status, "epoch": None,
-            "model_epoch": None, "metric": None, "value": None, "run_id": None, "listed": listed, "why": None}
+            "model_epoch": None, "metric": None, "value": None, "model_value": None, "run_id": None, "listed": listed,
+            "why": None}
 
 
 def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[dict[str, Any]]:
     """Every run of ``dataset`` (None: of every dataset with a ``models/`` folder or listed in ``datasets``),
     sorted by dataset, variant and seed: ``{"dataset", "variant", "seed", "status", "epoch", "model_epoch",
-    "metric", "value", "run_id", "listed", "why"}`` (``listed``: whether params.yaml trains it now; ``why``: what
+    "metric", "value", "model_value", "run_id", "listed", "why"}`` (``model_value``: the test metric of
+    ``model_epoch`` when it is not the last epoch, as with ``restore_best``, else None; ``listed``: whether params.yaml trains it now; ``why``: what
     made a stale run stale, as evaluate's refusal says it)."""
     from pipeline.workflow.refine import shared_digest
 
@@ -155,6 +157,10 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
     metrics = _read(metrics_dir(root, dataset) / f"{run_name(variant, seed)}.json")
     if metrics is not None and row["status"] != "unfinished":   # the epoch whose weights evaluate scored
         row["model_epoch"] = metrics.get("model_epoch")
+        if row["metric"] is not None and row["model_epoch"] not in (None, row["epoch"]):
+            # restore_best: the weights predict and evaluate use are that epoch's, and so is the number to show
+            kept = next((e for e in epochs if isinstance(e, dict) and e.get("epoch") == row["model_epoch"]), {})
+            row["model_value"] = (kept.get("test") or {}).get(row["metric"])
     return row
 
 
@@ -184,6 +190,16 @@ def _checkpoint_history(mdir: Path) -> list[Any]:
     return history if isinstance(history, list) else []
 
 
+def _shown_metric(row: dict[str, Any]) -> str:
+    """The test column: the metric of the weights the run predicts with (with restore_best, the best epoch's,
+    then the last epoch's beside it)."""
+    if row["value"] is None:
+        return ""
+    if row.get("model_value") is not None:
+        return f"{row['metric']} {row['model_value']:.4g} (last {row['value']:.4g})"
+    return f"{row['metric']} {row['value']:.4g}"
+
+
 def format_runs(rows: list[dict[str, Any]], dataset: str | None = None, listed: bool = True) -> str:
     """The rows as an aligned text table (one line per run), a count per status and why the stale runs are
     (grouped by reason). ``dataset`` / ``listed``: what was asked, for the line that says there is nothing."""
@@ -196,7 +212,7 @@ def format_runs(rows: list[dict[str, Any]], dataset: str | None = None, listed: 
     lines = [[r["dataset"], r["variant"], str(r["seed"]), r["status"] + ("" if r["listed"] else " (not listed)"),
               "" if r["epoch"] is None else str(r["epoch"]) + (
                   f" (best {r['model_epoch']})" if r["model_epoch"] not in (None, r["epoch"]) else ""),
-              "" if r["value"] is None else f"{r['metric']} {r['value']:.4g}", r["run_id"] or ""] for r in rows]
+              _shown_metric(r), r["run_id"] or ""] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     text = [("  ".join(c.ljust(w) for c, w in zip(line, widths))).rstrip() for line in [header, *lines]]
     counts: dict[str, int] = {}
