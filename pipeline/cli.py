@@ -536,9 +536,11 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
 
 
 def _warn_far(args: argparse.Namespace, summary: dict) -> None:
-    """Inputs far outside the training data (other units?) are used, but said on stderr: the output is written."""
-    if summary.get("far_from_training"):
-        print(f"psrnn {args.stage}: warning: {args.input}: {summary['far_from_training']}", file=sys.stderr)
+    """Inputs far outside the training data (other units?), and predictions worse than a predictor of no
+    dynamics, are said on stderr: the output is written."""
+    for key in ("far_from_training", "worse_than_naive"):
+        if summary.get(key):
+            print(f"psrnn {args.stage}: warning: {args.input}: {summary[key]}", file=sys.stderr)
 
 
 def _dropped(n: int) -> str:

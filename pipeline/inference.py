@@ -1256,8 +1256,26 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")
             metrics["last_value_mse"] = sq_last / n_data_units if n_data_units else float("nan")
         summary["metrics"] = {k: float(v) for k, v in metrics.items()}
+        worse = worse_than_naive(summary["metrics"])
+        if worse:   # psrnn predict says so on stderr
+            summary["worse_than_naive"] = worse
         _add_output_meta(writer, run, input_path, summary)   # the metrics, known only now
     return summary
+
+
+def worse_than_naive(metrics: dict[str, float]) -> str | None:
+    """What to say when one-step predictions score worse than a predictor that learns no dynamics on the same
+    steps: repeating the last observation (continuous) or the training symbol frequencies (discrete); None
+    otherwise. Data sampled at another rate than the training data, or unlike it, do that (a run trained on steps
+    10 apart, given steps 2 apart: ten times worse than repeating the last value), and the numbers alone do not
+    say it."""
+    for metric, naive, what in (("mse", "last_value_mse", "repeating the last observation"),
+                                ("bpc", "unigram_bpc", "the training symbol frequencies, the unigram")):
+        ours, theirs = metrics.get(metric), metrics.get(naive)
+        if ours is not None and theirs is not None and np.isfinite(ours) and np.isfinite(theirs) and ours > theirs:
+            return (f"the one-step predictions score {metric} {ours:.4g}, worse than {what} ({theirs:.4g}): data "
+                    "sampled at another rate than the training data, or unlike it?")
+    return None
 
 
 def _step_spacing(steps: np.ndarray) -> int | None:

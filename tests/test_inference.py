@@ -456,6 +456,34 @@ def test_forecast_of_many_trajectories_equals_each_alone(discrete_run, continuou
 REPO = Path(__file__).resolve().parents[1]
 
 
+def test_predictions_worse_than_a_predictor_of_no_dynamics_are_said(continuous_run, discrete_run, tmp_path,
+                                                                     capsys):
+    """A run given data sampled at another rate (steps 2 apart for a run trained on steps 10 apart) predicted ten
+    times worse than repeating the last value, and predict printed both numbers without a word."""
+    from pipeline.inference import worse_than_naive
+
+    assert worse_than_naive({"mse": 0.13, "last_value_mse": 0.013}) == (
+        "the one-step predictions score mse 0.13, worse than repeating the last observation (0.013): data sampled "
+        "at another rate than the training data, or unlike it?")
+    assert worse_than_naive({"bpc": 2.5, "unigram_bpc": 2.0, "accuracy": 0.1}).startswith(
+        "the one-step predictions score bpc 2.5, worse than the training symbol frequencies, the unigram (2): ")
+    for fine in ({"mse": 0.01, "last_value_mse": 0.013}, {"bpc": 1.0, "unigram_bpc": 2.0},
+                 {"mse": float("nan"), "last_value_mse": 0.0}, {"bpc": 1.0}):
+        assert worse_than_naive(fine) is None
+    run, test = continuous_run
+    _project(tmp_path, run, test)
+    # a trajectory that stands still: repeating its last value is exact, and no model that learnt dynamics is
+    still = _write(tmp_path / "still.parquet", {"trajectory": np.zeros(30, dtype=int),
+                                                 "a": np.full(30, run.mean[0] + run.std[0]),
+                                                 "b": np.full(30, run.mean[1] - run.std[1])})
+    summary = predict_file(run, still, tmp_path / "p.parquet")
+    assert summary["metrics"]["last_value_mse"] == 0.0
+    assert summary["worse_than_naive"] == worse_than_naive(summary["metrics"])
+    status, err = _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", str(still), str(tmp_path / "o.parquet"),
+                       "--initial")
+    assert status == 0 and f"psrnn predict: warning: {still}: the one-step predictions score mse " in err, err
+
+
 def _cli(capsys, root, *argv):
     """``psrnn <argv>`` against the project at ``root`` (the repository's params.yaml): (exit status, stderr)."""
     from pipeline.cli import main
