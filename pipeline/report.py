@@ -1079,7 +1079,15 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
         """The datasets of figure ``name`` that are reported; none: the figure is noted as left out."""
         kept = [d for d in names if selected is None or d in selected]
         if not kept:
-            notes.append(f"`{name}.png`: {', '.join(f'`{d}`' for d in names)} not in `datasets` (params.yaml)")
+            hint = ""
+            # fig4b is drawn on one continuous dataset of one's choice: name one that has runs
+            other = next((d for d in (datasets or []) if any(r["dataset"] == d and r["kind"] == "continuous"
+                                                             for r in runs)), None)
+            if name == "fig4b" and other is not None:
+                hint = (f"; `report.figures.fig4b.dataset` draws it on another (`dvc exp run -S "
+                        f"'+report.figures.fig4b.dataset={other}'`)")
+            notes.append(f"`{name}.png`: {', '.join(f'`{d}`' for d in names)} not in `datasets` (params.yaml)"
+                         f"{hint}")
         return kept
 
     def record(name: str, path: Path | None, *, off_list: bool = False) -> None:

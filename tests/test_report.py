@@ -262,7 +262,12 @@ def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
     assert "## ptb" in md and "## swimmer" not in md and "## hmm" not in md
     assert set(json.loads((out / "summary.json").read_text())) == {"ptb"}
     # a figure of a dataset left off the list says so, rather than "no runs" (the runs are there)
-    assert "- `fig4b.png`: `swimmer` not in `datasets` (params.yaml)" in md
+    assert "- `fig4b.png`: `swimmer` not in `datasets` (params.yaml)\n" in md   # no continuous set to suggest
+    _write_run(project, "lgssm", "gru", 0, "continuous", [1.0, 0.5])   # a continuous set to draw it on
+    write_report(project, out, datasets=["ptb", "hmm", "lgssm"])
+    md = (out / "results.md").read_text()
+    assert ("- `fig4b.png`: `swimmer` not in `datasets` (params.yaml); `report.figures.fig4b.dataset` draws it on "
+            "another (`dvc exp run -S '+report.figures.fig4b.dataset=lgssm'`)") in md
     assert "- `fig4a.png`: `swimmer`, `mocap`, `handwriting` not in `datasets` (params.yaml)" in md
     assert "no runs for dataset" not in md
     # the sections follow the order of `datasets` (the paper's sets first), not the alphabet
