@@ -1201,7 +1201,8 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             if vname not in names and not _is_variant_name(vname):   # a typo: a long one shown once, shortened
                 shown = brief(vname) if isinstance(vname, str) else _describe(vname)
                 where = okey if len(okey) <= 120 else f"{key}.train.overrides"
-                raise ParamsError(f"{where}: {shown} is not in {key}.variants {names}; expected one of them")
+                raise ParamsError(f"{where}: {shown} is no model variant (and not in {key}.variants {names}); "
+                                  "expected one of them, or another variant name (README, \"Model variants\")")
             changes = _mapping(changes, okey)
             if not changes:
                 raise ParamsError(f"{okey}: empty; expected the train settings that differ for {vname}, e.g. "

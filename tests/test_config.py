@@ -854,13 +854,13 @@ def test_a_shipped_override_outlives_a_trimmed_variant_list(defaults):
     with pytest.raises(ParamsError, match=r"^lgssm\.train\.overrides\.gru\.lr: expected a finite number > 0"):
         parse_params(raw)
     raw["lgssm"]["train"]["overrides"] = {"psrnn_2layr": {"lr": 0.1}}
-    with pytest.raises(ParamsError, match=r"^lgssm\.train\.overrides\.psrnn_2layr: 'psrnn_2layr' is not in "):
+    with pytest.raises(ParamsError, match=r"^lgssm\.train\.overrides\.psrnn_2layr: 'psrnn_2layr' is no model variant "):
         parse_params(raw)
 
 
 @pytest.mark.parametrize("overrides, key", [
-    ({"kff": {"lr": 0.1}}, r"^swimmer\.train\.overrides\.kff: 'kff' is not in swimmer\.variants \[.*\]; expected "
-                           r"one of them"),
+    ({"kff": {"lr": 0.1}}, r"^swimmer\.train\.overrides\.kff: 'kff' is no model variant \(and not in "
+                           r"swimmer\.variants \[.*\]\); expected one of them, or another variant name"),
     ({"kf": {"lrr": 0.1}}, r"^swimmer\.train\.overrides\.kf\.lrr: unknown key, did you mean 'lr'\? "
                            r"\(expected one of \[.*'lr'"),
     ({"kf": {"lr": -1}}, r"^swimmer\.train\.overrides\.kf\.lr: expected a finite number > 0, got -1"),
@@ -1097,8 +1097,10 @@ def test_a_long_mistyped_override_or_monitor_is_shown_once_and_shortened(default
     with pytest.raises(ParamsError) as err:
         parse_params(raw)
     msg = str(err.value)
-    assert msg.startswith("swimmer.train.overrides: 'psrnn_xxx") and "is not in swimmer.variants" in msg, msg
-    assert len(msg) < 600 and msg.endswith("; expected one of them"), msg
+    assert msg.startswith("swimmer.train.overrides: 'psrnn_xxx") and \
+        "is no model variant (and not in swimmer.variants" in msg, msg
+    assert len(msg) < 600 and msg.endswith('; expected one of them, or another variant name (README, "Model '
+                                           'variants")'), msg
     raw = copy.deepcopy(defaults)
     raw["swimmer"]["train"]["monitor"] = "v" * 5000
     with pytest.raises(ParamsError) as err:
