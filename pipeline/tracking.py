@@ -189,7 +189,7 @@ _HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:[0-9]{1,5}/?")
 #: (mlflow.store.db.db_types.DATABASE_ENGINES; mlflow.utils.uri.extract_db_type_from_uri)
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql", "sqlite")
 _DRIVER = re.compile(r"[A-Za-z0-9_]+")
-_EXPECTED_SCHEMES = ("expected a URI MLflow tracks to: http(s)://host:port, sqlite:///path, file:///path, "
+_EXPECTED_SCHEMES = ("expected a URI MLflow tracks to: http(s)://host:port, sqlite:///path, "
                      "postgresql://, mysql:// or mssql:// (also with a driver, e.g. postgresql+psycopg2://), "
                      "or databricks")
 
@@ -293,8 +293,41 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
         if not db.parent.exists():
             raise TrackingError(f"{_store_label(uri)}: directory {db.parent} does not exist")
-    elif uri.startswith("file:") or "://" not in uri:
-        pass  # deprecated file store: MLflow itself warns
+        problem = _sqlite_file_problem(db)
+        if problem is not None:
+            raise TrackingError(f"{_store_label(uri)}: {db} {problem}")
+    elif (uri.startswith("file:") or "://" not in uri) and not file_store_allowed():
+        # MLflow 3 refuses its file store in a 10-line exception, once the run is about to start
+        raise TrackingError(f"{_store_label(uri)}: a folder of MLflow's file store, which MLflow refuses (its "
+                            "filesystem backend is in maintenance mode); expected sqlite:///<path>/mlflow.db (`mlflow "
+                            "migrate-filestore` moves an existing store there), or MLFLOW_ALLOW_FILE_STORE=true")
+
+
+#: the first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _sqlite_file_problem(db: Path) -> str | None:
+    """Why the file of a ``sqlite:///`` store cannot be a database, or None (it does not exist yet, is empty, or
+    starts like one): a file of something else made MLflow fail once training had been set up ("file is not a
+    database")."""
+    try:
+        with open(db, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return "is a directory; expected the path of a SQLite database file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if head and head != SQLITE_HEADER:
+        return "is not a SQLite database (another file at that path?); expected an MLflow SQLite store, or a new path"
+    return None
+
+
+def file_store_allowed() -> bool:
+    """Whether MLflow opens its deprecated file store: ``MLFLOW_ALLOW_FILE_STORE`` set true (as MLflow reads it)."""
+    return os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
 
 
 #: what MLflow accepts as a run id (mlflow.utils.validation._RUN_ID_REGEX); the ids it makes are 32 hex digits

@@ -1082,7 +1082,7 @@ def test_load_mlflow_run_refuses_a_scheme_mlflow_does_not_track_to(uri, problem,
     from pipeline.inference import load_mlflow_run
     from pipeline.tracking import TrackingError, check_tracking_uri, uri_problem
 
-    expected = ("expected a URI MLflow tracks to: http(s)://host:port, sqlite:///path, file:///path, postgresql://, "
+    expected = ("expected a URI MLflow tracks to: http(s)://host:port, sqlite:///path, postgresql://, "
                 "mysql:// or mssql:// (also with a driver, e.g. postgresql+psycopg2://), or databricks")
     with pytest.raises(ValueError, match="^" + re.escape(f"{uri} (tracking_uri): {problem}; {expected}") + "$"):
         load_mlflow_run("0123456789abcdef0123456789abcdef", tracking_uri=uri)

@@ -310,7 +310,36 @@ def test_tracking_uris_that_can_hold_runs_pass(tmp_path, monkeypatch):
                 "databricks"):
         assert uri_problem(uri) is None, uri
     check_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")   # MLflow's opt-in to its deprecated file store
     check_tracking_uri("mlruns")
+
+
+def test_stores_mlflow_would_refuse_once_training_is_set_up_are_refused_first(tmp_path, monkeypatch):
+    """A file that is no SQLite database at the store's path, and MLflow's file store without its opt-in, failed
+    only when the run was about to be logged, in MLflow's own multi-line exception."""
+    from pipeline.tracking import TrackingError, check_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    garbage = tmp_path / "mlflow.db"
+    garbage.write_text("garbage\n")
+    with pytest.raises(TrackingError, match=r": .*mlflow\.db is not a SQLite database \(another file at that path\?\); "
+                                            r"expected an MLflow SQLite store, or a new path$"):
+        check_tracking_uri(f"sqlite:///{garbage}")
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(TrackingError, match=r"folder\.db is a directory; expected the path of a SQLite database"):
+        check_tracking_uri(f"sqlite:///{tmp_path / 'folder.db'}")
+    garbage.write_bytes(b"")                       # empty: SQLite makes a database of it
+    check_tracking_uri(f"sqlite:///{garbage}")
+    from mlflow import MlflowClient
+
+    real = tmp_path / "real.db"
+    MlflowClient(f"sqlite:///{real}").search_experiments()   # a real store
+    check_tracking_uri(f"sqlite:///{real}")
+    for uri in ("mlruns", f"file://{tmp_path / 'mlruns'}"):
+        with pytest.raises(TrackingError, match=r"a folder of MLflow's file store, which MLflow refuses .*; expected "
+                                                r"sqlite:///<path>/mlflow\.db .*, or MLFLOW_ALLOW_FILE_STORE=true$"):
+            check_tracking_uri(uri)
 
 
 @pytest.mark.parametrize("run_id", ["", "../x", None, " 0123456789abcdef0123456789abcdef", "a/b", 12])

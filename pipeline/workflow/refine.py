@@ -325,20 +325,23 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             orphan.unlink()
     ckpt = mdir / "checkpoint.pt"
     fp_file = mdir / "fingerprint.txt"
-    for marker in (done_file, tracked_file):
-        if marker.exists():
-            marker.unlink()
     same = not retrain and fp_file.exists() and fp_file.read_text().strip() == resumable
     ck = load_checkpoint(ckpt) if same and ckpt.exists() else None
     resume = ck is not None and ck["epoch"] <= tcfg.epochs
     # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
     reuse_run = resume or (same and not ckpt.exists())
+    # the store first: one that fails (a file that is no database, a server that went away) leaves the finished
+    # run it would replace as it was
+    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=reuse_run,
+                            run_config=resumable)
+    for marker in (done_file, tracked_file):
+        if marker.exists():
+            marker.unlink()
     if not resume:
         for stale in (ckpt, history_file):
             if stale.exists():
                 stale.unlink()
     write_text(fp_file, resumable + "\n")
-    tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=reuse_run)
     tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
     if resume:
         # a kill can fall between an epoch's checkpoint and its MLflow logging, and a new run (of another
@@ -424,7 +427,7 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
 
 
 def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
-                  continue_previous: bool, trained_at: dict[str, Any] | None = None):
+                  continue_previous: bool, trained_at: dict[str, Any] | None = None, run_config: str | None = None):
     """The MLflow run of (variant, seed), its id written to the run folder's ``run_id``.
 
     The previous run (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
@@ -435,7 +438,9 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     as KILLED.
 
     Tags ``mlflow.source.git.commit`` and ``git_dirty`` (the tracked files that differ from it, "" for none):
-    the work tree's now, or for a run logged again without training, ``trained_at``'s (its history's)."""
+    the work tree's now, or for a run logged again without training, ``trained_at``'s (its history's).
+    ``run_config`` (tag ``run_config``): the run's configuration but for its epochs; None: its
+    ``fingerprint.txt``'s."""
     from pipeline.tracking import RunTracker, git_commit, git_dirty
 
     run_id_file = model_dir(root, dataset, variant_name, seed) / "run_id"
@@ -458,8 +463,10 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
         tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
     tags.update(data_tags(prepared_path(root, dataset)))
     fp_file = model_dir(root, dataset, variant_name, seed) / "fingerprint.txt"
-    if fp_file.is_file():   # the run's configuration but for its epochs: what a continued run shares
-        tags["run_config"] = fp_file.read_text().strip()
+    if run_config is None and fp_file.is_file():
+        run_config = fp_file.read_text().strip()
+    if run_config is not None:   # the run's configuration but for its epochs: what a continued run shares
+        tags["run_config"] = run_config
     tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
                          run_id=previous if continue_previous else None,
                          tags={**tags, "epochs": str(tcfg.epochs)}, owner_tags=("dvc_exp_name",),
