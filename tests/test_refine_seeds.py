@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -700,6 +701,30 @@ def test_a_store_that_fails_to_open_leaves_the_finished_run_it_would_replace(tmp
                                             r"locate revision identified by '0123456789ab'\)$"):
         refine.refine(params, root, "hmm")
     assert {p: p.read_bytes() for p in sorted((root / "models").rglob("*")) if p.is_file()} == snapshot
+
+
+def test_a_finished_run_whose_checkpoint_is_damaged_is_trained_again_not_kept(tmp_path, clean_env, capsys):
+    """refine said "already trained with this configuration, kept" over an emptied checkpoint, and psrnn runs
+    "trained": only evaluate and predict found the weights gone. Now refine says so and trains the run again
+    (to the same numbers: training is deterministic on the CPU)."""
+    root = tmp_path
+    params = _params(root, [0], ("gru",))
+    refine.refine(params, root, "hmm")
+    mdir = model_dir(root, "hmm", "gru", 0)
+    before = json.loads((mdir / "history.json").read_text())["history"]
+    for damage in (lambda p: p.write_bytes(b""), lambda p: p.write_bytes(p.read_bytes()[:100]), lambda p: p.unlink()):
+        damage(mdir / "checkpoint.pt")
+        capsys.readouterr()
+        refine.refine(params, root, "hmm")
+        err = capsys.readouterr().err
+        assert re.search(r"refine hmm: gru_s0: \S+checkpoint\.pt: (not a readable checkpoint|checkpoint not found); "
+                         r"training it again\n", err), err
+        after = json.loads((mdir / "history.json").read_text())["history"]
+        assert [{k: e[k] for k in ("epoch", "test")} for e in after] == \
+            [{k: e[k] for k in ("epoch", "test")} for e in before]
+    capsys.readouterr()
+    refine.refine(params, root, "hmm")
+    assert "already trained with this configuration, kept" in capsys.readouterr().err
 
 
 def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_env):

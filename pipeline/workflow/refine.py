@@ -301,6 +301,11 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         write_text(done_file, fingerprint + "\n")
         done = fingerprint
     if not retrain and done == fingerprint and history_file.is_file():
+        damaged = _checkpoint_problem(mdir / "checkpoint.pt")
+        if damaged is not None:   # the weights are lost: train the run again rather than keep a run nothing reads
+            print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
+            retrain = True
+    if not retrain and done == fingerprint and history_file.is_file():
         history = read_json(history_file)
         units = history.get("data_units")
         if units is None or (units.get("kind") == "discrete" and "train_counts" not in units):
@@ -379,6 +384,19 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def _checkpoint_problem(path: Path) -> str | None:
+    """Why a finished run's checkpoint cannot give its weights (gone, truncated, overwritten), or None."""
+    from pipeline.train import load_checkpoint
+
+    try:
+        ck = load_checkpoint(path)
+    except (OSError, ValueError) as exc:
+        return " ".join(str(exc).split()).split("; delete it")[0]
+    if not isinstance(ck.get("model"), dict):
+        return f"{path}: not a checkpoint of a trained run (no model weights)"
+    return None
 
 
 def _divergence_in_params_terms(message: str, params: Params, dataset: str, variant_name: str) -> str:
