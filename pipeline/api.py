@@ -1158,9 +1158,9 @@ class FittedModel:
                  ) -> list[np.ndarray]:
         """Per trajectory, the ``steps`` (an integer >= 1) observations after its end, each prediction fed back as
         the next input (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) float64 values for a continuous
-        model; for a discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the predicted distributions
-        (``seed``; a trajectory's draws depend only on the seed and its index in the list): int64 indices, or
-        strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
+        model; for a discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the
+        predicted distributions (``seed``; a trajectory's draws depend only on the seed and its index in the
+        list): int64 indices, or strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
         nothing. ``trajectories`` are read as :meth:`predict` reads them."""
         from pipeline.inference import check_sample, check_seed, check_steps
 
@@ -1514,7 +1514,8 @@ def fit_model(
     fitted = FittedModel(model=net, history=result.history, two_stage=tsm or lss,
                          extras={"train_config": asdict(tcfg), "windows": windows,
                                  "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
-                                 "kf_ridge": plan.kf_ridge, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
+                                 "kf_ridge": plan.kf_ridge, "best_epoch": result.best_epoch,
+                                 "stopped_early": result.stopped_early,
                                  "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
                                  "train_counts": _train_counts(cfg, train)})
     if cfg.init == "2sr":
@@ -1536,8 +1537,8 @@ def _warn_if_training_data_choose(tcfg: Any, has_valid: bool, test_given: bool =
         return
     split = tcfg.monitored_split(has_valid)
     if split == "test" and not test_given:
-        why, fix = (f"{'no valid= given' if tcfg.monitor == 'auto' else 'train_options[' + repr('monitor') + ']=' + repr(split)}"
-                    ", and without test= the test entries are train's",
+        given = "no valid= given" if tcfg.monitor == "auto" else f"train_options['monitor']={split!r}"
+        why, fix = (f"{given}, and without test= the test entries are train's",
                     "pass valid= (held-out trajectories) to choose by how well they predict")
     elif split == "train":
         why, fix = (("train_options['monitor']='train', although valid= is given",

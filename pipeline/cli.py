@@ -100,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
     command("report", help="figures and results.md from every run's outputs")
     d = command("runs", help="list the trained runs (models/<dataset>/<variant>/s<seed>) with their status "
-                             "(trained, stale, unchecked, unfinished, not trained, finished), last epoch, test metric and "
-                             "MLflow run id; not a DVC stage")
+                             "(trained, stale, unchecked, unfinished, not trained, finished), last epoch, test "
+                             "metric and MLflow run id; not a DVC stage")
     d.add_argument("dataset", nargs="?", default=None, help="only this dataset (default: every one)")
     d.add_argument("--json", action="store_true", help="one JSON object per run, one per line, instead of the table")
     d = command("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "

@@ -725,6 +725,28 @@ def test_a_finished_run_whose_checkpoint_is_damaged_is_trained_again_not_kept(tm
     capsys.readouterr()
     refine.refine(params, root, "hmm")
     assert "already trained with this configuration, kept" in capsys.readouterr().err
+    # a history.json of another shape (valid JSON) gave tracebacks (AttributeError, TypeError, IndexError) in
+    # refine and evaluate: evaluate names the file, refine trains the run again
+    history = json.loads((mdir / "history.json").read_text())
+    last = {**history["history"][-1], "test": {}}
+    for text, problem in (("[1, 2]", "a JSON list, not an object"), ("null", "a JSON NoneType, not an object"),
+                          ('{"history": "x"}', "no epochs ('history' is not a non-empty list)"),
+                          ('{"history": []}', "no epochs ('history' is not a non-empty list)"),
+                          (json.dumps({**history, "history": [*history["history"][:-1], last]}),
+                           f"epoch entry {len(history['history']) - 1} has no 'test' metrics (an object of numbers)"),
+                          ("{", None)):
+        (mdir / "history.json").write_text(text)
+        if problem is not None:
+            with pytest.raises(ValueError, match=re.escape(f"history.json: damaged: {problem}; psrnn refine hmm gru 0 "
+                                                           "(or dvc repro) trains the run again") + "$"):
+                evaluate.evaluate_run(params, root, "hmm", "gru", 0)
+        capsys.readouterr()
+        refine.refine(params, root, "hmm")
+        err = capsys.readouterr().err
+        said = f"damaged: {re.escape(problem)}" if problem is not None else "not valid JSON"
+        assert re.search(rf"refine hmm: gru_s0: \S+history\.json: {said}.*; training it again\n", err), err
+        assert json.loads((mdir / "history.json").read_text())["history"][-1]["test"] == \
+            history["history"][-1]["test"]
 
 
 def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_env):

@@ -13,11 +13,13 @@ import numpy as np
 
 from pipeline.config import Params
 from pipeline.data.schema import SequenceDataset
-from pipeline.io import read_json, write_json
+from pipeline.io import write_json
 from pipeline.messages import psrnn_command
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
-from pipeline.workflow.paths import load_prepared, metrics_dir, model_dir, predictions_dir, prune, run_name
+from pipeline.workflow.paths import (
+    load_prepared, metrics_dir, model_dir, predictions_dir, prune, read_history, run_name,
+)
 
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,8 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     initial = load_initial(root, dataset, variant_name, seed)
     final = copy.deepcopy(initial)
     final.load_state_dict(trained_weights(ck))
-    history = read_json(ckpt.parent / "history.json")
+    history = read_history(ckpt.parent / "history.json", f"{psrnn_command('refine', dataset, variant_name, seed)} "
+                           "(or dvc repro) trains the run again")
     # discrete: keep the most likely symbol and the target's log-probability per step, not steps x vocabulary logits
     reduce = _top_and_log_prob if ds.discrete else None
     initial_test, initial_pred = evaluate_and_predict(initial, ds.test, reduce=reduce)

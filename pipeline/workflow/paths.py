@@ -93,3 +93,36 @@ def prune(folder: Path, keep: set[str], what: str, stage: str, pattern: str = "*
         if stale.name not in keep:
             log.info("%s: removing %s (%s not in params.yaml)", stage, stale, what)
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+
+
+def history_problem(history: object) -> str | None:
+    """What keeps ``history`` (a run folder's ``history.json``, as read) from being a finished run's history, or
+    None: a JSON object whose ``history`` lists the epochs, each an object with an integer ``epoch`` and a
+    ``test`` object of numbers (null allowed beside them; what refine, evaluate and the report read from it)."""
+    if not isinstance(history, dict):
+        return f"a JSON {type(history).__name__}, not an object"
+    epochs = history.get("history")
+    if not isinstance(epochs, list) or not epochs:
+        return "no epochs ('history' is not a non-empty list)"
+    for k, e in enumerate(epochs):
+        if not isinstance(e, dict) or isinstance(e.get("epoch"), bool) or not isinstance(e.get("epoch"), int):
+            return f"epoch entry {k} has no integer 'epoch'"
+        test = e.get("test")
+        numbers = [v for v in (test.values() if isinstance(test, dict) else [])
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not isinstance(test, dict) or not numbers or any(v is not None and v not in numbers
+                                                            for v in test.values()):
+            return f"epoch entry {k} has no 'test' metrics (an object of numbers)"
+    return None
+
+
+def read_history(path: Path, fix: str) -> dict:
+    """A run's ``history.json`` (:func:`history_problem`), or a one-line ValueError naming the file, what is
+    wrong and ``fix`` (the command that writes it again)."""
+    from pipeline.io import read_json
+
+    history = read_json(path)   # unreadable JSON: a one-line error naming it
+    problem = history_problem(history)
+    if problem is not None:
+        raise ValueError(f"{path}: damaged: {problem}; {fix}")
+    return history

@@ -37,7 +37,8 @@ from pipeline.io import read_json, sha256_file, write_json, write_text
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
-    artifact_dir, dataset_models_dir, load_prepared, model_dir, plot_path, prepared_path, prune, run_name,
+    artifact_dir, dataset_models_dir, history_problem, load_prepared, model_dir, plot_path, prepared_path, prune,
+    run_name,
 )
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         write_text(done_file, fingerprint + "\n")
         done = fingerprint
     if not retrain and done == fingerprint and history_file.is_file():
-        damaged = _checkpoint_problem(mdir / "checkpoint.pt")
+        damaged = _checkpoint_problem(mdir / "checkpoint.pt") or _history_file_problem(history_file)
         if damaged is not None:   # the weights are lost: train the run again rather than keep a run nothing reads
             print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
             retrain = True
@@ -384,6 +385,15 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def _history_file_problem(path: Path) -> str | None:
+    """Why a finished run's ``history.json`` cannot be read as one (:func:`history_problem`), or None."""
+    try:
+        problem = history_problem(read_json(path))
+    except (OSError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    return None if problem is None else f"{path}: damaged: {problem}"
 
 
 def _checkpoint_problem(path: Path) -> str | None:

@@ -46,8 +46,9 @@ def list_runs(params: Params, root: Path, dataset: str | None = None) -> list[di
     """Every run of ``dataset`` (None: of every dataset with a ``models/`` folder or listed in ``datasets``),
     sorted by dataset, variant and seed: ``{"dataset", "variant", "seed", "status", "epoch", "model_epoch",
     "metric", "value", "model_value", "run_id", "listed", "why"}`` (``model_value``: the test metric of
-    ``model_epoch`` when it is not the last epoch, as with ``restore_best``, else None; ``listed``: whether params.yaml trains it now; ``why``: what
-    made a stale run stale, as evaluate's refusal says it)."""
+    ``model_epoch`` when it is not the last epoch, as with ``restore_best``, else None; ``listed``: whether
+    params.yaml trains it now; ``why``: what made a stale run stale, as evaluate's refusal says it, or what an
+    unchecked run misses)."""
     from pipeline.workflow.refine import shared_digest
 
     models = root / "models"
