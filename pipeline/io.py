@@ -230,6 +230,18 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Ma
                     np.lib.format.write_array(fh, payload[name], allow_pickle=False)
 
 
+@contextlib.contextmanager
+def artifact_contents(path: str | os.PathLike, fix: str):
+    """Read what an artifact holds inside this block: an array or meta key it lacks (a file of another kind at
+    its path, or of another version) becomes a one-line ValueError naming the file, the key and ``fix`` (the
+    command that writes it again), not the key alone ("error: obs_frequencies")."""
+    try:
+        yield
+    except KeyError as exc:
+        key = exc.args[0] if exc.args else "?"
+        raise ValueError(f"{path}: holds no {key!r}: not the artifact written there, or damaged; {fix}") from None
+
+
 def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Load arrays and the ``meta`` dict saved by :func:`save_npz`.
 

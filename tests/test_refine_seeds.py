@@ -1187,3 +1187,55 @@ def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys)
     shutil.copytree(model_dir(root, "hmm", "psrnn", 0), model_dir(root, "ghost", "psrnn", 1))
     assert [(r["seed"], r["status"], r["listed"]) for r in list_runs(params, root, "ghost")] == [
         (0, "unfinished", False), (1, "finished", False)]
+
+
+def test_artifacts_without_their_arrays_or_of_other_shapes_are_named_with_the_stage_that_writes_them(tmp_path,
+                                                                                                     clean_env):
+    """A valid .npz with other arrays failed as a bare key ("psrnn two_stage: error: obs_frequencies"), one of
+    other shapes deep in numpy or torch ("The size of tensor a (3) must match ..."), naming no file."""
+    from pipeline.io import load_npz, save_npz
+
+    root = tmp_path
+    raw = _lgssm_kf_raw()
+    raw["lgssm"]["variants"] = ["kf", "factorized_psrnn_r2"]
+    params = _write_params(root, raw)
+    data.prepare(params, root, "lgssm")
+    for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
+        stage(params, root, "lgssm", 0)
+    adir = root / "artifacts" / "lgssm" / "s0"
+
+    def tampered(name, change):
+        arrays, meta = load_npz(adir / name)
+        original = (dict(arrays), dict(meta))
+        change(arrays, meta)
+        save_npz(adir / name, arrays, meta=meta)
+        return original
+
+    def restore(name, original):
+        save_npz(adir / name, original[0], meta=original[1])
+
+    cases = [
+        ("features.npz", lambda a, m: a.pop("obs_frequencies"), spectral.two_stage,
+         r"features\.npz: holds no 'obs_frequencies': not the artifact written there, or damaged; run the features "
+         r"stage again \(psrnn features lgssm 0\)$"),
+        ("features.npz", lambda a, m: a.update(past_frequencies=np.zeros((3, 3))), spectral.two_stage,
+         r"features\.npz: past maps of shapes \(3, 3\) and \(16,\); expected \(4, 16\) and \(16,\) for lgssm's data "
+         r"and two_stage params; run the features stage again \(psrnn features lgssm 0\)$"),
+        ("2sr/kf.npz", lambda a, m: a.pop("A"), initialise.initialise,
+         r"kf\.npz: holds no 'A': not the artifact written there, or damaged; run the two_stage stage again "
+         r"\(psrnn two_stage lgssm 0\)$"),
+        ("2sr/kf.npz", lambda a, m: a.update(A=np.eye(3)), initialise.initialise,
+         r"kf\.npz: matrices of shapes A \(3, 3\), C \(2, 2\), .*; expected A \(n, n\), C \(2, n\), .* for the "
+         r"data's 2 features; run the two_stage stage again \(psrnn two_stage lgssm 0\)$"),
+        ("cp/r2.npz", lambda a, m: a.update(B=np.zeros((2, 7))), initialise.initialise,
+         r"r2\.npz: factor B of shape \(2, 7\); expected \(2, 2\) for rank 2 of the layer-1 tensor of shape "
+         r"\(3, 2, 3\); run the decompose stage again \(psrnn decompose lgssm 0\)$"),
+        ("init/kf.npz", lambda a, m: m.pop("model_config"), lambda *args: refine.refine(params, root, "lgssm"),
+         r"kf\.npz: holds no 'model_config': not the artifact written there, or damaged; run the initialise stage "
+         r"again \(psrnn initialise lgssm 0\)$"),
+    ]
+    for name, change, stage, message in cases:
+        original = tampered(name, change)
+        with pytest.raises(ValueError, match=message):
+            stage(params, root, "lgssm", 0)
+        restore(name, original)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from pipeline.config import DatasetParams, Params, Variant
 from pipeline.data.schema import SequenceDataset
-from pipeline.io import load_npz, save_npz
+from pipeline.io import artifact_contents, load_npz, save_npz
 from pipeline.messages import psrnn_command
 from pipeline.workflow.paths import artifact_dir, load_prepared
 
@@ -65,15 +68,38 @@ def initial_model(params: Params, root: Path, dataset: str, variant_name: str, s
                 raise ValueError(f"{path}: decomposed from another layer-1 2SR tensor than {adir / '2sr' / 'L1.npz'}"
                                  f" holds now; run the decompose stage first "
                                  f"({psrnn_command('decompose', dataset, seed)})")
-            cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
+            fix = f"run the decompose stage again ({psrnn_command('decompose', dataset, seed)})"
+            with artifact_contents(path, fix):
+                cps = [CPFactors(A=a["A"], B=a["B"], C=a["C"], relative_error=m["relative_error"])]
+            shape = tsm.layers[0].W.shape   # state x obs x state: factor k is (rank, shape[k])
+            for name, f, size in zip("ABC", (cps[0].A, cps[0].B, cps[0].C), shape):
+                if np.shape(f) != (variant.rank, size):
+                    raise ValueError(f"{path}: factor {name} of shape {np.shape(f)}; expected ({variant.rank}, {size}) "
+                                     f"for rank {variant.rank} of the layer-1 tensor of shape {shape}; {fix}")
     elif variant.family == "kf":
         path = adir / "2sr" / "kf.npz"
         a, m = load_npz(path)
         if dp.kf is not None:   # a filter learned with other kf params (stages run by hand, out of order)
             refuse_stale(path, m.get("kf"), dp.kf, None, "learned", "two_stage", dataset, seed, section="kf")
-        lss = LinearStateSpace.from_arrays(a)
+        fix = f"run the two_stage stage again ({psrnn_command('two_stage', dataset, seed)})"
+        with artifact_contents(path, fix):
+            lss = LinearStateSpace.from_arrays(a)
+        _check_linear_shapes(path, lss, ds.obs_dim, fix)
     cfg = model_config(dp, ds, variant, kf_state_dim=None if lss is None else int(lss.A.shape[0]))
     return initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=ds.train), ds
+
+
+def _check_linear_shapes(path: Path, lss: Any, m: int, fix: str) -> None:
+    """The matrices of a linear 2SR artifact fit one another and the data's ``m`` features (a damaged file failed
+    on a tensor size deep in torch, naming nothing)."""
+    n = np.shape(lss.A)[0] if np.ndim(lss.A) == 2 else -1
+    want = {"A": (n, n), "C": (m, n), "Q": (n, n), "R": (m, m), "M": (n, m), "x0": (n,), "P0": (n, n), "mean": (m,)}
+    for name, shape in want.items():
+        if n < 1 or np.shape(getattr(lss, name)) != shape:
+            shown = ", ".join(f"{k} {np.shape(getattr(lss, k))}" for k in want)
+            raise ValueError(f"{path}: matrices of shapes {shown}; expected A (n, n), C ({m}, n), Q (n, n), "
+                             f"R ({m}, {m}), M (n, {m}), x0 (n,), P0 (n, n), mean ({m},) for the data's {m} "
+                             f"features; {fix}")
 
 
 def initialise(params: Params, root: Path, dataset: str, seed: int) -> Path:
@@ -109,4 +135,6 @@ def load_initial(root: Path, dataset: str, variant: str, seed: int):
 
     path = artifact_dir(root, dataset, seed) / "init" / f"{variant}.npz"
     arrays, meta = load_npz(path)
-    return model_from_config(meta["model_config"], arrays, str(path))
+    with artifact_contents(path, f"run the initialise stage again ({psrnn_command('initialise', dataset, seed)})"):
+        config = meta["model_config"]
+    return model_from_config(config, arrays, str(path))

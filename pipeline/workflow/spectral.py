@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.config import DatasetParams, Params, check_windows
-from pipeline.io import load_npz, save_npz, write_json
+from pipeline.io import artifact_contents, load_npz, save_npz, write_json
 from pipeline.messages import psrnn_command
 from pipeline.workflow.paths import artifact_dir, load_prepared
 
@@ -68,6 +68,8 @@ def refuse_stale(path: Path, stored: Any, cfg, keys: Sequence[str] | None, made:
 
 
 def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
+    import numpy as np
+
     from pipeline.features import FeatureMaps
     from pipeline.two_stage import linear_two_stage, two_stage_depths
 
@@ -78,7 +80,17 @@ def two_stage(params: Params, root: Path, dataset: str, seed: int) -> Path:
     path = artifact_dir(root, dataset, seed) / "features.npz"
     arrays, meta = load_npz(path)
     refuse_stale(path, meta.get("two_stage"), cfg, FEATURE_PARAMS, "drawn", "features", dataset, seed)
-    maps = FeatureMaps.from_arrays(arrays)
+    fix = f"run the features stage again ({psrnn_command('features', dataset, seed)})"
+    with artifact_contents(path, fix):
+        maps = FeatureMaps.from_arrays(arrays)
+    for name, rff, window in (("obs", maps.obs, 1), ("past", maps.past, cfg.past_window),
+                              ("future", maps.future, cfg.future_window)):
+        # the shapes these params and data give (a damaged file fails deep in the 2SR otherwise, naming nothing)
+        want = (window * ds.obs_dim, cfg.n_features)
+        if np.shape(rff.frequencies) != want or np.shape(rff.offsets) != (cfg.n_features,):
+            raise ValueError(f"{path}: {name} maps of shapes {np.shape(rff.frequencies)} and {np.shape(rff.offsets)}; "
+                             f"expected {want} and ({cfg.n_features},) for {dataset}'s data and two_stage params; "
+                             f"{fix}")
     out = artifact_dir(root, dataset, seed) / "2sr"
     out.mkdir(parents=True, exist_ok=True)
     # what is learned follows from the two_stage and kf params alone (not from the variants), so adding or removing
@@ -109,7 +121,8 @@ def load_two_stage(root: Path, dataset: str, seed: int, depth: int, dp: DatasetP
     if dp is not None:
         refuse_stale(path, meta.get("config"), _two_stage_config(dp, seed), None, "learned", "two_stage", dataset,
                       seed)
-    return TwoStageModel.from_arrays(arrays, meta)
+    with artifact_contents(path, f"run the two_stage stage again ({psrnn_command('two_stage', dataset, seed)})"):
+        return TwoStageModel.from_arrays(arrays, meta)
 
 
 # ------------------------------------------------------------------------------------------- decompose
