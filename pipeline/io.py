@@ -251,12 +251,20 @@ def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, 
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head and not head.startswith(b"PK") and not head.startswith(b"\x93NUM"):
+            # numpy reads any other file as a pickle, refused with advice to load it unsafely: never here
+            raise ValueError("neither a zip archive nor a numpy array file")
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
             raise ValueError("a single .npy array, not an .npz archive")
         with z:
             arrays = {k: z[k] for k in z.files if k != "__meta__"}
-            meta = json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
+            try:
+                meta = json.loads(str(z["__meta__"])) if "__meta__" in z.files else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"its metadata (__meta__) is not valid JSON: {exc}") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, OSError) as exc:
         if isinstance(exc, (PermissionError, IsADirectoryError)):
             raise

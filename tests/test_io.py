@@ -307,3 +307,41 @@ def test_the_data_reach_the_disk_before_the_rename(tmp_path: Path, monkeypatch) 
     assert events[1][1] == str(out) and events[2][1] == str(tmp_path)
     assert io.read_json(out) == {"a": 1}
 
+
+
+def test_a_text_file_or_bad_metadata_at_an_npz_path_is_named_without_unsafe_advice(tmp_path):
+    """numpy reads a file that is no zip archive as a pickle and advises loading it with allow_pickle=True, which
+    would run whatever it holds; a damaged __meta__ was reported as a truncated archive."""
+    import numpy as np
+    import pytest
+
+    from pipeline.io import load_npz
+
+    text = tmp_path / "t.npz"
+    text.write_text("hello world\n")
+    with pytest.raises(ValueError) as err:
+        load_npz(text)
+    assert "(neither a zip archive nor a numpy array file)" in str(err.value) and "pickle" not in str(err.value)
+    np.savez(tmp_path / "m.npz", a=np.zeros(2), __meta__=np.array("{bad"))
+    with pytest.raises(ValueError, match=r"\(its metadata \(__meta__\) is not valid JSON: Expecting property name"):
+        load_npz(tmp_path / "m.npz")
+
+
+def test_an_unreadable_prepared_file_names_the_command_that_writes_it_again(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from pipeline.workflow.paths import load_prepared, prepared_path
+
+    path = prepared_path(tmp_path, "hmm")
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1, 2]}), path)     # a Parquet file, not one the preprocess stage wrote
+    with pytest.raises(ValueError) as err:
+        load_prepared(tmp_path, "hmm")
+    assert str(err.value) == (f"{path}: Parquet schema metadata has no 'psrnn' key (not a file the preprocess stage "
+                              "wrote); psrnn preprocess hmm (or dvc repro) writes it again")
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"not a readable Parquet file, .*; psrnn preprocess hmm \(or dvc repro\) "
+                                         r"writes it again$"):
+        load_prepared(tmp_path, "hmm")

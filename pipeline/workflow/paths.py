@@ -40,7 +40,15 @@ def prepared_path(root: Path, dataset: str) -> Path:
 
 
 def load_prepared(root: Path, dataset: str) -> SequenceDataset:
-    return read_dataset(prepared_path(root, dataset))
+    """The prepared dataset; an unreadable file (truncated, or not one the preprocess stage wrote) is a one-line
+    ValueError that names the command that writes it again."""
+    from pipeline.messages import psrnn_command
+
+    try:
+        return read_dataset(prepared_path(root, dataset))
+    except ValueError as exc:
+        text = str(exc).replace("; was it written by write_dataset?", " (not a file the preprocess stage wrote)")
+        raise ValueError(f"{text}; {psrnn_command('preprocess', dataset)} (or dvc repro) writes it again") from None
 
 
 def artifact_dir(root: Path, dataset: str, seed: int) -> Path:
