@@ -315,9 +315,10 @@ class TrainedRun:
             unseen = sorted({t for t in text if t not in lookup})
             shown = brief_list(unseen)
             if unknown == "error":
+                options = ("unknown 'drop' or 'map' (psrnn predict / forecast: --unknown drop or --unknown map)"
+                           if UNK_SYMBOL in lookup else "unknown 'drop' (psrnn predict / forecast: --unknown drop)")
                 raise ValueError(f"{int((~keep).sum())} observations have symbols not in the vocabulary of "
-                                 f"{self.dataset}: {shown}; use unknown 'drop' or 'map' (psrnn predict / forecast: "
-                                 "--unknown drop or --unknown map)")
+                                 f"{self.dataset}: {shown}; {_float_symbols_hint(unseen, lookup) or 'use ' + options}")
             if unknown == "map":
                 if UNK_SYMBOL not in lookup:
                     raise ValueError(f"unknown='map': the vocabulary of {self.dataset} has no {UNK_SYMBOL!r} symbol "
@@ -1261,6 +1262,22 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             summary["worse_than_naive"] = worse
         _add_output_meta(writer, run, input_path, summary)   # the metrics, known only now
     return summary
+
+
+def _float_symbols_hint(unseen: Sequence[str], lookup: dict[str, int]) -> str | None:
+    """When the unseen symbols are integer symbols written as floats ("3.0" for the vocabulary's "3": a column of
+    integers read as float, as pandas does to one with a gap), what to do instead of dropping them all."""
+    def as_int(text: str) -> str | None:
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+        return str(int(value)) if value.is_integer() and "." in text else None
+
+    if unseen and all(as_int(t) is not None and as_int(t) in lookup for t in unseen):
+        return (f"they are the vocabulary's integer symbols written as floats ({unseen[0]!r} for "
+                f"{as_int(unseen[0])!r}): expected integers (cast the symbol column to int)")
+    return None
 
 
 def worse_than_naive(metrics: dict[str, float]) -> str | None:

@@ -235,7 +235,8 @@ def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
     seq = ["10", "20", "99", "30", "40", "99"]
     src = _write(tmp_path / "in.parquet", {"trajectory": [7] * 6, "symbol": seq})
     with pytest.raises(ValueError, match=r"in\.parquet: column 'symbol': 2 observations have symbols not in the "
-                                         r"vocabulary of hmm: '99'; use unknown 'drop' or 'map'"):
+                                         r"vocabulary of hmm: '99'; use unknown 'drop' \(psrnn predict / forecast: "
+                                         r"--unknown drop\)$"):
         predict_file(run, src, tmp_path / "out.parquet")
     with pytest.raises(ValueError, match="has no '<unk>' symbol"):
         predict_file(run, src, tmp_path / "out.parquet", unknown="map")
@@ -800,8 +801,14 @@ def test_trained_run_errors_name_the_trajectory(discrete_run, continuous_run):
     run, _ = discrete_run
     for call in (run.predict, run.evaluate, lambda t: run.forecast(t, 2)):
         with pytest.raises(ValueError, match=r"^trajectories\[1\]: 3 observations have symbols not in the vocabulary "
-                                             r"of hmm: '10\.9', '20\.0', '30\.5'; use unknown 'drop' or 'map'"):
+                                             r"of hmm: '10\.9', '20\.0', '30\.5'; use unknown 'drop'"):
             call([["10", "20"], np.array([10.9, 20.0, 30.5])])
+        # integer symbols written as floats (a column with a gap, as pandas reads it): said as such
+        with pytest.raises(ValueError, match=r"^trajectories\[0\]: 2 observations have symbols not in the vocabulary "
+                                             r"of hmm: '10\.0', '20\.0'; they are the vocabulary's integer symbols "
+                                             r"written as floats \('10\.0' for '10'\): expected integers \(cast the "
+                                             r"symbol column to int\)$"):
+            call([np.array([10.0, 20.0])])
         with pytest.raises(ValueError, match=r"^trajectories\[0\]: shape \(2, 2\); expected a 1-D sequence of "
                                              r"symbols \(a str is one symbol of this model's vocabulary, whose "
                                              r"symbols are not all single characters: list\(text\) for its "
