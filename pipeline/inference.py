@@ -1068,8 +1068,8 @@ def is_csv(output_path: str | Path) -> bool:
 
 def _check_csv_probabilities(output_path: Path, run: "TrainedRun", probabilities: bool) -> None:
     if probabilities and run.discrete and is_csv(output_path):   # a continuous run has none to write
-        raise ValueError(f"{output_path}: probabilities=True writes a list of {len(run.vocab)} probabilities per row, "
-                         "which CSV cannot hold; expected a .parquet output for them")
+        raise ValueError(f"{output_path}: --probabilities (probabilities=True) writes a list of {len(run.vocab)} "
+                         "probabilities per row, which CSV cannot hold; expected a .parquet output for them")
 
 
 class _CSVWriter:

@@ -161,7 +161,8 @@ def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
     # CSV: the same rows, but no list of probabilities per row (refused before the input is read)
     import pyarrow.csv as pacsv
 
-    with pytest.raises(ValueError, match=r"pred\.csv: probabilities=True writes a list of 4 probabilities per row, "
+    with pytest.raises(ValueError, match=r"pred\.csv: --probabilities \(probabilities=True\) writes a list of 4 "
+                                         r"probabilities per row, "
                                          r"which CSV cannot hold; expected a \.parquet output for them$"):
         predict_file(run, src, tmp_path / "pred.csv", symbol_column="sym", probabilities=True)
     assert not (tmp_path / "pred.csv").exists()
