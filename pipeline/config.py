@@ -1177,6 +1177,9 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             if k not in ds_allowed:
                 raise _unknown(key, k, ds_allowed)
         src = _check_source(name, section.get("source"))
+        if "two_stage" in section and section["two_stage"] is None:   # not "two_stage.past_window: required"
+            raise ParamsError(f"{key}.two_stage: null; expected a mapping of the 2SR settings (n_features, "
+                              "state_dim, obs_dim, past_window, future_window, ...; docs/params.md)")
         ts_section = dict(_mapping(section.get("two_stage"), f"{key}.two_stage"))
         layers = ts_section.pop("layers", 1)
         _positive_int(f"{key}.two_stage.layers", layers)

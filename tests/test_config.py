@@ -54,6 +54,8 @@ def test_cp_ranks_are_those_of_the_2sr_initialised_factorized_variants(defaults)
     (lambda p: p["swimmer"].update(kf=None), r"^swimmer\.variants: kf needs a swimmer\.kf section .*kf: \{\}"),
     (lambda p: p["ptb"]["two_stage"].update(layers=1), r"^ptb\.variants: psrnn_2layer needs "
                                                        r"ptb\.two_stage\.layers >= 2, got 1"),
+    (lambda p: p["custom"].update(two_stage=None), r"^custom\.two_stage: null; expected a mapping of the 2SR "
+                                                   r"settings \(n_features, state_dim, obs_dim, past_window"),
     (lambda p: p["ptb"]["two_stage"].update(layers=0),
      r"^ptb\.two_stage\.layers: expected a positive integer, got an integer 0"),
     (lambda p: p["ptb"]["two_stage"].update(layer=2),
