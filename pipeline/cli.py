@@ -262,6 +262,9 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
     try:
         if args.stage == "compare":   # two JSON files: no params.yaml needed
             return _compare(args, root)
+        if root.exists() and not root.is_dir():
+            raise ParamsError(f"{root}: --root names a file; expected the project's folder (the one holding "
+                              "params.yaml and dvc.yaml)")
         if not params_path.exists():
             if args.params:
                 raise ParamsError(f"{params_path}: params file not found (--params); expected an existing file")

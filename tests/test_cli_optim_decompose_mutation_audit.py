@@ -239,3 +239,14 @@ def test_optim_load_state_dict_restores_the_saved_hyperparameters():
     ps[0].grad = torch.tensor([1.0, 1.0], dtype=torch.float64)
     opt.step()
     assert ps[0].detach().tolist() == [0.5, -2.5]
+
+
+def test_cli_a_root_that_is_a_file_is_named_as_such(tmp_path, capsys):
+    """--root /etc/passwd said "/etc/passwd/params.yaml: params file not found", not that the root is a file."""
+    from pipeline import cli
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x\n")
+    assert cli.main(["--root", str(afile), "runs"]) == 1
+    assert capsys.readouterr().err == (f"psrnn runs: error: {afile}: --root names a file; expected the project's "
+                                       "folder (the one holding params.yaml and dvc.yaml)\n")
