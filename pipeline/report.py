@@ -115,6 +115,7 @@ def _load_json(path: Path, notes: list[str], root: Path) -> dict | None:
         return None
     if not isinstance(obj, dict):
         rel = path.relative_to(root).as_posix()
+        log.warning("report: %s is not a JSON object (a %s): its run is left out", rel, type(obj).__name__)
         notes.append(f"`{rel}`: not a JSON object; run left out")
         return None
     return obj

@@ -185,6 +185,20 @@ def test_write_report(project: Path, tmp_path: Path):
     assert str(project) not in first_md.decode()
 
 
+def test_metrics_of_another_shape_leave_the_run_out_saying_so(tmp_path: Path, caplog):
+    """A metrics file holding valid JSON of another shape ([] ) dropped its run from summary.json without a word
+    on stderr (unreadable JSON was warned about)."""
+    root = tmp_path / "project"
+    _write_run(root, "lgssm", "gru", 0, "continuous", [1.0, 0.5])
+    _write_run(root, "lgssm", "psrnn", 0, "continuous", [1.0, 0.4])
+    (root / "metrics" / "lgssm" / "gru_s0.json").write_text("[]")
+    with caplog.at_level("WARNING", logger="pipeline.report"):
+        write_report(root, tmp_path / "reports")
+    assert "report: metrics/lgssm/gru_s0.json is not a JSON object (a list): its run is left out" in caplog.text
+    assert "`metrics/lgssm/gru_s0.json`: not a JSON object; run left out" in \
+        (tmp_path / "reports" / "results.md").read_text()
+
+
 def test_missing_data_is_skipped_not_fatal(tmp_path: Path):
     root = tmp_path / "project"
     # only swimmer with kf and psrnn, no predictions for psrnn; ptb has only lstm
