@@ -1239,3 +1239,17 @@ def test_artifacts_without_their_arrays_or_of_other_shapes_are_named_with_the_st
         with pytest.raises(ValueError, match=message):
             stage(params, root, "lgssm", 0)
         restore(name, original)
+
+
+def test_a_psrnn_retrain_value_that_is_no_yes_or_no_is_refused(tmp_path, clean_env):
+    """PSRNN_RETRAIN=2 was read as "no" and kept every run without a word."""
+    from pipeline.workflow.refine import _retrain
+
+    for value, wanted in (("1", True), ("TRUE", True), (" yes ", True), ("", False), ("0", False), ("no", False)):
+        clean_env.setenv("PSRNN_RETRAIN", value)
+        assert _retrain() is wanted
+    clean_env.setenv("PSRNN_RETRAIN", "2")
+    with pytest.raises(ValueError, match=r"^PSRNN_RETRAIN='2': expected 1 \(retrain every run refine reaches\) or "
+                                         r"0 \(keep the runs already trained\)$"):
+        refine.refine(_params(tmp_path, [0]), tmp_path, "hmm")
+    assert not (tmp_path / "models").exists()

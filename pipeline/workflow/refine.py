@@ -75,7 +75,15 @@ def _fingerprint(*parts: Any) -> str:
 
 
 def _retrain() -> bool:
-    return os.environ.get("PSRNN_RETRAIN", "").strip().lower() in ("1", "true", "yes")
+    """``PSRNN_RETRAIN``: 1, true or yes retrains; unset, empty, 0, false or no does not; anything else is an
+    error (a value read as "no" would silently keep every run)."""
+    value = os.environ.get("PSRNN_RETRAIN", "").strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("", "0", "false", "no"):
+        return False
+    raise ValueError(f"PSRNN_RETRAIN={os.environ['PSRNN_RETRAIN']!r}: expected 1 (retrain every run refine "
+                     "reaches) or 0 (keep the runs already trained)")
 
 
 def refine(params: Params, root: Path, dataset: str, variant_name: str | None = None, seed: int | None = None
@@ -94,6 +102,7 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
     # what fails at once fails now, before a run folder, checkpoint or marker is touched: a device this machine
     # lacks (fit would find it only after refine_run has cleared the previous results of a changed run) and an
     # unreachable store (RunTracker would find it there too)
+    _retrain()   # a value it does not know, before anything
     check_devices(dp, variants)
     _check_monitors(root, dp, variants)
     check_tracking_uri(tracking_uri(root))
