@@ -92,16 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("variant", nargs="?", default=None,
                    help="only this name from <dataset>.variants, e.g. factorized_psrnn_r60 (default: every variant)")
     d.add_argument("seed", nargs="?", type=int, default=None,
-                   help="only this run seed (default: every seed in params.yaml)")
+                   help="only this run seed, after a variant (default: every seed in params.yaml)")
     d = command("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
                                         "or of one run when variant and seed are given")
     d.add_argument("dataset", help="dataset section of params.yaml")
     d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
-    d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed")
+    d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed, after a variant")
     command("report", help="figures and results.md from every run's outputs")
     d = command("runs", help="list the trained runs (models/<dataset>/<variant>/s<seed>) with their status "
-                             "(trained, stale, unchecked, unfinished, not trained, finished), last epoch, test "
-                             "metric and MLflow run id; not a DVC stage")
+                             "(trained: with the current params, data and code; stale: with others; unchecked: "
+                             "what decides it is missing; unfinished: a checkpoint refine resumes; not trained: "
+                             "listed without a run; finished: not listed in params.yaml), last epoch (with "
+                             "restore_best, 'N (best B)'), test metric and MLflow run id; not a DVC stage")
     d.add_argument("dataset", nargs="?", default=None, help="only this dataset (default: every one)")
     d.add_argument("--json", action="store_true", help="one JSON object per run, one per line, instead of the table")
     d = command("custom-stage", help="print the dvc.yaml stage that prepares a custom_<name> dataset (the "
@@ -116,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the summary to compare with: a file, a folder holding summary.json, or the name of a "
                         "snapshot in docs/reference/ (default, continuous-lr, ptb-40-epochs; default: default)")
     d.add_argument("--rtol", type=float, default=None,
-                   help="relative difference up to which two numbers are 'close' (default 1e-3: how far the epoch-0 "
-                        "metrics moved between two CPUs)")
+                   help="relative difference up to which two numbers are 'close', in [1e-6, 1) (default 1e-3: how "
+                        "far the epoch-0 metrics moved between two CPUs)")
     d.add_argument("--all", action="store_true", dest="show_all",
                    help="list every number compared (default: those that are not the same)")
     d.add_argument("--check", action="store_true",
