@@ -1253,3 +1253,16 @@ def test_a_psrnn_retrain_value_that_is_no_yes_or_no_is_refused(tmp_path, clean_e
                                          r"0 \(keep the runs already trained\)$"):
         refine.refine(_params(tmp_path, [0]), tmp_path, "hmm")
     assert not (tmp_path / "models").exists()
+
+
+def test_a_finished_run_that_changes_says_why_and_whether_it_continues(tmp_path, clean_env, capsys):
+    """A changed lr replaced a finished run without a word on stderr; more epochs continue it."""
+    root = tmp_path
+    refine.refine(_params(root, [0], ("gru",)), root, "hmm")
+    capsys.readouterr()
+    refine.refine(_params(root, [0], ("gru",), epochs=3), root, "hmm")
+    assert ("refine hmm: gru_s0: trained with other train settings than the current ones (hmm.train.epochs was 2, "
+            "now 3); continuing from its epoch 2\n") in capsys.readouterr().err
+    refine.refine(_params(root, [0], ("gru",), epochs=3, overrides={"gru": {"lr": 0.5}}), root, "hmm")
+    assert ("refine hmm: gru_s0: trained with other train settings than the current ones "
+            "(hmm.train.overrides.gru.lr was 1.0, now 0.5); training it again\n") in capsys.readouterr().err

@@ -43,37 +43,12 @@ def check_current(params: Params, root: Path, dataset: str, variant_name: str, s
     and training code: scoring it would pair a model with data or settings it was not trained on (stages run by
     hand, out of order; under ``dvc repro`` refine has just brought every run up to date). ``shared``: as in
     :func:`pipeline.workflow.refine.run_fingerprints`."""
-    from pipeline.workflow.refine import run_fingerprints
+    from pipeline.workflow.refine import run_fingerprints, what_changed
 
     mdir = model_dir(root, dataset, variant_name, seed)
     if (mdir / "done").read_text().strip() != run_fingerprints(params, root, dataset, variant_name, seed, shared)[0]:
         raise RuntimeError(f"{mdir}: {what_changed(params, mdir, dataset, variant_name, seed)}; run refine first "
                            f"({psrnn_command('refine', dataset, variant_name, seed)})")
-
-
-def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, seed: int) -> str:
-    """Why a finished run is not current, as far as its checkpoint tells: the train settings that differ (the
-    checkpoint keeps those it trained with), each by its key; else the rest of what the fingerprint holds."""
-    from dataclasses import asdict, replace
-
-    from pipeline.train import TrainConfig, load_checkpoint
-
-    dp = params.dataset(dataset)
-    now = asdict(replace(dp.train_config(variant_name), seed=seed))
-    try:
-        then = load_checkpoint(mdir / "checkpoint.pt").get("train_config")
-    except (OSError, ValueError, RuntimeError):
-        then = None
-    # a key an older version did not write had its default then (as pipeline.train's resume check reads it)
-    then = {**asdict(TrainConfig()), **then} if isinstance(then, dict) and then else {}
-    changed = [f"{dp.setting_key(variant_name, k)} was {then[k]!r}, now {now[k]!r}"
-               for k in sorted(now) if k in then and then[k] != now[k]]
-    if changed:
-        return f"trained with other train settings than the current ones ({'; '.join(changed)})"
-    if not then:   # a checkpoint that does not say: any of them
-        return "trained with other params, data, initial weights or training code than the current ones"
-    return ("trained with other data, initial weights or training code than the current ones (the same train "
-            "settings)")
 
 
 def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,

@@ -345,6 +345,10 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     resume = ck is not None and ck["epoch"] <= tcfg.epochs
     # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
     reuse_run = resume or (same and not ckpt.exists())
+    if not retrain and done is not None and done != fingerprint:   # a finished run changes: say why, and how
+        how = f"continuing from its epoch {ck['epoch']}" if resume else "training it again"
+        print(f"refine {dataset}: {run_name(variant_name, seed)}: "
+              f"{what_changed(params, mdir, dataset, variant_name, seed)}; {how}", file=sys.stderr)
     # the store first: one that fails (a file that is no database, a server that went away) leaves the finished
     # run it would replace as it was
     tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=reuse_run,
@@ -394,6 +398,31 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, seed: int) -> str:
+    """Why a finished run is not current, as far as its checkpoint tells: the train settings that differ (the
+    checkpoint keeps those it trained with), each by its key; else the rest of what the fingerprint holds."""
+    from dataclasses import asdict, replace
+
+    from pipeline.train import TrainConfig, load_checkpoint
+
+    dp = params.dataset(dataset)
+    now = asdict(replace(dp.train_config(variant_name), seed=seed))
+    try:
+        then = load_checkpoint(mdir / "checkpoint.pt").get("train_config")
+    except (OSError, ValueError, RuntimeError):
+        then = None
+    # a key an older version did not write had its default then (as pipeline.train's resume check reads it)
+    then = {**asdict(TrainConfig()), **then} if isinstance(then, dict) and then else {}
+    changed = [f"{dp.setting_key(variant_name, k)} was {then[k]!r}, now {now[k]!r}"
+               for k in sorted(now) if k in then and then[k] != now[k]]
+    if changed:
+        return f"trained with other train settings than the current ones ({'; '.join(changed)})"
+    if not then:   # a checkpoint that does not say: any of them
+        return "trained with other params, data, initial weights or training code than the current ones"
+    return ("trained with other data, initial weights or training code than the current ones (the same train "
+            "settings)")
 
 
 def _history_file_problem(path: Path) -> str | None:

@@ -139,7 +139,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
                 row["why"] = (f"cannot be checked against params.yaml ({what}); dvc repro rebuilds what is missing, "
                               "then retrains the run only if it is stale")
             if row["status"] == "stale":   # what evaluate's refusal says: the train settings that changed, or not
-                from pipeline.workflow.evaluate import what_changed
+                from pipeline.workflow.refine import what_changed
 
                 row["why"] = what_changed(params, mdir, dataset, variant, seed)
         epochs = (history or {}).get("history") or []
