@@ -142,7 +142,8 @@ def _column_keys(t: Any, where: str) -> dict[str, Any] | None:
 
 def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> Any:
     """A trajectory with named columns as an array of ``columns`` in that order (one column: 1-D, so that a column
-    of symbols is a trajectory of symbols; other columns ignored); any other trajectory as it is. Named columns are
+    of symbols is a trajectory of symbols; other columns ignored but the id columns of :func:`step_order`: rows
+    in ``step`` order, one ``trajectory``, and in training one ``split``); any other trajectory as it is. Named columns are
     read by name, never by position: a frame [b, a] for a model of [a, b] would otherwise be silently swapped.
     ``source`` names what has the columns ("train[0]", "the model")."""
     keys = _column_keys(t, where)
@@ -170,7 +171,8 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
         raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
-    order = step_order(where, t, keys, len(values[0]))
+    # a split column is the training data's business: predict_file and a trained run read new data across it
+    order = step_order(where, t, keys, len(values[0]), check_split=source == "train[0]")
     if order is not None:
         values = [v[order] for v in values]
     text = [c for c, v in zip(columns, values) if v.dtype.kind == "U" or
@@ -186,12 +188,14 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     return values[0] if len(values) == 1 else np.column_stack(values)
 
 
-def step_order(where: str, t: Any, keys: dict[str, Any], length: int) -> np.ndarray | None:
+def step_order(where: str, t: Any, keys: dict[str, Any], length: int, check_split: bool = True
+               ) -> np.ndarray | None:
     """The rows of a trajectory with the pipeline's id columns in step order (None: as they are). A frame of a
     pipeline-format file keeps ``trajectory``, ``step`` and ``split``: rows are taken in ``step`` order, as the
     pipeline reads them (a shuffled or merged frame would otherwise be a scrambled trajectory), and a frame that
     holds several trajectories, repeats a step or mixes splits is refused: each would silently train on a
-    sequence that is none. ``keys``: {column name: key}; ``where`` (may be empty) begins the messages."""
+    sequence that is none. ``keys``: {column name: key}; ``where`` (may be empty) begins the messages;
+    ``check_split`` False: a split column is not looked at (new data to predict, as ``predict_file`` reads it)."""
     at = f"{where}: " if where else ""
 
     def column(name: str) -> np.ndarray:
@@ -210,7 +214,7 @@ def step_order(where: str, t: Any, keys: dict[str, Any], length: int) -> np.ndar
                                       "frame.groupby('trajectory')]"),
                        ("split", "expected the rows of one split per trajectory: group by both, e.g. [g for _, g "
                                  "in frame.groupby(['trajectory', 'split'])], and pass each split's as its own")):
-        if name in keys:
+        if name in keys and (name != "split" or check_split):
             v = column(name)
             distinct = np.unique(v)
             if distinct.size > 1:
@@ -664,7 +668,7 @@ class _FitPlan:
 
 #: a training feature whose mean or standard deviation exceeds this in absolute value gets a warning
 UNSTANDARDISED_SCALE = 10.0
-#: and one whose standard deviation is below this (but not 0: a constant column is left alone)
+#: and one whose standard deviation is below this (but not a constant column, which is left alone)
 SMALL_SCALE = 0.01
 
 
@@ -685,7 +689,8 @@ def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | N
                       "as they are (the pipeline standardises them): pass standardize=True, or subtract the training "
                       "mean and divide by the std first and scale predictions back, or SGD may diverge", UserWarning,
                       stacklevel=4)
-    small = np.flatnonzero((std > 0) & (std < SMALL_SCALE))
+    constant = x.max(axis=0) == x.min(axis=0)   # its std is the rounding of its mean (0.3: 1e-15), not 0
+    small = np.flatnonzero(~constant & (std < SMALL_SCALE))
     if small.size:
         warnings.warn(f"train: {_features_shown(small, mean, std, columns)} in small units; fit_model takes features "
                       "as they are (the pipeline standardises them): the loss and its gradients scale with the square "

@@ -207,7 +207,8 @@ class TrainedRun:
         character, as PTB's, and refused otherwise, where it would be one symbol); continuous features must stay finite
         in float32 once standardised. A trajectory with named columns (a pandas DataFrame, or a dict of column
         name to values) is read by name: the run's features (discrete: its symbol column), in the run's order,
-        other columns ignored; a plain array must have them in the order of ``features``."""
+        other columns ignored but ``step``, which orders the rows, and ``trajectory``, which must hold one value
+        (:func:`pipeline.api.step_order`); a plain array must have them in the order of ``features``."""
         trajectory = self._by_name(trajectory)
         if self.discrete:
             if isinstance(trajectory, str) and self._characters():   # text for a model of characters (PTB)
@@ -279,13 +280,13 @@ class TrainedRun:
         # rows in step order, one trajectory and split per frame, as predict_file reads a file
         if self.discrete:
             symbols = trajectory[by_name[self.symbol_column]]   # compared as text, whatever their type
-            order = step_order("", trajectory, by_name, len(symbols))
+            order = step_order("", trajectory, by_name, len(symbols), check_split=False)
             return symbols if order is None else np.asarray(symbols)[order]
         columns = [column_values(f"column {n!r}", np.asarray(trajectory[by_name[n]])) for n in wanted]
         if len({len(v) for v in columns}) > 1:
             lengths = ", ".join(f"{n!r} {len(v)}" for n, v in zip(wanted, columns))
             raise ValueError(f"columns of different lengths ({lengths}); expected one value per step in each")
-        order = step_order("", trajectory, by_name, len(columns[0]))
+        order = step_order("", trajectory, by_name, len(columns[0]), check_split=False)
         stacked = np.column_stack(columns)
         return stacked if order is None else stacked[order]
 

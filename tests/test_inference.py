@@ -77,6 +77,10 @@ def test_a_runs_frames_are_read_in_step_order_one_trajectory_each(continuous_run
     assert drun.evaluate([frame]) == drun.evaluate([symbols[0]])
     with pytest.raises(ValueError, match=r"^trajectories\[0\]: column 'step' repeats step 0; "):
         drun.predict([{"step": np.zeros(len(symbols[0]), dtype=int), "symbol": symbols[0]}])
+    # a split column of new data is read across, as predict_file reads a file's
+    half = len(symbols[0]) // 2
+    split = np.array(["train"] * half + ["test"] * (len(symbols[0]) - half))
+    assert drun.evaluate([{"split": split, "symbol": symbols[0]}]) == drun.evaluate([symbols[0]])
 
 
 def test_continuous_predictions_are_in_data_units_and_match_the_model(continuous_run, tmp_path):
