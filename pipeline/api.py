@@ -1161,9 +1161,9 @@ class FittedModel:
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0
                  ) -> list[np.ndarray]:
-        """Per trajectory, the ``steps`` (an integer >= 1) observations after its end, each prediction fed back as
-        the next input (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) float64 values for a continuous
-        model; for a discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the
+        """Per trajectory, the ``steps`` (an integer in [1, 1,000,000]) observations after its end, each prediction
+        fed back as the next input (:meth:`pipeline.inference.TrainedRun.forecast`): (steps, m) float64 values for
+        a continuous model; for a discrete one (steps,) symbols, the most likely ones or, with ``sample``, drawn from the
         predicted distributions (``seed``; a trajectory's draws depend only on the seed and its index in the
         list): int64 indices, or strings for a model fitted on strings. ``sample=True`` is refused for a continuous model, which draws
         nothing. ``trajectories`` are read as :meth:`predict` reads them."""
@@ -1472,7 +1472,8 @@ def fit_model(
       name: train[0]'s column names but the id columns ``trajectory``, ``step`` and ``split`` (never features, as
       in the pipeline), kept in ``extras['columns']``, which every named trajectory (and those given
       to predict, evaluate and forecast) must have; one column is a 1-D trajectory (of symbols, when integers or
-      strings). Plain arrays are read by position.
+      strings). The id columns order and check the rows (:func:`step_order`): rows in ``step`` order, one
+      ``trajectory`` per frame, and in training one ``split``. Plain arrays are read by position.
     * Every split needs a step to score: a trajectory of at least 2 steps (a one-step prediction is scored
       against the next observation). ``test=None`` (or ``[]``): the training trajectories are scored as the test
       set, so the history's ``"test"`` entries are the training metrics.

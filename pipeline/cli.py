@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("dataset", help="dataset section of params.yaml")
         d.add_argument("seed", type=int, help="run seed (one of params.yaml seeds)")
     d = command("refine", help="BPTT training of every variant x seed of a dataset (one MLflow run each); "
-                                      "runs already trained with the same configuration are skipped")
+                                      "runs already trained with the same configuration are skipped (a damaged one "
+                                      "is trained again)")
     d.add_argument("dataset", help="dataset section of params.yaml")
     d.add_argument("variant", nargs="?", default=None,
                    help="only this name from <dataset>.variants, e.g. factorized_psrnn_r60 (default: every variant)")
@@ -101,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("report", help="figures and results.md from every run's outputs")
     d = command("runs", help="list the trained runs (models/<dataset>/<variant>/s<seed>) with their status "
                              "(trained: with the current params, data and code; stale: with others; unchecked: "
-                             "what decides it is missing; unfinished: a checkpoint refine resumes; not trained: "
+                             "what decides it is missing; unfinished: a checkpoint refine resumes; damaged: a "
+                             "finished run whose checkpoint or history is unreadable; not trained: "
                              "listed without a run; finished: not listed in params.yaml), last epoch (with "
                              "restore_best, 'N (best B)'), test metric and MLflow run id; not a DVC stage")
     d.add_argument("dataset", nargs="?", default=None, help="only this dataset (default: every one)")

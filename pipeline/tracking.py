@@ -236,7 +236,8 @@ def uri_problem(uri: str) -> str | None:
         typed = m.group("scheme") + m.group("sep")
         return f"looks like a mistyped URL ({typed} instead of {scheme}://); expected {wanted}"
     if m is not None and m.group("sep") == "//":   # file//path
-        return "looks like a mistyped URL (file// instead of file://); expected file:///<absolute path>"
+        return ("looks like a mistyped URL (file// instead of file://); expected sqlite:///<path>/mlflow.db (or "
+                "file:///<absolute path> with MLFLOW_ALLOW_FILE_STORE=true)")
     if _HOST_PORT.fullmatch(uri):
         return f"looks like a server address without its scheme; expected http://{uri.rstrip('/')}"
     return None
@@ -284,8 +285,9 @@ def _tls_context() -> ssl.SSLContext:
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Fail fast (seconds, before any training) when the URI cannot be a lasting store (:func:`uri_problem`: an
-    in-memory database, a mistyped URL), when an HTTP tracking server does not answer, or when the folder of a
-    SQLite database does not exist."""
+    in-memory database, a mistyped URL), when an HTTP tracking server does not answer, when the folder of a
+    SQLite database does not exist or its path holds a file that is no SQLite database (or a folder), or when it
+    names MLflow's file store, which MLflow 3 refuses without ``MLFLOW_ALLOW_FILE_STORE``."""
     problem = uri_problem(uri) or server_problem(uri, timeout)
     if problem is not None:
         raise TrackingError(f"{_store_label(uri)}: {problem}")

@@ -712,8 +712,12 @@ def test_a_finished_run_whose_checkpoint_is_damaged_is_trained_again_not_kept(tm
     refine.refine(params, root, "hmm")
     mdir = model_dir(root, "hmm", "gru", 0)
     before = json.loads((mdir / "history.json").read_text())["history"]
+    from pipeline.workflow.runs import list_runs
+
     for damage in (lambda p: p.write_bytes(b""), lambda p: p.write_bytes(p.read_bytes()[:100]), lambda p: p.unlink()):
         damage(mdir / "checkpoint.pt")
+        (row,) = list_runs(params, root)   # as refine will see it, not "trained" (nor "unfinished")
+        assert row["status"] == "damaged" and row["why"].endswith("; refine trains it again"), row
         capsys.readouterr()
         refine.refine(params, root, "hmm")
         err = capsys.readouterr().err
@@ -736,6 +740,7 @@ def test_a_finished_run_whose_checkpoint_is_damaged_is_trained_again_not_kept(tm
                            f"epoch entry {len(history['history']) - 1} has no 'test' metrics (an object of numbers)"),
                           ("{", None)):
         (mdir / "history.json").write_text(text)
+        assert list_runs(params, root)[0]["status"] == "damaged"
         if problem is not None:
             with pytest.raises(ValueError, match=re.escape(f"history.json: damaged: {problem}; psrnn refine hmm gru 0 "
                                                            "(or dvc repro) trains the run again") + "$"):
@@ -1181,12 +1186,12 @@ def test_psrnn_runs_lists_every_run_with_its_status(tmp_path, clean_env, capsys)
     assert main(["--root", str(root), "runs", "nosuch"]) == 1
     assert "dataset 'nosuch' is not configured in params.yaml" in capsys.readouterr().err
     # runs of a dataset params.yaml no longer has are listed, by name too; a done marker without its checkpoint
-    # is no finished run
+    # is no finished run, but a damaged one (refine trains it again)
     shutil.copytree(model_dir(root, "hmm", "psrnn", 0), model_dir(root, "ghost", "psrnn", 0))
     (model_dir(root, "ghost", "psrnn", 0) / "checkpoint.pt").unlink()
     shutil.copytree(model_dir(root, "hmm", "psrnn", 0), model_dir(root, "ghost", "psrnn", 1))
     assert [(r["seed"], r["status"], r["listed"]) for r in list_runs(params, root, "ghost")] == [
-        (0, "unfinished", False), (1, "finished", False)]
+        (0, "damaged", False), (1, "finished", False)]
 
 
 def test_artifacts_without_their_arrays_or_of_other_shapes_are_named_with_the_stage_that_writes_them(tmp_path,

@@ -287,7 +287,8 @@ def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str
 def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
                shared: Callable[[], str] | None = None, announce: bool = False) -> dict[str, Any]:
     """BPTT of one (variant, seed) from its initial weights, tracked as one MLflow run; resumes from a checkpoint
-    of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done.
+    of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done
+    (unless its checkpoint or history.json no longer reads back: then it trains the run again, saying so).
     ``shared``: see :func:`run_fingerprints`; ``announce``: print the :func:`summary_line` of a run it trained to
     stderr (the stage's log under ``dvc repro``)."""
     from dataclasses import replace
@@ -311,7 +312,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         write_text(done_file, fingerprint + "\n")
         done = fingerprint
     if not retrain and done == fingerprint and history_file.is_file():
-        damaged = _checkpoint_problem(mdir / "checkpoint.pt") or _history_file_problem(history_file)
+        damaged = checkpoint_problem(mdir / "checkpoint.pt") or history_file_problem(history_file)
         if damaged is not None:   # the weights are lost: train the run again rather than keep a run nothing reads
             print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
             retrain = True
@@ -425,7 +426,7 @@ def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, se
             "settings)")
 
 
-def _history_file_problem(path: Path) -> str | None:
+def history_file_problem(path: Path) -> str | None:
     """Why a finished run's ``history.json`` cannot be read as one (:func:`history_problem`), or None."""
     try:
         problem = history_problem(read_json(path))
@@ -434,7 +435,7 @@ def _history_file_problem(path: Path) -> str | None:
     return None if problem is None else f"{path}: damaged: {problem}"
 
 
-def _checkpoint_problem(path: Path) -> str | None:
+def checkpoint_problem(path: Path) -> str | None:
     """Why a finished run's checkpoint cannot give its weights (gone, truncated, overwritten), or None."""
     from pipeline.train import load_checkpoint
 

@@ -17,6 +17,8 @@ other params, data or code than the current ones, is seen before it is used. The
   gone, say after a preprocess that failed: ``dvc repro`` rebuilds it, then retrains the run only if stale;
 * ``unfinished``: a checkpoint without the ``done`` marker (killed, diverged, or being trained): ``refine``
   resumes it;
+* ``damaged``: a ``done`` marker whose checkpoint or ``history.json`` is gone or unreadable: ``refine`` trains it
+  again;
 * ``not trained``: listed in ``params.yaml`` (a variant of ``<ds>.variants`` and a seed of ``seeds``, of a dataset
   of ``datasets``) with no run folder.
 
@@ -122,7 +124,15 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
     mdir = model_dir(root, dataset, variant, seed)
     row = _row(dataset, variant, seed, listed)
     history = _read(mdir / "history.json")
-    if (mdir / "done").is_file() and (mdir / "checkpoint.pt").is_file():
+    damaged = None
+    if (mdir / "done").is_file():   # what refine checks before it keeps a finished run
+        from pipeline.workflow.refine import checkpoint_problem, history_file_problem
+
+        damaged = checkpoint_problem(mdir / "checkpoint.pt") or history_file_problem(mdir / "history.json")
+    if damaged is not None:
+        row["status"], row["why"] = "damaged", f"{damaged}; refine trains it again"
+        epochs = []
+    elif (mdir / "done").is_file():
         row["status"] = "finished"
         if listed:
             try:
@@ -144,7 +154,6 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
                 row["why"] = what_changed(params, mdir, dataset, variant, seed)
         epochs = (history or {}).get("history") or []
     else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
-        # (a done marker without its checkpoint is no finished run either: evaluate and predict refuse it)
         row["status"] = "unfinished"
         epochs = _checkpoint_history(mdir)
     if epochs and isinstance(epochs[-1], dict):
@@ -156,7 +165,7 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
             row["metric"], row["value"] = metric, test[metric]
     row["run_id"] = (history or {}).get("run_id") or _text(mdir / "run_id")
     metrics = _read(metrics_dir(root, dataset) / f"{run_name(variant, seed)}.json")
-    if metrics is not None and row["status"] != "unfinished":   # the epoch whose weights evaluate scored
+    if metrics is not None and row["status"] not in ("unfinished", "damaged"):   # the epoch evaluate scored
         row["model_epoch"] = metrics.get("model_epoch")
         if row["metric"] is not None and row["model_epoch"] not in (None, row["epoch"]):
             # restore_best: the weights predict and evaluate use are that epoch's, and so is the number to show
@@ -202,8 +211,8 @@ def _shown_metric(row: dict[str, Any]) -> str:
 
 
 def format_runs(rows: list[dict[str, Any]], dataset: str | None = None, listed: bool = True) -> str:
-    """The rows as an aligned text table (one line per run), a count per status and why the stale runs are
-    (grouped by reason). ``dataset`` / ``listed``: what was asked, for the line that says there is nothing."""
+    """The rows as an aligned text table (one line per run), a count per status and why the stale runs are stale,
+    and what the unchecked and damaged ones miss (grouped by reason). ``dataset`` / ``listed``: what was asked, for the line that says there is nothing."""
     if not rows:
         if dataset is None:
             return "no runs: models/ holds none and params.yaml's datasets list none\n"
