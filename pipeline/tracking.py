@@ -413,7 +413,7 @@ class RunTracker:
 
     def __init__(self, *, root: str | os.PathLike, experiment: str, run_name: str, run_id: str | None = None,
                  tags: Mapping[str, str] | None = None, owner_tags: tuple[str, ...] = (),
-                 same_as: tuple[str, ...] = ()):
+                 same_as: tuple[str, ...] = (), adopt: bool = False):
         """Open the run ``run_id`` again if it exists in ``experiment``, is not deleted, and has the same value as
         ``tags`` (or none, like ``tags``) for every key of ``owner_tags``; else, with ``same_as``, the latest run of
         the experiment that has ``tags``' values for every key of ``same_as`` and ``owner_tags`` (``run_id`` is
@@ -421,7 +421,9 @@ class RunTracker:
         duplicated); with no ``run_id`` and ``same_as``, the latest RUNNING run with those tag values (one that a
         kill left between its creation and the caller's record of its id); else create a new run. ``continued``
         says which; ``foreign`` is True when ``run_id`` exists
-        but belongs to another owner (left as it is). A deleted ``experiment`` (its name stays taken) is a
+        but belongs to another owner (left as it is). ``adopt``: the owner does not matter (a finished run logged
+        again, nothing trained: its run is the one that trained it, whichever DVC experiment that was), and a run
+        continued keeps the tags it has (only those it lacks are set). A deleted ``experiment`` (its name stays taken) is a
         :class:`TrackingError` saying how to restore or purge it."""
         self.continued = self.foreign = False
         uri = tracking_uri(root)
@@ -434,7 +436,7 @@ class RunTracker:
         self.mlflow = mlflow
         self.uri = uri
         try:
-            self._open(experiment, run_name, run_id, tags, owner_tags, same_as)
+            self._open(experiment, run_name, run_id, tags, owner_tags, same_as, adopt)
         except TrackingError:
             raise
         except Exception as exc:  # MlflowException, SQLAlchemy errors...: one line naming the store
@@ -444,9 +446,12 @@ class RunTracker:
 
     @_uninterrupted
     def _open(self, experiment: str, run_name: str, run_id: str | None, tags: Mapping[str, str] | None,
-              owner_tags: tuple[str, ...], same_as: tuple[str, ...] = ()) -> None:
+              owner_tags: tuple[str, ...], same_as: tuple[str, ...] = (), adopt: bool = False) -> None:
         mlflow, uri = self.mlflow, self.uri
         tags = dict(tags or {})
+        # adopt: whose a run is does not decide which one is continued, and what its tags say is kept
+        if adopt:
+            owner_tags = ()
         with _store_lock(uri):
             self.client = mlflow.MlflowClient(uri)
             exp = self.client.get_experiment_by_name(experiment)  # creates a new SQLite store's tables
@@ -481,8 +486,10 @@ class RunTracker:
             run_id = run.info.run_id
         else:
             self.client.update_run(run_id, status="RUNNING")
+            had = self.client.get_run(run_id).data.tags if adopt else {}
             for k, v in tags.items():
-                self.client.set_tag(run_id, k, v)
+                if k not in had:   # adopted: the tags of the experiment and folder that trained it stay
+                    self.client.set_tag(run_id, k, v)
             self.continued = True
         self.run_id = run_id
         self.experiment_id = exp_id

@@ -650,6 +650,31 @@ def test_moving_the_tracking_uri_away_and_back_continues_the_runs_there(tmp_path
     assert (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip() == first[0][2]
 
 
+def test_runs_of_a_dvc_experiment_moved_away_and_back_are_continued_not_duplicated(tmp_path, clean_env):
+    """Runs trained by `dvc exp run` (tag dvc_exp_name) were logged again into new runs of the first store once the
+    tracking URI moved away and back from the workspace: a finished run logged again, nothing trained, continues
+    the run that trained it, whichever experiment that was, and keeps that run's tags; its final metrics are not
+    repeated."""
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    params = _params(root, [0])
+    clean_env.setenv("DVC_EXP_NAME", "downy-soja")
+    refine.refine(params, root, "hmm")
+    clean_env.delenv("DVC_EXP_NAME")
+    first = _runs(root)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    run_id = first[0][2]
+    final = [m.step for m in client.get_metric_history(run_id, "final_test_bpc")]
+    clean_env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    refine.refine(params, root, "hmm")
+    clean_env.delenv("MLFLOW_TRACKING_URI")
+    refine.refine(params, root, "hmm")
+    assert _runs(root) == first
+    assert client.get_run(run_id).data.tags["dvc_exp_name"] == "downy-soja"
+    assert [m.step for m in client.get_metric_history(run_id, "final_test_bpc")] == final
+
+
 def test_a_bad_device_touches_nothing_and_unlisted_runs_are_kept(tmp_path, clean_env, capsys):
     """A device this machine lacks, set for one variant, fails before any run folder is touched, naming the key;
     a trial with another seed keeps the trained runs of the seed it leaves out (named on stderr), and listing

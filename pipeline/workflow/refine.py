@@ -537,7 +537,10 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     tracker = RunTracker(root=root, experiment=f"{prefix}-{dataset}", run_name=run_name(variant_name, seed),
                          run_id=previous if continue_previous else None,
                          tags={**tags, "epochs": str(tcfg.epochs)}, owner_tags=("dvc_exp_name",),
-                         same_as=("run_config", "variant", "seed", "workspace") if continue_previous else ())
+                         same_as=("run_config", "variant", "seed", "workspace") if continue_previous else (),
+                         # logged again, not trained: its run is the one that trained it, in whichever DVC
+                         # experiment (one of `dvc exp run`'s, moved away and back, was duplicated)
+                         adopt=trained_at is not None)
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
     write_text(run_id_file, tracker.run_id + "\n")
@@ -625,14 +628,14 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     ckpt = mdir / "checkpoint.pt"
     ck = load_checkpoint(ckpt)
     last = history["history"][trained_epoch(ck)]   # the last epoch's, or the best's with restore_best
-    tracker.log_metrics({f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
+    _log_new_metrics(tracker, {f"final_test_{k}": v for k, v in last["test"].items()}, step=int(last["epoch"]))
     optimal = ds.meta.get("bayes_optimal") or {}   # the synthetic sets: the true filter's test metrics, to compare
     if optimal:
-        tracker.log_metrics({f"bayes_optimal_test_{k}": v for k, v in optimal.items()}, step=0)
+        _log_new_metrics(tracker, {f"bayes_optimal_test_{k}": v for k, v in optimal.items()}, step=0)
     naive = naive_metrics(ds.train, ds.test, discrete=ds.discrete, vocab_size=ds.obs_dim if ds.discrete else None)
     if naive:   # the yardstick of pipeline.naive, beside every run's curves
-        tracker.log_metrics({f"naive_{name}_test_{k}": v for name, values in naive.items() for k, v in values.items()},
-                            step=0)
+        _log_new_metrics(tracker, {f"naive_{name}_test_{k}": v for name, values in naive.items()
+                                   for k, v in values.items()}, step=0)
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
     if params.tracking.get("log_checkpoints", True):
@@ -650,6 +653,15 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                               epoch=int(epoch))
         tracker.set_tag("model_epoch", epoch)
     tracker.finish()
+
+
+def _log_new_metrics(tracker, metrics: dict[str, float], step: int) -> None:
+    """Log ``metrics`` at ``step``, but in a continued run none it already holds at that step (a run logged again
+    repeated its final metrics, one more point each time)."""
+    if tracker.continued:
+        metrics = {k: v for k, v in metrics.items() if step not in tracker.logged_steps(k)}
+    if metrics:
+        tracker.log_metrics(metrics, step=step)
 
 
 def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed: int, history: dict[str, Any],
