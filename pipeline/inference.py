@@ -790,6 +790,25 @@ def recorded_units(run_dir: Path) -> dict[str, Any] | None:
     return units
 
 
+def _missing_artifacts(artifact_uri: str | None) -> str | None:
+    """Why a run's artifacts cannot be read when its artifact folder is a local one that is gone: MLflow records
+    the absolute path where a SQLite store's runs keep their files (``<project>/mlruns/...``), so a store copied
+    or moved elsewhere without that folder at the same path finds none (a run logged through a tracking server,
+    ``mlflow-artifacts:/``, moves with the server). None where the folder exists or is not local."""
+    from urllib.parse import unquote, urlparse
+
+    if not artifact_uri:
+        return None
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    folder = Path(unquote(parsed.path) if parsed.scheme == "file" else artifact_uri)
+    if folder.exists():
+        return None
+    return (f"its artifacts are recorded at {folder}, which does not exist: MLflow keeps absolute artifact paths, "
+            "so a store moved or copied needs its mlruns/ folder back at that path")
+
+
 def _units_ok(units: Any) -> bool:
     if not isinstance(units, dict):
         return False
@@ -882,7 +901,8 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
     with tempfile.TemporaryDirectory() as tmp:
         units_path = _download_artifact(client, run_id, "data_units.json", tmp)
         if units_path is None:
-            raise ValueError(f"MLflow run {run_id}: no data_units.json artifact (a run of the pipeline logs one)")
+            raise ValueError(f"MLflow run {run_id}: no data_units.json artifact ("
+                             f"{_missing_artifacts(run.info.artifact_uri) or 'a run of the pipeline logs one'})")
         try:
             units = json.loads(Path(units_path).read_text())
         except ValueError:   # not JSON (UnicodeDecodeError included): damaged, as below

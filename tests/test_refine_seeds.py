@@ -537,6 +537,15 @@ def test_switching_log_model_on_logs_the_trained_model_once_without_retraining(t
     trained = load_mlflow_run(run_id, tracking_uri=f"sqlite:///{root / 'mlflow.db'}").model
     for (k, a), b in zip(logged.state_dict().items(), trained.state_dict().values()):
         assert torch.equal(a, b), k
+    # the store copied elsewhere without its artifact folder at the recorded path: said as such, not "no
+    # data_units.json artifact (a run of the pipeline logs one)"
+    shutil.copy(root / "mlflow.db", tmp_path / "copy.db")
+    (root / "mlruns").rename(tmp_path / "mlruns.moved")
+    with pytest.raises(ValueError, match=r"no data_units\.json artifact \(its artifacts are recorded at \S+mlruns\S*, "
+                                         r"which does not exist: MLflow keeps absolute artifact paths, so a store "
+                                         r"moved or copied needs its mlruns/ folder back at that path\)$"):
+        load_mlflow_run(run_id, tracking_uri=f"sqlite:///{tmp_path / 'copy.db'}")
+    (tmp_path / "mlruns.moved").rename(root / "mlruns")
 
 
 def test_a_run_continued_to_more_epochs_logs_its_model_again_and_the_run_says_what_trained_it(tmp_path, clean_env):
