@@ -480,7 +480,10 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.xaxis.set_major_formatter(_init_formatter())
     ax.set_xlabel("epoch")
-    ax.set_ylabel(f"{split} {axis_label(metric, dataset)}")
+    # evaluate adds the MSE in the data's units only where the models saw standardised features: say which
+    standardised = metric == "mse" and any("mse_data_units" in (r.get("test") or {})
+                                           for rs in by_variant.values() for r in rs)
+    ax.set_ylabel(f"{split} {axis_label(metric, dataset)}" + ("\n(standardised units)" if standardised else ""))
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
@@ -588,15 +591,26 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         return None
     path = out_fig / fname
     partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
+    # one legend for the panels, beside the last one: the same legend in every panel covered curves and the
+    # naive lines (each panel writes the values of its own reference lines on them)
+    longest = max([len(f"{v} (10 seeds)") for _, _, present in panels for v in present] + [len("training mean")])
+    legend_width = 0.75 + 0.068 * longest
     with _style():
-        fig, axes = _figure(1, len(panels), (5.0 * len(panels), 4.2))
+        fig, axes = _figure(1, len(panels), (5.0 * len(panels) + legend_width, 4.2))
         for ax, (ds, by_variant, present) in zip(axes[0], panels):
             runs = [r for v in present for r in by_variant[v]]
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
                         optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
-                        partial=partial.setdefault(ds, {}))
+                        partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False)
+        shown: dict[str, Any] = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                shown.setdefault(label, handle)
+        if shown:
+            axes[0][-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
+                               bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
         fig.suptitle(_plain(cfg["title"]))
-        _layout(fig, 1, len(panels), wspace=0.75)
+        _layout(fig, 1, len(panels), wspace=0.75, right=0.2 + legend_width)
         _save(fig, path)
     notes += [_partial_note(fname, v, *parts).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
               for ds, by_v in partial.items() for v, parts in by_v.items()]
@@ -632,7 +646,9 @@ def fig4b_variants(cfg: Mapping[str, Any], by_variant: Mapping[str, Any]) -> lis
         return list(dict.fromkeys(cfg["variants"]))
     if cfg["dataset"] in PAPER_CONTINUOUS:
         return list(PAPER_MODELS)
-    return sorted(by_variant, key=_variant_key)
+    # the paper's models in the paper's order (as on Swimmer), then the others
+    return sorted(by_variant, key=lambda v: (PAPER_MODELS.index(v) if v in PAPER_MODELS else len(PAPER_MODELS),
+                                             _variant_key(v)))
 
 
 def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
@@ -736,9 +752,15 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                     ax.set_ylabel(f"{row_name}\n{shown}")
                 ax.grid(True, alpha=0.3)
                 ax.tick_params(labelsize="small")
-        axes[0][0].legend(fontsize="x-small", loc="best")
-        fig.suptitle(f"{_plain(cfg['title'])} ({ds}, feature {shown}, trajectory {_plain(str(label))})")
-        _layout(fig, 2, len(columns), left=0.95, wspace=0.55, hspace=0.35, top=0.75)
+        # one legend for every column, in neutral colours: each model draws its prediction in its own
+        from matplotlib.lines import Line2D
+
+        fig.legend([Line2D([], [], color="black", lw=1.2), Line2D([], [], color="grey", lw=1.2)],
+                   ["test data", "one-step prediction (the model's colour)"], fontsize="small", loc="upper center",
+                   bbox_to_anchor=(0.5, 1 - 0.62 / 5.6), ncol=2, frameon=False)   # under the title
+        # what is drawn on a line of its own: one line was cut at both ends on a figure of two columns
+        fig.suptitle(f"{_plain(cfg['title'])}\n{ds}, feature {shown}, trajectory {_plain(str(label))}")
+        _layout(fig, 2, len(columns), left=0.95, wspace=0.55, hspace=0.35, top=1.15)
         _save(fig, path)
     return path
 

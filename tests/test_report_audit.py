@@ -235,7 +235,7 @@ def test_fig4b_on_a_custom_dataset_draws_its_own_variants_at_its_own_steps(tmp_p
     assert [ax.get_title() for ax in fig.axes[:3]] == ["kf (seed 0)", "psrnn (seed 0)", "psrnn_delta (seed 0)"]
     x = fig.axes[0].get_lines()[0].get_xdata()
     assert list(x) == list(range(10, 630, 10))
-    assert fig._suptitle.get_text().endswith("(custom, feature position, trajectory run-04)")
+    assert fig._suptitle.get_text().endswith("\ncustom, feature position, trajectory run-04")
     md = (tmp_path / "reports" / "results.md").read_text()
     assert "fig4b" not in md.split("## Not available")[1]
     # variants named: those alone, and a missing one is noted (it was asked for)
@@ -268,7 +268,7 @@ def test_fig4b_picks_a_custom_trajectory_by_the_users_id(tmp_path, figures):
     pq.write_table(table, root / "predictions" / "custom" / "psrnn_s0.parquet")
     write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "trajectory": "run-07"}})
     fig = figures["fig4b.png"]
-    assert fig._suptitle.get_text().endswith("(custom, feature position, trajectory run-07)")
+    assert fig._suptitle.get_text().endswith("\ncustom, feature position, trajectory run-07")
     assert list(fig.axes[0].get_lines()[0].get_xdata()) == list(range(105, 151, 5))
     result = write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "trajectory": "run-9"}})
     assert "figures/fig4b.png" not in result["written"]
@@ -289,7 +289,7 @@ def test_fig4b_on_a_paper_dataset_keeps_the_papers_variants(tmp_path, figures):
     fig = figures["fig4b.png"]
     assert [ax.get_title() for ax in fig.axes[:2]] == ["kf (seed 0)", "lstm (seed 0)"]
     assert list(fig.axes[0].get_lines()[0].get_xdata()) == list(range(1, 40))
-    assert fig._suptitle.get_text().endswith("trajectory 3)")
+    assert fig._suptitle.get_text().endswith("trajectory 3")
     md = (tmp_path / "reports" / "results.md").read_text()
     for v in ("rnn", "gru", "psrnn"):
         assert f"- `fig4b.png`: no prediction file for `{v}` on `swimmer`" in md
@@ -338,3 +338,30 @@ def test_2sr_variants_that_ended_worse_than_their_start_are_named_under_the_tabl
     _write_run(root, "swimmer", "factorized_psrnn_r40", 0, "continuous", [0.006, 0.006])
     write_report(root, tmp_path / "reports")
     assert "Ended more than" not in (tmp_path / "reports" / "results.md").read_text()
+
+
+def test_fig4a_has_one_legend_beside_its_panels_and_fig4b_orders_a_custom_sets_models_as_the_paper(tmp_path,
+                                                                                                     figures):
+    """fig4a repeated its legend inside every panel, over the curves and the naive lines; a custom fig4b drew its
+    columns alphabetically (gru, kf, lstm, ...) rather than in the paper's kf, rnn, gru, lstm, psrnn order, with a
+    legend in the first model's colour; an MSE axis did not say it is in standardised units."""
+    root = tmp_path / "project"
+    rng = np.random.default_rng(0)
+    for ds in ("swimmer", "mocap"):
+        for i, v in enumerate(("kf", "rnn", "gru", "lstm", "psrnn")):
+            _write_run(root, ds, v, 0, "continuous", [3.0 - i * 0.1, 1.0])
+            _write_predictions(root, ds, f"{v}_s0", rng)
+    for v in ("psrnn_delta", "lstm", "gru", "kf"):   # standardised features: evaluate adds the data-units MSE
+        _write_run(root, "custom", v, 0, "continuous", [1.0, 0.5], extra={"test": {"mse": 0.5, "mse_data_units": 2.0}})
+        _custom_predictions(root, v)
+    write_report(root, tmp_path / "reports", figures={"fig4b": {"dataset": "custom", "feature": "position"}})
+    assert figures["custom_curves.png"].axes[0].get_ylabel() == "test mean squared error\n(standardised units)"
+    assert figures["swimmer_curves.png"].axes[0].get_ylabel() == "test mean squared error"
+    fig = figures["fig4a.png"]
+    assert [ax.get_legend() is not None for ax in fig.axes] == [False, True]
+    assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()][:5] == [
+        f"{v} (1 seed)" for v in ("kf", "rnn", "gru", "lstm", "psrnn")]
+    assert [ax.get_title() for ax in figures["fig4b.png"].axes[:4]] == [
+        "kf (seed 0)", "gru (seed 0)", "lstm (seed 0)", "psrnn_delta (seed 0)"]
+    assert [t.get_text() for t in figures["fig4b.png"].legends[0].get_texts()] == [
+        "test data", "one-step prediction (the model's colour)"]
