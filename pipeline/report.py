@@ -912,6 +912,14 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     lines += ["| " + " | ".join(cells) + " |" for _, _, cells in rows]
     lines.append("")
+    if optimal is not None:
+        below = [v for _, v, _ in rows
+                 if any(g < 0 for g in _finite(_gaps([r for r in by_variant[v] if r["test"] is not None],
+                                                     primary))[0])]
+        if below:   # reads like a bug otherwise
+            lines += [f"A negative gap ({_names(below)}): the Bayes-optimal value is the true filter's on this test "
+                      "set, and a model may score a finite test set a little better by chance (sampling noise, "
+                      "not a better filter).", ""]
     scheduled = []
     for _, v, _ in rows:
         for r in by_variant[v]:

@@ -365,3 +365,15 @@ def test_fig4a_has_one_legend_beside_its_panels_and_fig4b_orders_a_custom_sets_m
         "kf (seed 0)", "gru (seed 0)", "lstm (seed 0)", "psrnn_delta (seed 0)"]
     assert [t.get_text() for t in figures["fig4b.png"].legends[0].get_texts()] == [
         "test data", "one-step prediction (the model's colour)"]
+
+
+def test_a_negative_gap_to_the_bayes_optimum_is_explained(tmp_path):
+    """lgssm's KF scored its test set 6e-6 below the true filter: an unexplained negative gap reads like a bug."""
+    root = tmp_path / "project"
+    _write_run(root, "lgssm", "kf", 0, "continuous", [0.3, 0.19999], bayes={"mse": 0.2})
+    _write_run(root, "lgssm", "psrnn", 0, "continuous", [0.3, 0.21], bayes={"mse": 0.2})
+    write_report(root, tmp_path / "reports")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("A negative gap (`kf`): the Bayes-optimal value is the true filter's on this test set, and a model may "
+            "score a finite test set a little better by chance (sampling noise, not a better filter).") in md
+    assert "`psrnn`" not in md.split("A negative gap")[1].split("\n")[0]
