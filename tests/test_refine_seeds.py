@@ -1305,3 +1305,22 @@ def test_a_finished_run_that_changes_says_why_and_whether_it_continues(tmp_path,
     refine.refine(_params(root, [0], ("gru",), epochs=3, overrides={"gru": {"lr": 0.5}}), root, "hmm")
     assert ("refine hmm: gru_s0: trained with other train settings than the current ones "
             "(hmm.train.overrides.gru.lr was 1.0, now 0.5); training it again\n") in capsys.readouterr().err
+
+
+def test_a_finished_run_without_its_history_gets_it_back_from_its_checkpoint(tmp_path, clean_env, capsys):
+    """history.json gone (the checkpoint whole): refine writes it again from the checkpoint, training nothing, and
+    psrnn runs does not call the run damaged."""
+    from pipeline.workflow.runs import list_runs
+
+    root = tmp_path
+    params = _params(root, [0], ("gru",))
+    refine.refine(params, root, "hmm")
+    mdir = model_dir(root, "hmm", "gru", 0)
+    before = json.loads((mdir / "history.json").read_text())
+    (mdir / "history.json").unlink()
+    assert list_runs(params, root)[0]["status"] == "trained"
+    capsys.readouterr()
+    refine.refine(params, root, "hmm")
+    assert "training it again" not in capsys.readouterr().err
+    after = json.loads((mdir / "history.json").read_text())
+    assert [(e["epoch"], e["test"]) for e in after["history"]] == [(e["epoch"], e["test"]) for e in before["history"]]

@@ -17,8 +17,8 @@ other params, data or code than the current ones, is seen before it is used. The
   gone, say after a preprocess that failed: ``dvc repro`` rebuilds it, then retrains the run only if stale;
 * ``unfinished``: a checkpoint without the ``done`` marker (killed, diverged, or being trained): ``refine``
   resumes it;
-* ``damaged``: a ``done`` marker whose checkpoint or ``history.json`` is gone or unreadable: ``refine`` trains it
-  again;
+* ``damaged``: a ``done`` marker whose checkpoint is gone or unreadable, or whose ``history.json`` is unreadable:
+  ``refine`` trains it again (a ``history.json`` that is gone it writes again from the checkpoint);
 * ``not trained``: listed in ``params.yaml`` (a variant of ``<ds>.variants`` and a seed of ``seeds``, of a dataset
   of ``datasets``) with no run folder.
 
@@ -128,7 +128,9 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
     if (mdir / "done").is_file():   # what refine checks before it keeps a finished run
         from pipeline.workflow.refine import checkpoint_problem, history_file_problem
 
-        damaged = checkpoint_problem(mdir / "checkpoint.pt") or history_file_problem(mdir / "history.json")
+        # (a history.json that is gone is rebuilt from the checkpoint by refine, one that is damaged is not)
+        damaged = checkpoint_problem(mdir / "checkpoint.pt") or (
+            history_file_problem(mdir / "history.json") if (mdir / "history.json").exists() else None)
     if damaged is not None:
         row["status"], row["why"] = "damaged", f"{damaged}; refine trains it again"
         epochs = []
