@@ -226,7 +226,7 @@ def step_order(where: str, t: Any, keys: dict[str, Any], length: int, check_spli
     if steps.dtype.kind not in "iuf":
         held = "strings" if steps.dtype.kind == "U" else f"{steps.dtype} values"
         raise ValueError(f"{at}column 'step' holds {held}; expected numbers (the order of the rows in time)")
-    if steps.size < 2 or (np.diff(steps) > 0).all():
+    if steps.size < 2 or (steps[1:] > steps[:-1]).all():   # not np.diff: it wraps around for unsigned steps
         return None
     order = np.argsort(steps, kind="stable")
     repeated = np.flatnonzero(np.diff(steps[order]) == 0)

@@ -298,7 +298,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         problem = _sqlite_file_problem(db)
         if problem is not None:
             raise TrackingError(f"{_store_label(uri)}: {db} {problem}")
-    elif (uri.startswith("file:") or "://" not in uri) and not file_store_allowed():
+    elif (uri.startswith("file:") or "://" not in uri and uri.lower() not in KNOWN_SCHEMES) \
+            and not file_store_allowed():   # a plain path; "databricks" alone is a scheme, not a folder
         # MLflow 3 refuses its file store in a 10-line exception, once the run is about to start
         raise TrackingError(f"{_store_label(uri)}: a folder of MLflow's file store, which MLflow refuses (its "
                             "filesystem backend is in maintenance mode); expected sqlite:///<path>/mlflow.db (`mlflow "

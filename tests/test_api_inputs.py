@@ -566,6 +566,17 @@ def test_a_frame_of_the_long_format_is_read_in_step_order_and_one_trajectory_at_
             fit_model, [{**frames[0], "step": np.array(["a"] * len(frames[0]["x"]))}], **SMALL)
 
 
+def test_unsigned_steps_are_ordered_too(features):
+    """np.diff wraps around for unsigned integers: steps [2, 0, 1] as uint32 (polars' row index) looked ordered."""
+    from pipeline.api import step_order
+
+    for dtype in (np.uint32, np.uint64, np.int64):
+        steps = np.array([2, 0, 1], dtype=dtype)
+        assert step_order("t", {"step": steps}, {"step": "step"}, 3).tolist() == [1, 2, 0]
+    huge = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min])
+    assert step_order("t", {"step": huge}, {"step": "step"}, 2).tolist() == [1, 0]
+
+
 def test_symbols_ending_in_a_nul_are_refused_not_merged(no_work):
     refused(r"train[0]: the symbol 'a\x00' at step 0 ends in a NUL character, which numpy's strings drop (it would "
             r"merge with the symbol without it); expected symbols without trailing '\x00'",

@@ -768,8 +768,10 @@ def test_a_finished_run_whose_checkpoint_is_damaged_is_trained_again_not_kept(tm
     history = json.loads((mdir / "history.json").read_text())
     last = {**history["history"][-1], "test": {}}
     for text, problem in (("[1, 2]", "a JSON list, not an object"), ("null", "a JSON NoneType, not an object"),
-                          ('{"history": "x"}', "no epochs ('history' is not a non-empty list)"),
-                          ('{"history": []}', "no epochs ('history' is not a non-empty list)"),
+                          (json.dumps({**history, "history": "x"}), "no epochs ('history' is not a non-empty list)"),
+                          (json.dumps({**history, "history": []}), "no epochs ('history' is not a non-empty list)"),
+                          ('{"history": []}', "no 'dataset' (str)"),
+                          (json.dumps({**history, "data_units": []}), "'data_units' is not an object"),
                           (json.dumps({**history, "history": [*history["history"][:-1], last]}),
                            f"epoch entry {len(history['history']) - 1} has no 'test' metrics (an object of numbers)"),
                           ("{", None)):
@@ -1324,3 +1326,32 @@ def test_a_finished_run_without_its_history_gets_it_back_from_its_checkpoint(tmp
     assert "training it again" not in capsys.readouterr().err
     after = json.loads((mdir / "history.json").read_text())
     assert [(e["epoch"], e["test"]) for e in after["history"]] == [(e["epoch"], e["test"]) for e in before["history"]]
+
+
+def test_a_damaged_checkpoint_is_trained_again_also_without_history_or_when_the_run_is_stale(tmp_path, clean_env,
+                                                                                              capsys):
+    """The damage check ran only for a current run with its history.json: a truncated checkpoint without its
+    history failed every refine ("not a readable checkpoint"), and one of a run whose epochs were raised too; with
+    both gone the run was trained again into its finished MLflow run, silently."""
+    root = tmp_path
+    params = _params(root, [0], ("gru",))
+    refine.refine(params, root, "hmm")
+    mdir = model_dir(root, "hmm", "gru", 0)
+    first_run = (mdir / "run_id").read_text().strip()
+    cases = (("history gone", params, lambda: (mdir / "history.json").unlink()),
+             ("stale", _params(root, [0], ("gru",), epochs=3), lambda: None),
+             ("both gone", _params(root, [0], ("gru",), epochs=3), lambda: (mdir / "history.json").unlink()))
+    for name, p, extra in cases:
+        ck = mdir / "checkpoint.pt"
+        if name == "both gone":
+            ck.unlink()
+        else:
+            ck.write_bytes(ck.read_bytes()[:100])
+        extra()
+        capsys.readouterr()
+        refine.refine(p, root, "hmm")
+        assert "; training it again\n" in capsys.readouterr().err, name
+        assert (mdir / "done").is_file() and json.loads((mdir / "history.json").read_text())["history"], name
+    assert (mdir / "run_id").read_text().strip() != first_run
+    statuses = [r[3] for r in _runs(root)]
+    assert "RUNNING" not in statuses, statuses

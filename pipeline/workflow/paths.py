@@ -105,10 +105,16 @@ def prune(folder: Path, keep: set[str], what: str, stage: str, pattern: str = "*
 
 def history_problem(history: object) -> str | None:
     """What keeps ``history`` (a run folder's ``history.json``, as read) from being a finished run's history, or
-    None: a JSON object whose ``history`` lists the epochs, each an object with an integer ``epoch`` and a
+    None: a JSON object with the run's ``dataset``, ``variant``, ``seed`` and ``kind``, ``data_units`` an object
+    or absent, whose ``history`` lists the epochs, each an object with an integer ``epoch`` and a
     ``test`` object of numbers (null allowed beside them; what refine, evaluate and the report read from it)."""
     if not isinstance(history, dict):
         return f"a JSON {type(history).__name__}, not an object"
+    for key, kinds in (("dataset", str), ("variant", str), ("seed", int), ("kind", str)):
+        if not isinstance(history.get(key), kinds) or isinstance(history.get(key), bool):
+            return f"no {key!r} ({kinds.__name__})"
+    if history.get("data_units") is not None and not isinstance(history["data_units"], dict):
+        return "'data_units' is not an object"
     epochs = history.get("history")
     if not isinstance(epochs, list) or not epochs:
         return "no epochs ('history' is not a non-empty list)"

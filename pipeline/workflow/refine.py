@@ -311,8 +311,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         write_text(tracked_file, tracked + "\n")
         write_text(done_file, fingerprint + "\n")
         done = fingerprint
-    if not retrain and done == fingerprint and history_file.is_file():
-        damaged = checkpoint_problem(mdir / "checkpoint.pt") or history_file_problem(history_file)
+    if not retrain and done is not None:   # finished: current, stale or to continue, its files must read back
+        damaged = checkpoint_problem(mdir / "checkpoint.pt") or (
+            history_file_problem(history_file) if history_file.exists() else None)   # a gone one: from the ckpt
         if damaged is not None:   # the weights are lost: train the run again rather than keep a run nothing reads
             print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
             retrain = True

@@ -132,7 +132,8 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
         damaged = checkpoint_problem(mdir / "checkpoint.pt") or (
             history_file_problem(mdir / "history.json") if (mdir / "history.json").exists() else None)
     if damaged is not None:
-        row["status"], row["why"] = "damaged", f"{damaged}; refine trains it again"
+        row["status"] = "damaged"
+        row["why"] = f"{damaged}; refine trains it again" + ("" if listed else " once params.yaml lists it")
         epochs = []
     elif (mdir / "done").is_file():
         row["status"] = "finished"
