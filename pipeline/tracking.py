@@ -422,10 +422,11 @@ class RunTracker:
         duplicated); with no ``run_id`` and ``same_as``, the latest RUNNING run with those tag values (one that a
         kill left between its creation and the caller's record of its id); else create a new run. ``continued``
         says which; ``foreign`` is True when ``run_id`` exists
-        but belongs to another owner (left as it is). ``adopt``: the owner does not matter (a finished run logged
-        again, nothing trained: its run is the one that trained it, whichever DVC experiment that was), and a run
-        continued keeps the tags it has (only those it lacks are set). A deleted ``experiment`` (its name stays taken) is a
-        :class:`TrackingError` saying how to restore or purge it."""
+        but belongs to another owner (left as it is). ``adopt`` (a finished run logged again, nothing trained):
+        the run ``run_id`` is continued whoever its owner (it trained the model, in whichever DVC experiment), one
+        found by ``same_as`` must also be FINISHED with the same ``epochs`` tag, and a run continued keeps the tags
+        it has and gets none of ``owner_tags``, ``workspace`` or ``host``. A deleted ``experiment`` (its name
+        stays taken) is a :class:`TrackingError` saying how to restore or purge it."""
         self.continued = self.foreign = False
         uri = tracking_uri(root)
         check_tracking_uri(uri)
@@ -450,7 +451,11 @@ class RunTracker:
               owner_tags: tuple[str, ...], same_as: tuple[str, ...] = (), adopt: bool = False) -> None:
         mlflow, uri = self.mlflow, self.uri
         tags = dict(tags or {})
-        # adopt: whose a run is does not decide which one is continued, and what its tags say is kept
+        # adopt: whose the run on record is does not decide whether it is continued, and what its tags say of
+        # where it was trained is kept; a run found by its tags instead must also have trained as many epochs
+        # and be finished (run_config leaves epochs out: another experiment's longer run is another model)
+        kept = (*owner_tags, "workspace", "host") if adopt else ()
+        found_by = (*same_as, "epochs") if adopt else (*same_as, *owner_tags)
         if adopt:
             owner_tags = ()
         with _store_lock(uri):
@@ -475,7 +480,7 @@ class RunTracker:
             elif any(run.data.tags.get(k) != tags.get(k) for k in owner_tags):
                 self.foreign, run_id = True, None
             if run_id is None and run is None and same_as and all(tags.get(k) for k in same_as):
-                run_id = self._same_run(exp_id, tags, (*same_as, *owner_tags))
+                run_id = self._same_run(exp_id, tags, found_by, status="FINISHED" if adopt else None)
         elif same_as and all(tags.get(k) for k in same_as):
             # no id on record: a run that a kill left RUNNING between its creation and the write of its id (the
             # caller's same_as holds the workspace, which DVC locks: a RUNNING run of it is no live one; a tag
@@ -489,7 +494,8 @@ class RunTracker:
             self.client.update_run(run_id, status="RUNNING")
             had = self.client.get_run(run_id).data.tags if adopt else {}
             for k, v in tags.items():
-                if k not in had:   # adopted: the tags of the experiment and folder that trained it stay
+                # adopted: the tags it has stay, and none says it was trained by this experiment or folder
+                if k not in had and k not in kept:
                     self.client.set_tag(run_id, k, v)
             self.continued = True
         self.run_id = run_id

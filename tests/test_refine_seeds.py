@@ -1355,3 +1355,63 @@ def test_a_damaged_checkpoint_is_trained_again_also_without_history_or_when_the_
     assert (mdir / "run_id").read_text().strip() != first_run
     statuses = [r[3] for r in _runs(root)]
     assert "RUNNING" not in statuses, statuses
+
+
+def test_a_run_logged_again_is_adopted_only_where_it_was_trained(tmp_path, clean_env, capsys, monkeypatch):
+    """Adopting a finished run's MLflow run when it is logged again must not (D) tag the workspace's run with the
+    experiment that only logged it, so that the workspace later opened a second run; (E) pick another
+    experiment's longer run of the same configuration after the store moved away and back; (C) follow a run_id
+    that a kill left pointing at a replacement's run, opened before the finished run's markers were removed."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    root = tmp_path / "p"
+    root.mkdir()
+    params = _params(root, [0], ("gru",))
+    refine.refine(params, root, "hmm")
+    mdir = model_dir(root, "hmm", "gru", 0)
+    x = (mdir / "run_id").read_text().strip()
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    # (D) logged again from within an experiment (a tracking param changed there)
+    clean_env.setenv("DVC_EXP_NAME", "e1")
+    refine.refine(_params(root, [0], ("gru",), log_checkpoints=True), root, "hmm")
+    clean_env.delenv("DVC_EXP_NAME")
+    assert (mdir / "run_id").read_text().strip() == x and "dvc_exp_name" not in client.get_run(x).data.tags
+    refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=True), root, "hmm")
+    assert [r[2] for r in _runs(root)] == [x]                     # continued by the workspace: no second run
+    # (E) an experiment's 4-epoch run of the same configuration; the workspace's 3-epoch model moves away and back
+    backup = tmp_path / "models.bak"
+    shutil.copytree(root / "models", backup)
+    clean_env.setenv("DVC_EXP_NAME", "e2")
+    refine.refine(_params(root, [0], ("gru",), epochs=4, log_checkpoints=True), root, "hmm")
+    e2 = (mdir / "run_id").read_text().strip()
+    clean_env.delenv("DVC_EXP_NAME")
+    shutil.rmtree(root / "models")
+    shutil.copytree(backup, root / "models")
+    workspace = _params(root, [0], ("gru",), epochs=3, log_checkpoints=True)
+    clean_env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'away.db'}")
+    refine.refine(workspace, root, "hmm")
+    clean_env.delenv("MLFLOW_TRACKING_URI")
+    refine.refine(workspace, root, "hmm")
+    now = json.loads((mdir / "history.json").read_text())["run_id"]
+    assert now == x and now != e2
+    assert [m.step for m in client.get_metric_history(e2, "final_test_bpc")] == [4]
+    # (C) killed right after the replacement's MLflow run opened, then params reverted: the finished run is kept
+    # and its own MLflow run is the one on record again
+    original = refine._open_tracker
+
+    def opened_then_killed(*args, **kwargs):
+        original(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(refine, "_open_tracker", opened_then_killed)
+    with pytest.raises(KeyboardInterrupt):
+        refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=True, overrides={"gru": {"lr": 0.5}}),
+                      root, "hmm")
+    monkeypatch.setattr(refine, "_open_tracker", original)
+    assert (mdir / "run_id").read_text().strip() != x
+    refine.refine(workspace, root, "hmm")
+    assert (mdir / "run_id").read_text().strip() == x
+    refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=False), root, "hmm")   # logged again
+    assert json.loads((mdir / "history.json").read_text())["run_id"] == x

@@ -326,6 +326,10 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             history["data_units"] = units_to_keep(load_prepared(root, dataset))
             write_json(history_file, history)
         _write_plot(root, dataset, variant_name, seed, history["history"])
+        run_id_file, recorded = mdir / "run_id", history.get("run_id")
+        if recorded and (not run_id_file.is_file() or run_id_file.read_text().strip() != recorded):
+            # a refine killed after it opened a replacement's MLflow run, before it removed this run's markers
+            write_text(run_id_file, recorded + "\n")
         if tracked_file.is_file() and tracked_file.read_text().strip() == tracked:
             print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, "
                   "kept (PSRNN_RETRAIN=1 retrains)", file=sys.stderr)
@@ -495,7 +499,8 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
 
 
 def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
-                  continue_previous: bool, trained_at: dict[str, Any] | None = None, run_config: str | None = None):
+                  continue_previous: bool, trained_at: dict[str, Any] | None = None, run_config: str | None = None,
+                  previous: str | None = None):
     """The MLflow run of (variant, seed), its id written to the run folder's ``run_id``.
 
     The previous run (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
@@ -508,11 +513,12 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     Tags ``mlflow.source.git.commit`` and ``git_dirty`` (the tracked files that differ from it, "" for none):
     the work tree's now, or for a run logged again without training, ``trained_at``'s (its history's).
     ``run_config`` (tag ``run_config``): the run's configuration but for its epochs; None: its
-    ``fingerprint.txt``'s."""
+    ``fingerprint.txt``'s. ``previous``: the run to continue; None: the one its ``run_id`` file names."""
     from pipeline.tracking import RunTracker, git_commit, git_dirty
 
     run_id_file = model_dir(root, dataset, variant_name, seed) / "run_id"
-    previous = run_id_file.read_text().strip() if run_id_file.exists() else None
+    if previous is None and run_id_file.exists():
+        previous = run_id_file.read_text().strip()
     prefix = params.tracking.get("experiment_prefix", "psrnn")
     tags = {"dataset": dataset, "variant": variant_name, "family": params.dataset(dataset).variant(variant_name).family,
             "seed": str(seed), "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}"),
@@ -679,8 +685,10 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
                                 "PSRNN_RETRAIN=1 trains it again")
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
+    # the run its history names: the run_id file may name one that a kill left between its opening and the
+    # removal of this run's markers (refine opens the store first)
     tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=True,
-                            trained_at=history)
+                            trained_at=history, previous=history.get("run_id") or None)
     tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
     _log_missing_epochs(tracker, history["history"], ds.discrete)
     history = {**history, "run_id": tracker.run_id}
