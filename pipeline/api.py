@@ -1119,7 +1119,9 @@ class FittedModel:
         ``trajectories``: a list, each in the units the model was fitted on: symbols 0 … V-1 (integers; floats
         only with integer values, 2.0, never 0.9), strings of the vocabulary (a model fitted on strings; a str is
         its characters), or (T, m) finite features of the trained width m ((T,) when m = 1). A frame or a dict of
-        columns is read by name (the columns of train); plain arrays by position. Anything else is a one-line
+        columns is read by name (the columns of train); plain arrays by position. A frame with a ``step`` column
+        is read in step order, and its predictions come in that order, not the frame's row order (sort the frame
+        by ``step`` to line them up with its rows). Anything else is a one-line
         ValueError naming the trajectory index. A model fitted with ``standardize=True`` standardises the
         features as it did train's and gives its predictions back in their units, as float64 arrays (float32
         would round a feature near 1e8 to a multiple of 8)."""
