@@ -1310,9 +1310,12 @@ def worse_than_naive(metrics: dict[str, float]) -> str | None:
     for metric, naive, what in (("mse", "last_value_mse", "repeating the last observation"),
                                 ("bpc", "unigram_bpc", "the training symbol frequencies, the unigram")):
         ours, theirs = metrics.get(metric), metrics.get(naive)
-        if ours is not None and theirs is not None and np.isfinite(ours) and np.isfinite(theirs) and ours > theirs:
-            return (f"the one-step predictions score {metric} {ours:.4g}, worse than {what} ({theirs:.4g}): data "
-                    "sampled at another rate than the training data, or unlike it?")
+        # a yardstick of 0 (a series that stands still) is beaten by nothing that learnt dynamics: not worth a word
+        if ours is not None and theirs is not None and np.isfinite(ours) and np.isfinite(theirs) \
+                and 0 < theirs < ours:
+            return (f"the one-step predictions score {metric} {ours:.4g}, worse than {what} ({theirs:.4g}): a "
+                    "model that learnt less than that (does it beat it on its test set? psrnn runs, results.md), "
+                    "or data unlike the training data (sampled at another rate?)")
     return None
 
 

@@ -913,10 +913,15 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     lines += ["| " + " | ".join(cells) + " |" for _, _, cells in rows]
     lines.append("")
     if optimal is not None:
-        below = [v for _, v, _ in rows
-                 if any(g < 0 for g in _finite(_gaps([r for r in by_variant[v] if r["test"] is not None],
-                                                     primary))[0])]
-        if below:   # reads like a bug otherwise
+        gaps = {v: _finite(_gaps([r for r in by_variant[v] if r["test"] is not None], primary))[0]
+                for _, v, _ in rows}
+        below = [v for v, gs in gaps.items() if any(g < 0 for g in gs)]
+        # chance moves a score by a little; 1% of the optimum and more below it is no chance
+        far = [v for v, gs in gaps.items() if any(g < -0.01 * abs(optimal) for g in gs)]
+        if far:
+            lines += [f"A gap more than 1% below the optimum ({_names(far)}): no filter beats the true one by that "
+                      "much; check the Bayes-optimal value (`bayes_optimal` in the prepared data's metadata).", ""]
+        elif below:   # reads like a bug otherwise
             lines += [f"A negative gap ({_names(below)}): the Bayes-optimal value is the true filter's on this test "
                       "set, and a model may score a finite test set a little better by chance (sampling noise, "
                       "not a better filter).", ""]

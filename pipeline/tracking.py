@@ -301,9 +301,10 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     elif (uri.startswith("file:") or "://" not in uri and uri.lower() not in KNOWN_SCHEMES) \
             and not file_store_allowed():   # a plain path; "databricks" alone is a scheme, not a folder
         # MLflow 3 refuses its file store in a 10-line exception, once the run is about to start
-        raise TrackingError(f"{_store_label(uri)}: a folder of MLflow's file store, which MLflow refuses (its "
-                            "filesystem backend is in maintenance mode); expected sqlite:///<path>/mlflow.db (`mlflow "
-                            "migrate-filestore` moves an existing store there), or MLFLOW_ALLOW_FILE_STORE=true")
+        raise TrackingError(f"{_store_label(uri)}: a path, which MLflow reads as a folder of its file store, and "
+                            "which it refuses (its filesystem backend is in maintenance mode); expected "
+                            "sqlite:///<path>/mlflow.db (`mlflow migrate-filestore` moves an existing store there), "
+                            "or MLFLOW_ALLOW_FILE_STORE=true")
 
 
 #: the first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -1290,8 +1291,8 @@ def test_a_psrnn_retrain_value_that_is_no_yes_or_no_is_refused(tmp_path, clean_e
         clean_env.setenv("PSRNN_RETRAIN", value)
         assert _retrain() is wanted
     clean_env.setenv("PSRNN_RETRAIN", "2")
-    with pytest.raises(ValueError, match=r"^PSRNN_RETRAIN='2': expected 1 \(retrain every run refine reaches\) or "
-                                         r"0 \(keep the runs already trained\)$"):
+    with pytest.raises(ValueError, match=r"^PSRNN_RETRAIN='2': expected 1, true or yes \(retrain every run refine "
+                                         r"reaches\) or 0, false or no \(keep the runs already trained\)$"):
         refine.refine(_params(tmp_path, [0]), tmp_path, "hmm")
     assert not (tmp_path / "models").exists()
 
@@ -1415,3 +1416,61 @@ def test_a_run_logged_again_is_adopted_only_where_it_was_trained(tmp_path, clean
     assert (mdir / "run_id").read_text().strip() == x
     refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=False), root, "hmm")   # logged again
     assert json.loads((mdir / "history.json").read_text())["run_id"] == x
+
+
+def test_a_deleted_store_is_filled_again(tmp_path, clean_env):
+    """`rm mlflow.db` left every run "kept" and the store empty. (Run as its own process, as a dvc stage is:
+    MLflow keeps one store object per URI in a process, which a deleted database behind it breaks.)"""
+    import sqlite3
+    import subprocess
+    import sys
+
+    root = tmp_path
+    refine.refine(_params(root, [0], ("gru", "psrnn")), root, "hmm")
+    (root / "mlflow.db").unlink()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "PSRNN_RETRAIN")}
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "--root", str(root), "refine", "hmm"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("logged again: the tracking store ") == 2 and "mlflow.db is gone" in done.stderr
+    with sqlite3.connect(root / "mlflow.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM runs WHERE status = 'FINISHED'").fetchone()[0] == 2
+
+
+def test_an_unreadable_unfinished_checkpoint_stops_no_other_run(tmp_path, clean_env, capsys):
+    """An unfinished run whose checkpoint does not read back stopped the dataset's refine at that run; psrnn runs
+    called it unfinished, and showed an earlier run's best epoch from a metrics file evaluate had not rewritten."""
+    from pipeline.workflow.runs import list_runs
+
+    root = tmp_path
+    params = _params(root, [0], ("gru", "psrnn"))
+    refine.refine(params, root, "hmm")
+    gru = model_dir(root, "hmm", "gru", 0)
+    (gru / "done").unlink()
+    (gru / "checkpoint.pt").write_text("x\n")
+    row = {r["variant"]: r for r in list_runs(params, root)}["gru"]
+    assert row["status"] == "damaged" and row["why"].endswith("; refine trains it again"), row
+    capsys.readouterr()
+    refine.refine(params, root, "hmm")
+    assert "refine hmm: gru_s0: " in capsys.readouterr().err
+    assert {r["variant"]: r["status"] for r in list_runs(params, root)} == {"gru": "trained", "psrnn": "trained"}
+    # a metrics file of an earlier run of the name (evaluate not run since): its best epoch is not shown
+    (root / "metrics" / "hmm").mkdir(parents=True, exist_ok=True)
+    (root / "metrics" / "hmm" / "gru_s0.json").write_text(json.dumps({"run_id": "another", "epochs": 2,
+                                                                       "model_epoch": 1}))
+    row = {r["variant"]: r for r in list_runs(params, root)}["gru"]
+    assert row["model_epoch"] is None and row["model_value"] is None
+
+
+def test_a_history_rebuilt_from_the_checkpoint_continues_the_experiments_run(tmp_path, clean_env):
+    """history.json deleted from a run `dvc exp run` trained: refine resumed the finished checkpoint (nothing to
+    train) into a second MLflow run of the same weights, the first being another experiment's."""
+    root = tmp_path
+    params = _params(root, [0], ("gru",))
+    clean_env.setenv("DVC_EXP_NAME", "e1")
+    refine.refine(params, root, "hmm")
+    clean_env.delenv("DVC_EXP_NAME")
+    first = _runs(root)
+    (model_dir(root, "hmm", "gru", 0) / "history.json").unlink()
+    refine.refine(params, root, "hmm")
+    assert _runs(root) == first

@@ -377,3 +377,8 @@ def test_a_negative_gap_to_the_bayes_optimum_is_explained(tmp_path):
     assert ("A negative gap (`kf`): the Bayes-optimal value is the true filter's on this test set, and a model may "
             "score a finite test set a little better by chance (sampling noise, not a better filter).") in md
     assert "`psrnn`" not in md.split("A negative gap")[1].split("\n")[0]
+    _write_run(root, "lgssm", "kf", 0, "continuous", [0.3, 0.1], bayes={"mse": 0.2})   # 50% below: no chance
+    write_report(root, tmp_path / "reports")
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert "A gap more than 1% below the optimum (`kf`): no filter beats the true one by that much" in md
+    assert "A negative gap" not in md

@@ -338,8 +338,9 @@ def test_stores_mlflow_would_refuse_once_training_is_set_up_are_refused_first(tm
     check_tracking_uri(f"sqlite:///{real}")
     check_tracking_uri("databricks")   # a scheme alone (Databricks' default profile), not a folder of the file store
     for uri in ("mlruns", f"file://{tmp_path / 'mlruns'}"):
-        with pytest.raises(TrackingError, match=r"a folder of MLflow's file store, which MLflow refuses .*; expected "
-                                                r"sqlite:///<path>/mlflow\.db .*, or MLFLOW_ALLOW_FILE_STORE=true$"):
+        with pytest.raises(TrackingError, match=r"a path, which MLflow reads as a folder of its file store, and which "
+                                                r"it refuses .*; expected sqlite:///<path>/mlflow\.db .*, or "
+                                                r"MLFLOW_ALLOW_FILE_STORE=true$"):
             check_tracking_uri(uri)
 
 

@@ -82,8 +82,8 @@ def _retrain() -> bool:
         return True
     if value in ("", "0", "false", "no"):
         return False
-    raise ValueError(f"PSRNN_RETRAIN={os.environ['PSRNN_RETRAIN']!r}: expected 1 (retrain every run refine "
-                     "reaches) or 0 (keep the runs already trained)")
+    raise ValueError(f"PSRNN_RETRAIN={os.environ['PSRNN_RETRAIN']!r}: expected 1, true or yes (retrain every run "
+                     "refine reaches) or 0, false or no (keep the runs already trained)")
 
 
 def refine(params: Params, root: Path, dataset: str, variant_name: str | None = None, seed: int | None = None
@@ -116,9 +116,10 @@ def refine(params: Params, root: Path, dataset: str, variant_name: str | None = 
         _note_unlisted_runs(root, dataset, variants, seeds)
     runs = [(v, s) for v in variants for s in seeds]
     shared = shared_digest(params, root, dataset)
+    gone = _store_gone(root)   # before the first run logged again creates the store anew
     out = {}
     for v, s in progress(runs, desc=f"refine {dataset}", unit="run"):
-        out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared,
+        out[run_name(v, s)] = refine_run(params, root, dataset, v, s, shared, store_gone=gone,
                                          announce=variant_name is None)   # one run: the command prints it
     note = worse_than_start_note(dp, out)
     if note:
@@ -285,12 +286,14 @@ def run_fingerprints(params: Params, root: Path, dataset: str, variant_name: str
 
 
 def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
-               shared: Callable[[], str] | None = None, announce: bool = False) -> dict[str, Any]:
+               shared: Callable[[], str] | None = None, announce: bool = False, store_gone: str | None = None
+               ) -> dict[str, Any]:
     """BPTT of one (variant, seed) from its initial weights, tracked as one MLflow run; resumes from a checkpoint
     of the same configuration after a crash, and does nothing (but rewrite its plot file) when already done
     (unless its checkpoint or history.json no longer reads back: then it trains the run again, saying so).
     ``shared``: see :func:`run_fingerprints`; ``announce``: print the :func:`summary_line` of a run it trained to
-    stderr (the stage's log under ``dvc repro``)."""
+    stderr (the stage's log under ``dvc repro``); ``store_gone``: :func:`_store_gone` as :func:`refine` found it
+    before its first run (the first run logged again creates the store anew)."""
     from dataclasses import replace
 
     dp = params.dataset(dataset)
@@ -330,11 +333,14 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         if recorded and (not run_id_file.is_file() or run_id_file.read_text().strip() != recorded):
             # a refine killed after it opened a replacement's MLflow run, before it removed this run's markers
             write_text(run_id_file, recorded + "\n")
-        if tracked_file.is_file() and tracked_file.read_text().strip() == tracked:
+        gone = store_gone
+        if tracked_file.is_file() and tracked_file.read_text().strip() == tracked and gone is None:
             print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, "
                   "kept (PSRNN_RETRAIN=1 retrains)", file=sys.stderr)
             return history
-        return _log_again(params, root, dataset, variant_name, seed, history, tracked)
+        why = (gone or ("its record of where it was logged (tracked) is missing" if not tracked_file.is_file() else
+                        "the tracking params or the tracking store (MLFLOW_TRACKING_URI) changed"))
+        return _log_again(params, root, dataset, variant_name, seed, history, tracked, why)
 
     from pipeline.train import TrainingDiverged, fit, load_checkpoint
 
@@ -347,7 +353,14 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     ckpt = mdir / "checkpoint.pt"
     fp_file = mdir / "fingerprint.txt"
     same = not retrain and fp_file.exists() and fp_file.read_text().strip() == resumable
-    ck = load_checkpoint(ckpt) if same and ckpt.exists() else None
+    ck = None
+    if same and ckpt.exists():
+        damaged = checkpoint_problem(ckpt)
+        if damaged is None:
+            ck = load_checkpoint(ckpt)
+        else:   # an unfinished run's checkpoint that does not read back: the others of the dataset still train
+            print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
+            same = False
     resume = ck is not None and ck["epoch"] <= tcfg.epochs
     # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
     reuse_run = resume or (same and not ckpt.exists())
@@ -358,7 +371,10 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     # the store first: one that fails (a file that is no database, a server that went away) leaves the finished
     # run it would replace as it was
     tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=reuse_run,
-                            run_config=resumable)
+                            run_config=resumable,
+                            # a finished checkpoint to resume (its history.json gone): nothing trains, and the run
+                            # that trained it is continued whichever experiment's it is, as a run logged again
+                            adopt=resume and ck is not None and ck["epoch"] == tcfg.epochs)
     for marker in (done_file, tracked_file):
         if marker.exists():
             marker.unlink()
@@ -500,7 +516,7 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
 
 def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
                   continue_previous: bool, trained_at: dict[str, Any] | None = None, run_config: str | None = None,
-                  previous: str | None = None):
+                  previous: str | None = None, adopt: bool = False):
     """The MLflow run of (variant, seed), its id written to the run folder's ``run_id``.
 
     The previous run (the id in ``run_id``) is continued when ``continue_previous`` and it is the same DVC
@@ -547,7 +563,7 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
                          same_as=("run_config", "variant", "seed", "workspace") if continue_previous else (),
                          # logged again, not trained: its run is the one that trained it, in whichever DVC
                          # experiment (one of `dvc exp run`'s, moved away and back, was duplicated)
-                         adopt=trained_at is not None)
+                         adopt=adopt or trained_at is not None)
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
     write_text(run_id_file, tracker.run_id + "\n")
@@ -671,8 +687,22 @@ def _log_new_metrics(tracker, metrics: dict[str, float], step: int) -> None:
         tracker.log_metrics(metrics, step=step)
 
 
+def _store_gone(root: Path) -> str | None:
+    """Why the runs logged to a local SQLite store must be logged again although the tracking params and URI are
+    the same (its file was deleted: ``rm mlflow.db``), or None. Other stores are not asked (a round trip per run)."""
+    from pipeline.tracking import tracking_uri
+
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+        if not db.exists():
+            return f"the tracking store {db} is gone"
+    return None
+
+
 def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed: int, history: dict[str, Any],
-               tracked: str) -> dict[str, Any]:
+               tracked: str, why: str = "the tracking params or the tracking store (MLFLOW_TRACKING_URI) changed"
+               ) -> dict[str, Any]:
     """A finished run whose tracking params (or URI) changed: logged again from its history and checkpoint,
     not trained again; into its MLflow run where that is in the same experiment (and DVC experiment), else
     into a new one."""
@@ -696,6 +726,5 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
     _log_outcome(tracker, params, ds, model, mdir, history)
     write_text(mdir / "tracked", tracked + "\n")
     print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, logged "
-          f"again: the tracking params or the tracking store (MLFLOW_TRACKING_URI) changed (MLflow run "
-          f"{tracker.run_id})", file=sys.stderr)
+          f"again: {why} (MLflow run {tracker.run_id})", file=sys.stderr)
     return history

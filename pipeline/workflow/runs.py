@@ -157,8 +157,16 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
                 row["why"] = what_changed(params, mdir, dataset, variant, seed)
         epochs = (history or {}).get("history") or []
     else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
-        row["status"] = "unfinished"
-        epochs = _checkpoint_history(mdir)
+        from pipeline.workflow.refine import checkpoint_problem
+
+        unreadable = checkpoint_problem(mdir / "checkpoint.pt")
+        if unreadable is None:
+            row["status"] = "unfinished"
+            epochs = _checkpoint_history(mdir)
+        else:   # nothing to resume: refine trains it from the start
+            row["status"], row["why"] = "damaged", f"{unreadable}; refine trains it again" + (
+                "" if listed else " once params.yaml lists it")
+            epochs = []
     if epochs and isinstance(epochs[-1], dict):
         last = epochs[-1]
         row["epoch"] = last.get("epoch")
@@ -168,7 +176,10 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
             row["metric"], row["value"] = metric, test[metric]
     row["run_id"] = (history or {}).get("run_id") or _text(mdir / "run_id")
     metrics = _read(metrics_dir(root, dataset) / f"{run_name(variant, seed)}.json")
-    if metrics is not None and row["status"] not in ("unfinished", "damaged"):   # the epoch evaluate scored
+    # the epoch whose weights evaluate scored, when it scored this run: the file of an earlier run of the same
+    # name (evaluate not run since) showed "9 (best 10)", or a best epoch for a run without restore_best
+    if metrics is not None and row["status"] not in ("unfinished", "damaged") \
+            and metrics.get("run_id") == row["run_id"] and metrics.get("epochs") == row["epoch"]:
         row["model_epoch"] = metrics.get("model_epoch")
         if row["metric"] is not None and row["model_epoch"] not in (None, row["epoch"]):
             # restore_best: the weights predict and evaluate use are that epoch's, and so is the number to show
