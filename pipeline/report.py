@@ -499,25 +499,36 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
-    longest = max([len(f"{v} (10 seeds)") for v in variants] + [len("training mean (0.0001234)")])
-    legend_width = 0.75 + 0.068 * longest   # inches: the line sample, then "small" text (~0.068 in a character)
+    legend_width = _legend_width(variants, "training mean (0.0001234)")
     with _style():
         fig, axes = _figure(1, len(metrics), (5.5 * len(metrics) + legend_width, 4.2))
         for ax, m in zip(axes[0], metrics):
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
                         logy=logy if m == "mse" else False, partial=partial, legend=False,
                         values_in_legend=len(metrics) == 1, dataset=dataset)
-        shown: dict[str, Any] = {}   # every panel's entries once (the Bayes optimum is drawn on BPC alone)
-        for ax in axes[0]:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                shown.setdefault(label, handle)
-        if shown:   # beside the last panel, where it hides no curve
-            axes[0][-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
-                               bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        _legend_beside(axes[0])   # (the Bayes optimum is drawn on BPC alone)
         fig.suptitle(_plain(title))
         _layout(fig, 1, len(metrics), right=0.2 + legend_width)
         _save(fig, path)
     notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
+
+
+def _legend_width(variants: Iterable[str], longest_line: str) -> float:
+    """Inches a legend beside the panels needs: the line sample, then "small" text (~0.068 in a character) of
+    the longest variant entry or ``longest_line`` (a reference line's)."""
+    return 0.75 + 0.068 * max([len(f"{v} (10 seeds)") for v in variants] + [len(longest_line)])
+
+
+def _legend_beside(axes: Sequence[Any]) -> None:
+    """One legend for a row of panels, every panel's entries once, beside the last panel, where it hides no
+    curve (a legend in each panel covered curves and reference lines)."""
+    shown: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            shown.setdefault(label, handle)
+    if shown:
+        axes[-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
+                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def _present(by_variant: Mapping[str, Sequence[dict]], v: str) -> bool:
@@ -591,10 +602,8 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         return None
     path = out_fig / fname
     partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
-    # one legend for the panels, beside the last one: the same legend in every panel covered curves and the
-    # naive lines (each panel writes the values of its own reference lines on them)
-    longest = max([len(f"{v} (10 seeds)") for _, _, present in panels for v in present] + [len("training mean")])
-    legend_width = 0.75 + 0.068 * longest
+    # one legend for the panels (each writes the values of its own reference lines on them)
+    legend_width = _legend_width([v for _, _, present in panels for v in present], "training mean")
     with _style():
         fig, axes = _figure(1, len(panels), (5.0 * len(panels) + legend_width, 4.2))
         for ax, (ds, by_variant, present) in zip(axes[0], panels):
@@ -602,13 +611,7 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
                         optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
                         partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False)
-        shown: dict[str, Any] = {}
-        for ax in axes[0]:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                shown.setdefault(label, handle)
-        if shown:
-            axes[0][-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
-                               bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        _legend_beside(axes[0])
         fig.suptitle(_plain(cfg["title"]))
         _layout(fig, 1, len(panels), wspace=0.75, right=0.2 + legend_width)
         _save(fig, path)
