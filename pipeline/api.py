@@ -159,15 +159,10 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
                          f"the columns of {source}: {brief_list(columns)}")
     values = []
     for c in columns:
-        try:
-            v = np.asarray(t[keys[c]])
-        except (ValueError, TypeError, RuntimeError) as exc:
-            raise ValueError(f"{where}: column {brief(c)} is not an array ({' '.join(str(exc).split())[:120]}); "
-                             "expected one value per step") from None
         # train[0]'s columns are the model's features: one that cannot be is to be left out there
         hint = (f" (train[0]'s columns are the model's features: leave this one out, e.g. "
                 f"frame.drop(columns=[{c!r}]))" if source == "train[0]" and where == "train[0]" else "")
-        values.append(column_values(f"{where}: column {brief(c)}", v, hint))
+        values.append(_named_column(f"{where}: column {brief(c)}", t, keys[c], hint))
     if len({len(v) for v in values}) > 1:
         lengths = ", ".join(f"{brief(c)} {len(v)}" for c, v in zip(columns, values))
         raise ValueError(f"{where}: columns of different lengths ({lengths}); expected one value per step in each")
@@ -188,6 +183,17 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     return values[0] if len(values) == 1 else np.column_stack(values)
 
 
+def _named_column(label: str, t: Any, key: Any, hint: str = "") -> np.ndarray:
+    """Column ``key`` of a frame or dict of columns as :func:`column_values` reads it; ``label`` ("train[0]:
+    column 'x'") begins the one-line errors."""
+    try:
+        v = np.asarray(t[key])
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise ValueError(f"{label} is not an array ({' '.join(str(exc).split())[:120]}); expected one value per "
+                         "step") from None
+    return column_values(label, v, hint)
+
+
 def step_order(where: str, t: Any, keys: dict[str, Any], length: int, check_split: bool = True
                ) -> np.ndarray | None:
     """The rows of a trajectory with the pipeline's id columns in step order (None: as they are). A frame of a
@@ -199,12 +205,7 @@ def step_order(where: str, t: Any, keys: dict[str, Any], length: int, check_spli
     at = f"{where}: " if where else ""
 
     def column(name: str) -> np.ndarray:
-        try:
-            v = np.asarray(t[keys[name]])
-        except (ValueError, TypeError, RuntimeError) as exc:
-            raise ValueError(f"{at}column {name!r} is not an array ({' '.join(str(exc).split())[:120]}); "
-                             "expected one value per step") from None
-        v = column_values(f"{at}column {name!r}", v)
+        v = _named_column(f"{at}column {name!r}", t, keys[name])
         if len(v) != length:
             raise ValueError(f"{at}column {name!r} has {len(v)} values and the features {length}; expected "
                              "one value per step")
