@@ -291,8 +291,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     problem = uri_problem(uri) or server_problem(uri, timeout)
     if problem is not None:
         raise TrackingError(f"{_store_label(uri)}: {problem}")
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    db = sqlite_path(uri)
+    if db is not None:
         if not db.parent.exists():
             raise TrackingError(f"{_store_label(uri)}: directory {db.parent} does not exist")
         problem = _sqlite_file_problem(db)

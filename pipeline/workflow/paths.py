@@ -25,6 +25,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from pipeline.data.schema import SequenceDataset, read_dataset
 
@@ -128,6 +129,19 @@ def history_problem(history: object) -> str | None:
                                                             for v in test.values()):
             return f"epoch entry {k} has no 'test' metrics (an object of numbers)"
     return None
+
+
+def history_and_problem(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A finished run's ``history.json`` and None, or None and why it cannot be read as one
+    (:func:`history_problem`): for the checks that decide what to do with the run (:func:`read_history` raises)."""
+    from pipeline.io import read_json
+
+    try:
+        history = read_json(path)
+    except (OSError, ValueError) as exc:
+        return None, " ".join(str(exc).split())
+    problem = history_problem(history)
+    return (history, None) if problem is None else (None, f"{path}: damaged: {problem}")
 
 
 def read_history(path: Path, fix: str) -> dict:

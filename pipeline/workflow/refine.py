@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import Params
-from pipeline.io import read_json, sha256_file, write_json, write_text
+from pipeline.io import sha256_file, write_json, write_text
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
-    artifact_dir, dataset_models_dir, history_problem, load_prepared, model_dir, plot_path, prepared_path, prune,
-    run_name,
+    artifact_dir, dataset_models_dir, history_and_problem, load_prepared, model_dir, plot_path, prepared_path,
+    prune, run_name,
 )
 
 log = logging.getLogger(__name__)
@@ -314,14 +314,20 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         write_text(tracked_file, tracked + "\n")
         write_text(done_file, fingerprint + "\n")
         done = fingerprint
+    ckpt = mdir / "checkpoint.pt"
+    ck = history = None   # read once, for the checks and what follows them
+
+    def train_again(why: str) -> None:
+        print(f"refine {dataset}: {run_name(variant_name, seed)}: {why}; training it again", file=sys.stderr)
+
     if not retrain and done is not None:   # finished: current, stale or to continue, its files must read back
-        damaged = checkpoint_problem(mdir / "checkpoint.pt") or (
-            history_file_problem(history_file) if history_file.exists() else None)   # a gone one: from the ckpt
+        ck, damaged = checkpoint_and_problem(ckpt)
+        if damaged is None and history_file.exists():   # a history.json that is gone is rebuilt from the ckpt
+            history, damaged = history_and_problem(history_file)
         if damaged is not None:   # the weights are lost: train the run again rather than keep a run nothing reads
-            print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
-            retrain = True
-    if not retrain and done == fingerprint and history_file.is_file():
-        history = read_json(history_file)
+            train_again(damaged)
+            retrain, ck = True, None
+    if not retrain and done == fingerprint and history is not None:
         units = history.get("data_units")
         if units is None or (units.get("kind") == "discrete" and "train_counts" not in units):
             # trained before runs kept their units (or a discrete run's symbol counts); the data are the same
@@ -342,7 +348,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                         "the tracking params or the tracking store (MLFLOW_TRACKING_URI) changed"))
         return _log_again(params, root, dataset, variant_name, seed, history, tracked, why)
 
-    from pipeline.train import TrainingDiverged, fit, load_checkpoint
+    from pipeline.train import TrainingDiverged, fit
 
     ds = load_prepared(root, dataset)
     model = load_initial(root, dataset, variant_name, seed)
@@ -350,16 +356,14 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     for orphan in mdir.glob(".*"):  # temporary files of a write that a kill interrupted (see pipeline.io)
         if orphan.is_file():
             orphan.unlink()
-    ckpt = mdir / "checkpoint.pt"
     fp_file = mdir / "fingerprint.txt"
     same = not retrain and fp_file.exists() and fp_file.read_text().strip() == resumable
-    ck = None
-    if same and ckpt.exists():
-        damaged = checkpoint_problem(ckpt)
-        if damaged is None:
-            ck = load_checkpoint(ckpt)
-        else:   # an unfinished run's checkpoint that does not read back: the others of the dataset still train
-            print(f"refine {dataset}: {run_name(variant_name, seed)}: {damaged}; training it again", file=sys.stderr)
+    if not same:
+        ck = None
+    elif ck is None and ckpt.exists():   # an unfinished run's (a finished one's is read above)
+        ck, damaged = checkpoint_and_problem(ckpt)
+        if damaged is not None:   # it does not read back: the other runs of the dataset still train
+            train_again(damaged)
             same = False
     resume = ck is not None and ck["epoch"] <= tcfg.epochs
     # continue the MLflow run of a resumed run, or of one killed before its first checkpoint (nothing logged yet)
@@ -447,26 +451,17 @@ def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, se
             "settings)")
 
 
-def history_file_problem(path: Path) -> str | None:
-    """Why a finished run's ``history.json`` cannot be read as one (:func:`history_problem`), or None."""
-    try:
-        problem = history_problem(read_json(path))
-    except (OSError, ValueError) as exc:
-        return " ".join(str(exc).split())
-    return None if problem is None else f"{path}: damaged: {problem}"
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """Why a finished run's checkpoint cannot give its weights (gone, truncated, overwritten), or None."""
+def checkpoint_and_problem(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's checkpoint and None, or None and why it cannot give its weights (gone, truncated, overwritten)."""
     from pipeline.train import load_checkpoint
 
     try:
         ck = load_checkpoint(path)
     except (OSError, ValueError) as exc:
-        return " ".join(str(exc).split()).split("; delete it")[0]
+        return None, " ".join(str(exc).split()).split("; delete it")[0]
     if not isinstance(ck.get("model"), dict):
-        return f"{path}: not a checkpoint of a trained run (no model weights)"
-    return None
+        return None, f"{path}: not a checkpoint of a trained run (no model weights)"
+    return ck, None
 
 
 def _divergence_in_params_terms(message: str, params: Params, dataset: str, variant_name: str) -> str:
@@ -690,14 +685,10 @@ def _log_new_metrics(tracker, metrics: dict[str, float], step: int) -> None:
 def _store_gone(root: Path) -> str | None:
     """Why the runs logged to a local SQLite store must be logged again although the tracking params and URI are
     the same (its file was deleted: ``rm mlflow.db``), or None. Other stores are not asked (a round trip per run)."""
-    from pipeline.tracking import tracking_uri
+    from pipeline.tracking import sqlite_path, tracking_uri
 
-    uri = tracking_uri(root)
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
-        if not db.exists():
-            return f"the tracking store {db} is gone"
-    return None
+    db = sqlite_path(tracking_uri(root))
+    return f"the tracking store {db} is gone" if db is not None and not db.exists() else None
 
 
 def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed: int, history: dict[str, Any],

@@ -34,7 +34,9 @@ from typing import Any
 
 from pipeline.config import Params
 from pipeline.io import read_json
-from pipeline.workflow.paths import dataset_models_dir, folder_seed, metrics_dir, model_dir, run_name
+from pipeline.workflow.paths import (
+    dataset_models_dir, folder_seed, history_and_problem, metrics_dir, model_dir, run_name,
+)
 
 
 def _row(dataset: str, variant: str, seed: int, listed: bool, status: str | None = None) -> dict[str, Any]:
@@ -119,23 +121,22 @@ def source_changed(params: Params, root: Path, dataset: str) -> str | None:
 
 def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, listed: bool, shared: Any
              ) -> dict[str, Any]:
-    from pipeline.workflow.refine import run_fingerprints
+    from pipeline.workflow.refine import checkpoint_and_problem, run_fingerprints
 
     mdir = model_dir(root, dataset, variant, seed)
     row = _row(dataset, variant, seed, listed)
     history = _read(mdir / "history.json")
-    damaged = None
-    if (mdir / "done").is_file():   # what refine checks before it keeps a finished run
-        from pipeline.workflow.refine import checkpoint_problem, history_file_problem
-
-        # (a history.json that is gone is rebuilt from the checkpoint by refine, one that is damaged is not)
-        damaged = checkpoint_problem(mdir / "checkpoint.pt") or (
-            history_file_problem(mdir / "history.json") if (mdir / "history.json").exists() else None)
-    if damaged is not None:
+    finished = (mdir / "done").is_file()
+    # what refine checks before it keeps a finished run or resumes an unfinished one: a checkpoint that reads
+    # back, and a finished run's history.json (one that is gone refine rebuilds from the checkpoint)
+    ck, damaged = checkpoint_and_problem(mdir / "checkpoint.pt")
+    if finished and damaged is None and (mdir / "history.json").exists():
+        damaged = history_and_problem(mdir / "history.json")[1]
+    if damaged is not None:   # nothing to keep or resume: refine trains it from the start
         row["status"] = "damaged"
         row["why"] = f"{damaged}; refine trains it again" + ("" if listed else " once params.yaml lists it")
         epochs = []
-    elif (mdir / "done").is_file():
+    elif finished:
         row["status"] = "finished"
         if listed:
             try:
@@ -157,16 +158,8 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
                 row["why"] = what_changed(params, mdir, dataset, variant, seed)
         epochs = (history or {}).get("history") or []
     else:   # its history.json, if any, is an earlier finish's: the checkpoint has the epochs trained since
-        from pipeline.workflow.refine import checkpoint_problem
-
-        unreadable = checkpoint_problem(mdir / "checkpoint.pt")
-        if unreadable is None:
-            row["status"] = "unfinished"
-            epochs = _checkpoint_history(mdir)
-        else:   # nothing to resume: refine trains it from the start
-            row["status"], row["why"] = "damaged", f"{unreadable}; refine trains it again" + (
-                "" if listed else " once params.yaml lists it")
-            epochs = []
+        row["status"] = "unfinished"
+        epochs = ck.get("history") if isinstance(ck.get("history"), list) else []
     if epochs and isinstance(epochs[-1], dict):
         last = epochs[-1]
         row["epoch"] = last.get("epoch")
@@ -201,17 +194,6 @@ def _text(path: Path) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
-
-
-def _checkpoint_history(mdir: Path) -> list[Any]:
-    """The epochs an unfinished run's checkpoint holds (history.json is written when a run finishes)."""
-    from pipeline.train import load_checkpoint
-
-    try:
-        history = load_checkpoint(mdir / "checkpoint.pt").get("history")
-    except (OSError, ValueError, RuntimeError):
-        return []
-    return history if isinstance(history, list) else []
 
 
 def _shown_metric(row: dict[str, Any]) -> str:
