@@ -245,13 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    # the GRU and RNN have kernels of ours on the CPU only: on CUDA they are cuDNN's either way, so a /torch-ops
+    # row of theirs would time the same code as their own row
+    with_kernels = PSRNNS + (NATIVE_BASELINES if device.type == "cpu" else ())
     if args.torch_ops:
-        models += [m + TORCH_OPS for m in (*PSRNNS, *NATIVE_BASELINES) if m in models and m + TORCH_OPS not in models]
+        models += [m + TORCH_OPS for m in with_kernels if m in models and m + TORCH_OPS not in models]
     unknown = [m for m in models if m.removesuffix(TORCH_OPS) not in (*PSRNNS, *BASELINES)
                or (m.endswith(TORCH_OPS) and m.removesuffix(TORCH_OPS) == "lstm")]
     if unknown:
         p.error(f"--models: unknown {unknown}; expected psrnn, factorized_psrnn, gru, rnn (each also with "
                 f"{TORCH_OPS}) or lstm")
+    same = [m for m in models if m.endswith(TORCH_OPS) and m.removesuffix(TORCH_OPS) not in with_kernels]
+    if same:
+        p.error(f"--models: {', '.join(same)} on {device.type}: the recurrence is cuDNN's with or without {TORCH_OPS} "
+                f"there; expected {TORCH_OPS} only after psrnn or factorized_psrnn on CUDA")
     ds = load_ptb(args.raw_dir or default_ptb_dir())
     V = len(ds.vocab)
     train = ds.train
