@@ -274,7 +274,7 @@ class TrainedRun:
                         f"the features the run was trained on, {self.features}")
             raise ValueError(f"no column {', '.join(map(repr, missing))} (columns present: {names}); expected "
                              f"{expected}")
-        from pipeline.api import column_values, step_order
+        from pipeline.api import _named_column, step_order
 
         by_name = dict(zip(names, keys))
         # rows in step order, one trajectory and split per frame, as predict_file reads a file
@@ -282,7 +282,7 @@ class TrainedRun:
             symbols = trajectory[by_name[self.symbol_column]]   # compared as text, whatever their type
             order = step_order("", trajectory, by_name, len(symbols), check_split=False)
             return symbols if order is None else np.asarray(symbols)[order]
-        columns = [column_values(f"column {n!r}", np.asarray(trajectory[by_name[n]])) for n in wanted]
+        columns = [_named_column(f"column {n!r}", trajectory, by_name[n]) for n in wanted]
         if len({len(v) for v in columns}) > 1:
             lengths = ", ".join(f"{n!r} {len(v)}" for n, v in zip(wanted, columns))
             raise ValueError(f"columns of different lengths ({lengths}); expected one value per step in each")

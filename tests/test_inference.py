@@ -990,6 +990,9 @@ def test_trajectories_with_named_columns_are_read_by_name(continuous_run, discre
     with pytest.raises(ValueError, match=re.escape("trajectories[0]: column 'a': a missing value (nan) at step 2; "
                                                    "expected a value at every step (fill or drop missing")):
         run.predict([frame.assign(a=[1.0, 2.0, None] + [3.0] * (len(raw) - 3))])
+    # a ragged column of a dict is named, as fit_model's inputs are (numpy's "inhomogeneous shape" said nothing of it)
+    with pytest.raises(ValueError, match=re.escape("trajectories[0]: column 'a' is not an array (")):
+        run.predict([{"a": [[1.0, 2.0], [3.0]], "b": raw[:2, 1]}])
     for gap in (None, np.nan, pd.NA):
         holed = pd.Series(symbols[:2] + [gap] + symbols[3:], dtype=object)
         for unknown in ("error", "drop", "map"):
