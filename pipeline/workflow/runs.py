@@ -125,13 +125,15 @@ def _run_row(params: Params, root: Path, dataset: str, variant: str, seed: int, 
 
     mdir = model_dir(root, dataset, variant, seed)
     row = _row(dataset, variant, seed, listed)
-    history = _read(mdir / "history.json")
+    # read once: the status, the epochs and the run id all come from it (None where it is unreadable or damaged)
+    history, history_damage = (history_and_problem(mdir / "history.json") if (mdir / "history.json").exists()
+                               else (None, None))
     finished = (mdir / "done").is_file()
     # what refine checks before it keeps a finished run or resumes an unfinished one: a checkpoint that reads
     # back, and a finished run's history.json (one that is gone refine rebuilds from the checkpoint)
     ck, damaged = checkpoint_and_problem(mdir / "checkpoint.pt")
-    if finished and damaged is None and (mdir / "history.json").exists():
-        damaged = history_and_problem(mdir / "history.json")[1]
+    if finished and damaged is None:
+        damaged = history_damage
     if damaged is not None:   # nothing to keep or resume: refine trains it from the start
         row["status"] = "damaged"
         row["why"] = f"{damaged}; refine trains it again" + ("" if listed else " once params.yaml lists it")
