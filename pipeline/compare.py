@@ -18,7 +18,8 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
   epoch-0 metric a mean over other 2SR draws, not comparable (the summary keeps no per-seed values). The final test
   metrics of such a row are still judged by the spread.
 * ``differs``: anything else, including a parameter count, a Bayes-optimal value or a naive predictor's metric
-  (the data or the model are not the same) that is not equal.
+  (the data or the model are not the same) that is not equal, and a learning rate (``lr``, compared where both
+  summaries have it) that is not exactly equal.
 
 A variant or dataset in one summary only is listed as such. Derived numbers (``gap_*``, the difference of a
 final metric and the Bayes-optimal value; ``*_data_units``, the same test errors as ``test_mse`` in the data's units
@@ -139,7 +140,8 @@ def _within(a: float, b: float, rtol: float) -> bool:
 
 
 def _compared_keys(ours: Mapping[str, Any], ref: Mapping[str, Any]) -> list[str]:
-    keys = set(ours) | set(ref)
+    # lr only where both name it: a snapshot made before the report wrote it lacks it, which is no difference
+    keys = (set(ours) | set(ref)) - ({"lr"} - (set(ours) & set(ref)))
     return sorted((k for k in keys if not (k.endswith("_std") or k.startswith("gap_") or "_data_units" in k)),
                   key=lambda k: (k != "seeds" and not k.startswith("test_"), k.startswith("init_"), k))
 
@@ -159,6 +161,8 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
             continue
         if a is None or b is None:
             verdict = "differs"
+        elif key == "lr":   # a setting: 0.1 and 0.1001 are two
+            verdict = "same" if a == b else "differs"
         elif _within(float(a), float(b), SAME_RTOL):
             verdict = "same"
         elif _within(float(a), float(b), rtol):
@@ -237,4 +241,10 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
         shown = ", ".join(other[:6]) + (f" and {len(other) - 6} more" if len(other) > 6 else "")
         lines.append(f"note: {len(other)} row(s) have another parameter count ({shown}): those are other models "
                      "(params.yaml's sizes differ from the reference's), so their numbers are not comparable")
+    rates = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "lr" and r.verdict == "differs"}
+                   - set(other))
+    if rates:   # another train.lr or train.overrides: the same start, another training
+        shown = ", ".join(rates[:6]) + (f" and {len(rates) - 6} more" if len(rates) > 6 else "")
+        lines.append(f"note: {len(rates)} row(s) were trained at another learning rate ({shown}): their final "
+                     "metrics are not comparable (their epoch-0 ones are)")
     return "\n".join(lines) + "\n"

@@ -1011,7 +1011,8 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
     (epoch-0 mean) for every metric of the kind (and ``test_<m>_finite``, the number of seeds whose value is
     finite, where some is not: the mean and std are of those; on standardised continuous data
     ``test_mse_data_units`` and its ``_std``, the test MSE in the data's units), ``n_params``, and on synthetic data ``optimal_<m>`` and
-    ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric); and per dataset a row
+    ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric), ``lr`` (the learning rate the seeds
+    were trained at; null where they differ, absent where no metrics file names it); and per dataset a row
     ``naive_<predictor>`` with the ``test_<m>`` of each of :mod:`pipeline.naive`'s predictors."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for ds in sorted(grouped):
@@ -1037,6 +1038,9 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
                 row[f"gap_{primary}"], _ = _stats(_gaps(runs, primary))
             ps = [int(r["n_params"]) for r in runs if isinstance(r["n_params"], (int, float))]
             row["n_params"] = max(ps) if ps else None
+            rates = sorted(set(_finite(r.get("lr") for r in runs)[0]))
+            if rates:   # a setting, as the table's lr column: null where the seeds were trained at several
+                row["lr"] = rates[0] if len(rates) == 1 else None
             out.setdefault(ds, {})[v] = row
         runs = [r for rs in grouped[ds].values() for r in rs if r["test"] is not None]
         kind = _dataset_kind(runs)

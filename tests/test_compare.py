@@ -102,12 +102,13 @@ def test_the_shipped_snapshots_differ_only_where_the_override_retrains():
     retrained = {"swimmer": {"psrnn", "kf", "psrnn_2layer", "factorized_psrnn_r10", "factorized_psrnn_r40"},
                  "handwriting": {"psrnn", "kf", "psrnn_2layer", "factorized_psrnn_r40"},
                  "mocap": {"kf", "factorized_psrnn_r10"}}
-    result = compare_summaries(load_summary(REFERENCE / "continuous-lr" / "summary.json"),
-                               load_summary(REFERENCE / "default" / "summary.json"))
+    default = load_summary(REFERENCE / "default" / "summary.json")
+    result = compare_summaries(load_summary(REFERENCE / "continuous-lr" / "summary.json"), default)
     assert result.only_ours == result.only_reference == []
     moved = {(r.dataset, r.variant) for r in result.rows if r.verdict != "same"}
+    # their final test MSE and, in snapshots that record it, their learning rate
     assert {(r.dataset, r.variant, r.key) for r in result.rows if r.verdict != "same"} == {
-        (d, v, "test_mse") for d, v in moved}
+        (d, v, k) for d, v in moved for k in ("test_mse", "lr") if k != "lr" or "lr" in default[d][v]}
     assert moved and all(v in retrained.get(d, ()) for d, v in moved), moved
 
 
@@ -286,3 +287,28 @@ def test_rows_of_another_parameter_count_are_named_as_other_models():
     del ref["hmm"]["lstm"]["n_params"]
     text = format_comparison(compare_summaries(near, ref), "ours.json", "reference.json")
     assert text.splitlines()[-1].startswith("note: 1 row(s) have another parameter count (swimmer kf): ")
+
+
+def test_a_row_trained_at_another_learning_rate_is_named():
+    """summary.json's lr is a setting: equal or not (0.1 against 0.1001 is another rate, though 'close'); a
+    snapshot that predates it is no difference; rows at another rate are named in a note, as rows of another size."""
+    ours, ref = copy.deepcopy(BASE), copy.deepcopy(BASE)
+    for summary in (ours, ref):
+        summary["hmm"]["psrnn"]["lr"] = summary["hmm"]["lstm"]["lr"] = summary["swimmer"]["kf"]["lr"] = 1.0
+    ours["hmm"]["psrnn"]["lr"] = 0.1
+    ours["swimmer"]["kf"]["lr"] = 1.0001
+    result = compare_summaries(ours, ref)
+    verdicts = _verdicts(result)
+    assert verdicts[("hmm", "psrnn", "lr")] == verdicts[("swimmer", "kf", "lr")] == "differs"
+    assert verdicts[("hmm", "lstm", "lr")] == "same" and not result.agrees
+    assert format_comparison(result, "ours.json", "reference.json").splitlines()[-1] == (
+        "note: 2 row(s) were trained at another learning rate (hmm psrnn, swimmer kf): their final metrics are not "
+        "comparable (their epoch-0 ones are)")
+    # a summary without lr (a snapshot older than it) against one with it: nothing to compare, no note
+    older = compare_summaries(ours, BASE)
+    assert older.agrees is compare_summaries(copy.deepcopy(BASE), BASE).agrees
+    assert not any(r.key == "lr" for r in older.rows)
+    assert "learning rate" not in format_comparison(older, "a", "b")
+    # seeds trained at several rates (null) against one rate differ
+    ours["hmm"]["lstm"]["lr"] = None
+    assert _verdicts(compare_summaries(ours, ref))[("hmm", "lstm", "lr")] == "differs"

@@ -320,6 +320,11 @@ def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Pat
         ["`lstm`", "2", "1,000", "1", "0.020 ± 0.000", "1.000"]]
     assert "| variant | seeds | params | lr | test MSE |" in md
     assert len(_table_rows(md, "hmm")[0]) == 7   # variant, seeds, params, BPC, accuracy and their init: no lr
+    # summary.json holds the rate of each row, for psrnn compare: null where its seeds differ, absent where no
+    # metrics file names it
+    summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
+    assert {v: summary["swimmer"][v]["lr"] for v in ("kf", "psrnn", "lstm")} == {"kf": None, "psrnn": 0.1, "lstm": 1.0}
+    assert summary["hmm"]["psrnn"]["lr"] == 1.0 and "lr" not in summary["hmm"]["lstm"]
 
 
 def test_a_spread_that_rounds_to_zero_is_not_shown_as_zero():
