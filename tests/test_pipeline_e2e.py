@@ -173,6 +173,13 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
                 assert "two_stage.ridge" in run.data.params and "kf.ridge" not in run.data.params
                 # the upper layers' 2SR keys are a deeper PSRNN's only, as in the 2SR artifacts' configs
                 assert ("two_stage.upper_obs_ridge" in run.data.params) == ("2layer" in tags["variant"]), tags
+            # the model settings its family reads, no others (a KF's or LSTM's n_rff would read as an RFF encoder)
+            model_keys = {k.removeprefix("model.") for k in run.data.params if k.startswith("model.")}
+            reads = {"model", "discrete", "input_dim", "output_dim", "state_dim", "init"}
+            reads |= set() if tags["family"] == "kf" else {"obs_dim", "n_layers", "delta"}
+            reads |= {"n_rff", "bias_scale", "decoder_input"} if "psrnn" in tags["family"] else set()
+            reads |= {"rank"} if tags["family"] == "factorized_psrnn" else set()
+            assert model_keys == reads, (tags["variant"], model_keys ^ reads)
             assert tags["workspace"] == str(root.resolve()) and tags["host"] == socket.gethostname()
             assert tags.get("mlflow.source.git.commit") == commit
             key = "bpc" if ds in ("ptb", "hmm") else "mse"

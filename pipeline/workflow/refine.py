@@ -488,15 +488,26 @@ def _divergence_in_params_terms(message: str, params: Params, dataset: str, vari
     return re.sub(rf"\btrain\.({'|'.join(DIVERGENCE_KEYS)})\b(=?)", key, message)
 
 
+#: the model settings (``ModelConfig``'s) that a family's model does not read: an LSTM's run showing n_rff 2000
+#: would read as an RFF encoder it does not have, and a Kalman filter's obs_dim as an encoder size
+_UNREAD_MODEL_KEYS = {
+    "kf": ("obs_dim", "n_layers", "n_rff", "bias_scale", "decoder_input", "delta"),
+    **{family: ("n_rff", "bias_scale", "decoder_input") for family in ("lstm", "gru", "rnn")},
+}
+
+
 def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:
     """The MLflow params of a run: what trained it, and the 2SR (or linear 2SR) settings that initialised it
     (none for a model initialised otherwise: a Xavier LSTM's run showing a 2SR ridge would mislead; none of the
     upper layers' for a 1-layer PSRNN, whose 2SR ignores them). Each value is the one the run was trained with: a
-    change of any of them changes the data or the initial weights, and so the run's fingerprint."""
+    change of any of them changes the data or the initial weights, and so the run's fingerprint. The model's
+    settings are those its family reads (no rank but a factorized PSRNN's)."""
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
+    unread = _UNREAD_MODEL_KEYS.get(model.config.model, ())
+    model_config = {k: v for k, v in model.config.to_dict().items() if k not in unread and v is not None}
     config: dict[str, Any] = {"dataset": dataset, "variant": variant_name, "seed": seed,
-                              "model": model.config.to_dict(), "train": asdict(tcfg),
+                              "model": model_config, "train": asdict(tcfg),
                               "n_params": model.n_parameters(), "source": dp.source}
     if variant.family == "kf":
         config["kf"] = asdict(dp.kf)        # the linear 2SR that built it; the RFF settings do not apply
