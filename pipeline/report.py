@@ -611,9 +611,14 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
                         optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
                         partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False)
+        # one y label where the panels share it (the next panel's would run into this one's right edge)
+        shared = len({ax.get_ylabel() for ax in axes[0]}) == 1
+        if shared:
+            for ax in axes[0][1:]:
+                ax.set_ylabel("")
         _legend_beside(axes[0])
         fig.suptitle(_plain(cfg["title"]))
-        _layout(fig, 1, len(panels), wspace=0.75, right=0.2 + legend_width)
+        _layout(fig, 1, len(panels), wspace=0.3 if shared else 0.75, right=0.2 + legend_width)
         _save(fig, path)
     notes += [_partial_note(fname, v, *parts).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
               for ds, by_v in partial.items() for v, parts in by_v.items()]

@@ -361,10 +361,16 @@ def test_fig4a_has_one_legend_beside_its_panels_and_fig4b_orders_a_custom_sets_m
     assert [ax.get_legend() is not None for ax in fig.axes] == [False, True]
     assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()][:5] == [
         f"{v} (1 seed)" for v in ("kf", "rnn", "gru", "lstm", "psrnn")]
+    # one y label for panels that share it: each repeated it, into the previous panel's right edge
+    assert [ax.get_ylabel() for ax in fig.axes] == ["test mean squared error", ""]
     assert [ax.get_title() for ax in figures["fig4b.png"].axes[:4]] == [
         "kf (seed 0)", "gru (seed 0)", "lstm (seed 0)", "psrnn_delta (seed 0)"]
     assert [t.get_text() for t in figures["fig4b.png"].legends[0].get_texts()] == [
         "test data", "one-step prediction (the model's colour)"]
+    # panels in other units keep their own labels
+    write_report(root, tmp_path / "reports", figures={"fig4a": {"datasets": ["swimmer", "custom"]}})
+    assert [ax.get_ylabel() for ax in figures["fig4a.png"].axes] == [
+        "test mean squared error", "test mean squared error\n(standardised units)"]
 
 
 def test_a_negative_gap_to_the_bayes_optimum_is_explained(tmp_path):
