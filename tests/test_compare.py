@@ -112,6 +112,22 @@ def test_the_shipped_snapshots_differ_only_where_the_override_retrains():
     assert moved and all(v in retrained.get(d, ()) for d, v in moved), moved
 
 
+def test_the_shipped_snapshot_agrees_with_the_xeon_one_as_the_docs_say():
+    """docs/reference/README.md (and the README's "Reference results") quote these counts and the three numbers
+    that differ between the AMD snapshot and the Intel Xeon one it replaced; the Xeon summaries predate lr."""
+    for name, counts, differing in (
+            ("default", {"same": 237, "close": 22, "within spread": 26, "differs": 3},
+             {("hmm", "psrnn", "test_bpc"), ("swimmer", "factorized_psrnn_r10", "test_mse"),
+              ("swimmer", "kf", "test_mse")}),
+            ("continuous-lr", {"same": 241, "close": 23, "within spread": 23, "differs": 1},
+             {("hmm", "psrnn", "test_bpc")})):
+        ours = load_summary(REFERENCE / name / "summary.json")
+        result = compare_summaries(ours, load_summary(REFERENCE / f"{name}-xeon-61beb63" / "summary.json"))
+        assert {k: result.counts()[k] for k in counts} == counts, name
+        assert {(r.dataset, r.variant, r.key) for r in result.rows if r.verdict == "differs"} == differing
+        assert all("lr" in row for ds in ours.values() for v, row in ds.items() if not v.startswith("naive_"))
+
+
 def test_load_summary_names_the_file_and_what_is_wrong(tmp_path):
     path = tmp_path / "summary.json"
     with pytest.raises(FileNotFoundError, match=rf"^{path}: file not found; expected the report stage's summary"):
@@ -147,7 +163,7 @@ def test_resolve_summary_defaults_folders_and_snapshot_names(tmp_path):
         resolve_summary("continuous_lr", ROOT, reference=True)
     assert str(err.value) == (f"continuous_lr: no such summary file, nor a reference snapshot "
                               f"{REFERENCE / 'continuous_lr'}; expected a summary.json path or one of: "
-                              "continuous-lr, default, ptb-40-epochs")
+                              "continuous-lr, continuous-lr-xeon-61beb63, default, default-xeon-61beb63, ptb-40-epochs")
 
 
 def test_cli_compare_prints_the_table_and_checks(tmp_path, capsys):
