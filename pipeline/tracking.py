@@ -410,6 +410,37 @@ def _without_pickle_warning() -> Iterator[None]:
         logger.removeFilter(filt)
 
 
+def _close_stale(client, run_id: str, only_if: Mapping[str, str] | None) -> bool:
+    """:meth:`RunTracker.close_stale` with ``client``; whether it closed the run."""
+    try:
+        run = client.get_run(run_id)
+    except Exception:  # deleted, or in another store: nothing to close
+        return False
+    if run.info.status != "RUNNING" or run.info.lifecycle_stage != "active":  # MLflow refuses a deleted one
+        return False
+    if any(run.data.tags.get(k) != v for k, v in (only_if or {}).items()):
+        return False
+    client.set_terminated(run_id, status="KILLED")
+    return True
+
+
+def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, str]) -> bool:
+    """Mark ``run_id`` KILLED where a kill left it RUNNING in the store of ``root`` (:func:`tracking_uri`) with
+    ``only_if``'s tag values, without opening a run; whether it did. A store that is gone (a client would create
+    an empty one) or that cannot be reached closes nothing: an orphan is untidy, not worth a failed stage."""
+    uri = tracking_uri(root)
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return False
+    try:
+        check_tracking_uri(uri)
+        from mlflow import MlflowClient
+
+        return _close_stale(MlflowClient(uri), run_id, only_if)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return False
+
+
 class RunTracker:
     """A thin wrapper around one MLflow run, resumable by id (a killed refine continues its run)."""
 
@@ -625,15 +656,7 @@ class RunTracker:
         """Mark an earlier run of the same (variant, seed) that a kill left RUNNING as KILLED; with ``only_if``,
         only a run that has those tag values (a run still RUNNING elsewhere, e.g. in a queued experiment's
         copy of the project, is not stale)."""
-        try:
-            run = self.client.get_run(run_id)
-        except Exception:  # deleted, or in another store: nothing to close
-            return
-        if run.info.status != "RUNNING" or run.info.lifecycle_stage != "active":  # MLflow refuses a deleted one
-            return
-        if any(run.data.tags.get(k) != v for k, v in (only_if or {}).items()):
-            return
-        self.client.set_terminated(run_id, status="KILLED")
+        _close_stale(self.client, run_id, only_if)
 
     @_uninterrupted
     def finish(self, status: str = "FINISHED") -> None:

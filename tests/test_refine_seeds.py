@@ -1411,9 +1411,12 @@ def test_a_run_logged_again_is_adopted_only_where_it_was_trained(tmp_path, clean
         refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=True, overrides={"gru": {"lr": 0.5}}),
                       root, "hmm")
     monkeypatch.setattr(refine, "_open_tracker", original)
-    assert (mdir / "run_id").read_text().strip() != x
+    orphan = (mdir / "run_id").read_text().strip()
+    assert orphan != x and client.get_run(orphan).info.status == "RUNNING"
     refine.refine(workspace, root, "hmm")
     assert (mdir / "run_id").read_text().strip() == x
+    # the replacement's run, which nothing will continue, is closed as KILLED rather than left RUNNING for good
+    assert client.get_run(orphan).info.status == "KILLED" and client.get_run(x).info.status == "FINISHED"
     refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=False), root, "hmm")   # logged again
     assert json.loads((mdir / "history.json").read_text())["run_id"] == x
 

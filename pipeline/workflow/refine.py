@@ -338,6 +338,12 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         run_id_file, recorded = mdir / "run_id", history.get("run_id")
         if recorded and (not run_id_file.is_file() or run_id_file.read_text().strip() != recorded):
             # a refine killed after it opened a replacement's MLflow run, before it removed this run's markers
+            # (the params then set back): that run, left RUNNING, is closed as KILLED, as a resumed run's is
+            orphan = run_id_file.read_text().strip() if run_id_file.is_file() else ""
+            if orphan:
+                from pipeline.tracking import close_orphan
+
+                close_orphan(root, orphan, only_if={"workspace": str(Path(root).resolve())})
             write_text(run_id_file, recorded + "\n")
         gone = store_gone
         if tracked_file.is_file() and tracked_file.read_text().strip() == tracked and gone is None:
