@@ -162,7 +162,7 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
         if a is None or b is None:
             verdict = "differs"
         elif key == "lr":   # a setting: 0.1 and 0.1001 are two
-            verdict = "same" if a == b else "differs"
+            verdict = "same" if a == b or (math.isnan(a) and math.isnan(b)) else "differs"
         elif _within(float(a), float(b), SAME_RTOL):
             verdict = "same"
         elif _within(float(a), float(b), rtol):

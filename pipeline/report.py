@@ -1043,9 +1043,10 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
                 row[f"gap_{primary}"], _ = _stats(_gaps(runs, primary))
             ps = [int(r["n_params"]) for r in runs if isinstance(r["n_params"], (int, float))]
             row["n_params"] = max(ps) if ps else None
-            rates = sorted(set(_finite(r.get("lr") for r in runs)[0]))
-            if rates:   # a setting, as the table's lr column: null where the seeds were trained at several
-                row["lr"] = rates[0] if len(rates) == 1 else None
+            known, _ = _finite(r.get("lr") for r in runs)
+            if known:   # a setting, as the table's lr column: null where the seeds were trained at several, or
+                # some seed's metrics file does not say (an older evaluate's)
+                row["lr"] = known[0] if len(set(known)) == 1 and len(known) == len(runs) else None
             out.setdefault(ds, {})[v] = row
         runs = [r for rs in grouped[ds].values() for r in rs if r["test"] is not None]
         kind = _dataset_kind(runs)

@@ -436,7 +436,10 @@ def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, 
         check_tracking_uri(uri)
         from mlflow import MlflowClient
 
-        return _close_stale(MlflowClient(uri), run_id, only_if)
+        with _store_lock(uri):   # as RunTracker opens it: another process may be creating its tables
+            client = MlflowClient(uri)
+            client.get_experiment_by_name("Default")   # the first request, where the store is opened
+        return _close_stale(client, run_id, only_if)
     except Exception:  # noqa: BLE001 - see the docstring
         return False
 

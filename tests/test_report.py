@@ -312,6 +312,7 @@ def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Pat
         _write_run(root, "swimmer", "lstm", seed, "continuous", [1.0, 0.02], extra={"lr": 1.0})
         _write_run(root, "hmm", "psrnn", seed, "discrete", [2.0, 1.9], extra={"lr": 1.0})
         _write_run(root, "hmm", "lstm", seed, "discrete", [2.5, 1.9])
+        _write_run(root, "hmm", "gru", seed, "discrete", [2.5, 1.9], extra={"lr": 1.0} if seed else {})
     write_report(root, tmp_path / "reports")
     md = (tmp_path / "reports" / "results.md").read_text()
     assert _table_rows(md, "swimmer") == [
@@ -325,6 +326,7 @@ def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Pat
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert {v: summary["swimmer"][v]["lr"] for v in ("kf", "psrnn", "lstm")} == {"kf": None, "psrnn": 0.1, "lstm": 1.0}
     assert summary["hmm"]["psrnn"]["lr"] == 1.0 and "lr" not in summary["hmm"]["lstm"]
+    assert summary["hmm"]["gru"]["lr"] is None   # one seed's file does not say: not known to be the other's rate
 
 
 def test_a_spread_that_rounds_to_zero_is_not_shown_as_zero():
