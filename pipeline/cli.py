@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "summary.json)")
     d.add_argument("--reference", default=None,
                    help="the summary to compare with: a file, a folder holding summary.json, or the name of a "
-                        "snapshot in docs/reference/ (default, continuous-lr, ptb-40-epochs; default: default)")
+                        "snapshot in docs/reference/ (default, continuous-lr, ptb-40-epochs, and the Intel Xeon "
+                        "snapshot's default-xeon-61beb63 and continuous-lr-xeon-61beb63; default: default)")
     d.add_argument("--rtol", type=float, default=None,
                    help="relative difference up to which two numbers are 'close', in [1e-6, 1) (default 1e-3: how "
                         "far the epoch-0 metrics moved between two CPUs)")

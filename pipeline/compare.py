@@ -15,16 +15,21 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
   SGD amplifies rounding (the factorized PSRNNs; the 2SR-initialised models on the continuous sets at lr 1).
 * ``other seeds``: the seed count itself, and an epoch-0 metric (or a count of finite seeds), of a row whose seed
   counts differ, e.g. a one-seed run against the two-seed reference: the count is a setting, not a result, and the
-  epoch-0 metric a mean over other 2SR draws, not comparable (the summary keeps no per-seed values). The final test
-  metrics of such a row are still judged by the spread.
+  epoch-0 metric a mean over other 2SR draws, not comparable. Where both summaries keep each seed's values
+  (``test_bpc@s0``, ``init_test_bpc@s0``: summaries written since the report does), such a row is compared seed by
+  seed instead, for the seeds both ran: the same seed's epoch-0 metric (the same 2SR draw) and final metrics are
+  then judged as any other number, the final ones against the other side's spread. Without them, its final test
+  metrics (one seed's against a mean of others) are still judged by the spread, and a note says so.
+* ``other lr``: a final test metric of a row whose learning rate (``lr``) differs: another training from the same
+  start; its epoch-0 metrics are still compared.
 * ``differs``: anything else, including a parameter count, a Bayes-optimal value or a naive predictor's metric
   (the data or the model are not the same) that is not equal, and a learning rate (``lr``, compared where both
-  summaries have it) that is not exactly equal.
+  summaries have it; a note counts the rows where one side does not) that is not exactly equal.
 
 A variant or dataset in one summary only is listed as such. Derived numbers (``gap_*``, the difference of a
 final metric and the Bayes-optimal value; ``*_data_units``, the same test errors as ``test_mse`` in the data's units
-on standardised data, which snapshots made before evaluate wrote them lack) and the standard deviations themselves
-are not compared on their own.
+on standardised data, which snapshots made before evaluate wrote them lack), the standard deviations themselves,
+and the per-seed values of rows of equal seed counts (their means are compared) are not compared on their own.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ SAME_RTOL = 1e-6
 #: the default relative difference of a ``close`` number: cross-CPU rounding of the epoch-0 metrics (README,
 #: "Reference results")
 CLOSE_RTOL = 1e-3
-VERDICTS = ("same", "close", "within spread", "other seeds", "differs", "only ours", "only reference")
-#: the verdicts that are no difference (``--check`` passes on them)
-AGREEING = ("same", "close", "within spread", "other seeds")
+VERDICTS = ("same", "close", "within spread", "other seeds", "other lr", "differs", "only ours", "only reference")
+#: the verdicts that are no difference (``--check`` passes on them; an ``lr`` that differs is one)
+AGREEING = ("same", "close", "within spread", "other seeds", "other lr")
+#: what joins a metric's key and a seed in a summary's per-seed values (``test_bpc@s0``; pipeline.report's)
+SEED_KEY = "@s"
 #: the reference snapshots a bare name stands for: ``docs/reference/<name>/summary.json`` of the project
 REFERENCE_DIR = Path("docs") / "reference"
 
@@ -73,6 +80,7 @@ class SummaryComparison:
     rows: list[Comparison]
     only_ours: list[str]          # datasets in our summary only
     only_reference: list[str]     # datasets in the reference only
+    unrated: int = 0              # rows of both whose learning rate one side does not record
 
     def counts(self) -> dict[str, int]:
         return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
@@ -142,8 +150,15 @@ def _within(a: float, b: float, rtol: float) -> bool:
 def _compared_keys(ours: Mapping[str, Any], ref: Mapping[str, Any]) -> list[str]:
     # lr only where both name it: a snapshot made before the report wrote it lacks it, which is no difference
     keys = (set(ours) | set(ref)) - ({"lr"} - (set(ours) & set(ref)))
-    return sorted((k for k in keys if not (k.endswith("_std") or k.startswith("gap_") or "_data_units" in k)),
+    return sorted((k for k in keys if not (k.endswith("_std") or k.startswith("gap_") or "_data_units" in k
+                                           or SEED_KEY in k)),
                   key=lambda k: (k != "seeds" and not k.startswith("test_"), k.startswith("init_"), k))
+
+
+def _seeds(row: Mapping[str, Any], key: str) -> dict[int, Any]:
+    """The per-seed values of ``key`` that a summary row keeps (``test_bpc@s0``: summaries since they do)."""
+    head = f"{key}{SEED_KEY}"
+    return {int(k[len(head):]): v for k, v in row.items() if k.startswith(head) and k[len(head):].isdigit()}
 
 
 def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, Any],
@@ -151,6 +166,28 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
     out = []
     n_ours, n_ref = ours.get("seeds"), ref.get("seeds")
     other_seeds = n_ours is not None and n_ref is not None and n_ours != n_ref
+    # another learning rate trains another model from the same start: its final metrics are not comparable
+    other_lr = "lr" in ours and "lr" in ref and ours["lr"] != ref["lr"] and not (
+        ours["lr"] is not None and ref["lr"] is not None and math.isnan(ours["lr"]) and math.isnan(ref["lr"]))
+
+    def judge(key: str, a: Any, b: Any, sa: Any, sb: Any, has_spread: bool, by_seed: bool = False) -> str:
+        if a is None or b is None:
+            return "differs"
+        if key == "lr":   # a setting: 0.1 and 0.1001 are two
+            return "same" if a == b or (math.isnan(a) and math.isnan(b)) else "differs"
+        if _within(float(a), float(b), SAME_RTOL):
+            return "same"
+        if other_lr and key.startswith("test_"):
+            return "other lr"
+        if _within(float(a), float(b), rtol):
+            return "close"
+        if has_spread:   # a metric over seeds: its spread is the yardstick (of one seed on two CPUs too)
+            spread = (sa or 0.0) + (sb or 0.0)
+            return "within spread" if spread > 0 and abs(a - b) <= spread else "differs"
+        if not by_seed and other_seeds and (key == "seeds" or key.startswith("init_") or key.endswith("_finite")):
+            return "other seeds"
+        return "differs"
+
     for key in _compared_keys(ours, ref):
         if key.endswith("_finite"):   # absent: every seed finite
             a, b = ours.get(key, ours.get("seeds")), ref.get(key, ref.get("seeds"))
@@ -159,22 +196,17 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
         sa, sb = ours.get(f"{key}_std"), ref.get(f"{key}_std")
         if a is None and b is None:
             continue
-        if a is None or b is None:
-            verdict = "differs"
-        elif key == "lr":   # a setting: 0.1 and 0.1001 are two
-            verdict = "same" if a == b or (math.isnan(a) and math.isnan(b)) else "differs"
-        elif _within(float(a), float(b), SAME_RTOL):
-            verdict = "same"
-        elif _within(float(a), float(b), rtol):
-            verdict = "close"
-        elif f"{key}_std" in ours or f"{key}_std" in ref:   # a metric over seeds: its spread is the yardstick
-            spread = (sa or 0.0) + (sb or 0.0)
-            verdict = "within spread" if spread > 0 and abs(a - b) <= spread else "differs"
-        elif other_seeds and (key == "seeds" or key.startswith("init_") or key.endswith("_finite")):
-            verdict = "other seeds"
-        else:
-            verdict = "differs"
-        out.append(Comparison(dataset, variant, key, a, b, verdict, sa, sb))
+        has_spread = f"{key}_std" in ours or f"{key}_std" in ref
+        shared = sorted(set(_seeds(ours, key)) & set(_seeds(ref, key))) if other_seeds else []
+        if shared:   # other seed counts, the same seeds: seed by seed (a mean over other draws says nothing)
+            for seed in shared:
+                sa_, sb_ = _seeds(ours, key)[seed], _seeds(ref, key)[seed]
+                if sa_ is None and sb_ is None:
+                    continue
+                out.append(Comparison(dataset, variant, f"{key}{SEED_KEY}{seed}", sa_, sb_,
+                                      judge(key, sa_, sb_, None, sb, has_spread, by_seed=True), None, sb))
+            continue
+        out.append(Comparison(dataset, variant, key, a, b, judge(key, a, b, sa, sb, has_spread), sa, sb))
     return out
 
 
@@ -186,6 +218,7 @@ def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
     if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and SAME_RTOL <= rtol < 1):
         raise ValueError(f"rtol {rtol!r}: expected a number from {SAME_RTOL:g} (same) to below 1")
     rows: list[Comparison] = []
+    unrated = 0
     for ds in sorted(set(ours) & set(reference)):
         for v in sorted(set(ours[ds]) | set(reference[ds])):
             if v not in reference[ds]:
@@ -194,7 +227,8 @@ def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
                 rows.append(Comparison(ds, v, "-", None, None, "only reference"))
             else:
                 rows.extend(_row(ds, v, ours[ds][v], reference[ds][v], rtol))
-    return SummaryComparison(rows, sorted(set(ours) - set(reference)), sorted(set(reference) - set(ours)))
+                unrated += ("lr" in ours[ds][v]) != ("lr" in reference[ds][v])
+    return SummaryComparison(rows, sorted(set(ours) - set(reference)), sorted(set(reference) - set(ours)), unrated)
 
 
 def _number(value: float | None, std: float | None) -> str:
@@ -222,8 +256,10 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     n = sum(1 for r in result.rows if r.key != "-")
     summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in ("same", "close", "within spread",
                                                                                   "differs"))
-    if counts["other seeds"]:
-        summary += f" ({counts['other seeds']} not comparable: other seed counts)"
+    apart = [f"{counts[v]} {why}" for v, why in (("other seeds", "other seed counts"), ("other lr", "other learning rates"))
+             if counts[v]]
+    if apart:
+        summary += f" ({' and '.join(apart)}: not comparable)"
     variants = [f"{counts[v]} variant(s) {v}" for v in ("only ours", "only reference") if counts[v]]
     if variants:
         summary += "; " + ", ".join(variants)
@@ -246,5 +282,18 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     if rates:   # another train.lr or train.overrides: the same start, another training
         shown = ", ".join(rates[:6]) + (f" and {len(rates) - 6} more" if len(rates) > 6 else "")
         lines.append(f"note: {len(rates)} row(s) were trained at another learning rate ({shown}): their final "
-                     "metrics are not comparable (their epoch-0 ones are)")
+                     "metrics are not comparable (\"other lr\"; their epoch-0 ones are)")
+    if result.unrated:
+        lines.append(f"note: {result.unrated} row(s) have a learning rate on one side only (a summary written before "
+                     "the report recorded it): lr not compared there")
+    # rows of other seed counts whose seeds could not be matched one by one (a summary without per-seed values):
+    # a final metric of one seed is then held to the spread of the other side's mean, which it often exceeds
+    other_counts = {(r.dataset, r.variant) for r in result.rows if r.key == "seeds" and r.verdict == "other seeds"}
+    by_seed = {(r.dataset, r.variant) for r in result.rows if SEED_KEY in r.key}
+    unmatched = sorted(f"{d} {v}" for d, v in other_counts - by_seed)
+    if unmatched:
+        shown = ", ".join(unmatched[:6]) + (f" and {len(unmatched) - 6} more" if len(unmatched) > 6 else "")
+        lines.append(f"note: {len(unmatched)} row(s) of other seed counts ({shown}) could not be compared seed by "
+                     "seed (a summary without per-seed values): their final metrics are means over other seeds, "
+                     "held to the seed spread, which one seed often exceeds")
     return "\n".join(lines) + "\n"

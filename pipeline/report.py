@@ -1010,10 +1010,15 @@ def _stats(values: Iterable[Any]) -> tuple[float | None, float | None]:
     return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
 
 
+#: what joins a metric's key and a seed in summary.json's per-seed values (``test_bpc@s0``): no metric name holds it
+SEED_KEY = "@s"
+
+
 def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """The numbers of the results table, per dataset and variant: ``seeds`` (runs with final metrics),
     ``test_<m>`` and ``test_<m>_std`` (mean and sample std over seeds; std null for one seed), ``init_test_<m>``
-    (epoch-0 mean) for every metric of the kind (and ``test_<m>_finite``, the number of seeds whose value is
+    (epoch-0 mean) for every metric of the kind, each seed's ``test_<m>@s<seed>`` and ``init_test_<m>@s<seed>``
+    (null where not finite) (and ``test_<m>_finite``, the number of seeds whose value is
     finite, where some is not: the mean and std are of those; on standardised continuous data
     ``test_mse_data_units`` and its ``_std``, the test MSE in the data's units), ``n_params``, and on synthetic data ``optimal_<m>`` and
     ``gap_<m>`` (mean gap to the Bayes-optimal value of the primary metric), ``lr`` (the learning rate the seeds
@@ -1029,6 +1034,12 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
             row: dict[str, Any] = {"seeds": len(runs)}
             for m in METRICS[kind]:
                 row[f"test_{m}"], row[f"test_{m}_std"] = _stats(r["test"].get(m) for r in runs)
+                # each seed's own values too: a run of other seeds (a one-seed quick pass) is compared seed by seed
+                for r in sorted(runs, key=lambda r: r["seed"]):
+                    for prefix, split in (("test", r["test"]), ("init_test", r["initial_test"] or {})):
+                        value = split.get(m)
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            row[f"{prefix}_{m}{SEED_KEY}{r['seed']}"] = float(value) if math.isfinite(value) else None
                 finite, _ = _finite(r["test"].get(m) for r in runs)
                 if len(finite) < len(runs):   # else a mean of one seed of two reads as a row of one seed
                     row[f"test_{m}_finite"] = len(finite)

@@ -210,13 +210,65 @@ def test_a_one_seed_run_against_the_two_seed_reference():
                  ("hmm", "psrnn", "init_test_bpc"): "other seeds", ("hmm", "psrnn", "n_params"): "same",
                  ("hmm", "psrnn", "optimal_bpc"): "same"}
     result = compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}})
-    assert format_comparison(result, "a", "b").splitlines()[-1] == (
-        "5 numbers compared: 2 same, 0 close, 1 within spread, 0 differs (2 not comparable: other seed counts)")
+    assert format_comparison(result, "a", "b").splitlines()[-2:] == [
+        "5 numbers compared: 2 same, 0 close, 1 within spread, 0 differs (2 other seed counts: not comparable)",
+        "note: 1 row(s) of other seed counts (hmm psrnn) could not be compared seed by seed (a summary without "
+        "per-seed values): their final metrics are means over other seeds, held to the seed spread, which one seed "
+        "often exceeds"]
     assert compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}}).agrees
     # with equal seed counts an epoch-0 metric is compared as any other number
     ours["hmm"]["psrnn"]["seeds"] = 2
     assert _verdicts(compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}}))[
         "hmm", "psrnn", "init_test_bpc"] == "differs"
+
+
+def test_a_one_seed_run_is_compared_seed_by_seed_where_both_summaries_keep_each_seed():
+    """A one-seed quick pass against the two-seed reference compared its seed's final metric with the mean of two
+    other draws, held to their spread: a run that matched the reference's seed 0 exactly could "differ". Where
+    both summaries keep per-seed values (test_bpc@s0), the seeds both ran are compared one by one: the epoch-0
+    metric of the same 2SR draw is comparable again, and a seed's final metric is held to the reference's
+    spread only where it is not the same."""
+    ref = {"hmm": {"psrnn": {"seeds": 2, "test_bpc": 2.0, "test_bpc_std": 0.01, "init_test_bpc": 2.5,
+                             "test_bpc@s0": 1.99, "test_bpc@s1": 2.01, "init_test_bpc@s0": 2.4,
+                             "init_test_bpc@s1": 2.6, "n_params": 100, "lr": 1.0}}}
+    ours = {"hmm": {"psrnn": {"seeds": 1, "test_bpc": 1.99, "test_bpc_std": None, "init_test_bpc": 2.4,
+                              "test_bpc@s0": 1.99, "init_test_bpc@s0": 2.4, "n_params": 100, "lr": 1.0}}}
+    result = compare_summaries(ours, ref)
+    assert _verdicts(result) == {("hmm", "psrnn", "seeds"): "other seeds", ("hmm", "psrnn", "test_bpc@s0"): "same",
+                                 ("hmm", "psrnn", "init_test_bpc@s0"): "same", ("hmm", "psrnn", "n_params"): "same",
+                                 ("hmm", "psrnn", "lr"): "same"}
+    assert "note" not in format_comparison(result, "a", "b")
+    # the same seed on another CPU: within the reference's spread, else it differs; its 2SR start must agree
+    ours["hmm"]["psrnn"].update({"test_bpc@s0": 1.999, "init_test_bpc@s0": 2.41})
+    v = _verdicts(compare_summaries(ours, ref))
+    assert v["hmm", "psrnn", "test_bpc@s0"] == "within spread" and v["hmm", "psrnn", "init_test_bpc@s0"] == "differs"
+    ours["hmm"]["psrnn"]["test_bpc@s0"] = 2.2
+    assert _verdicts(compare_summaries(ours, ref))["hmm", "psrnn", "test_bpc@s0"] == "differs"
+    # a seed the reference did not run: nothing to match, the means as before
+    ours["hmm"]["psrnn"] = {k.replace("@s0", "@s7"): v for k, v in ours["hmm"]["psrnn"].items()}
+    assert set(_verdicts(compare_summaries(ours, ref))) == {
+        ("hmm", "psrnn", k) for k in ("seeds", "test_bpc", "init_test_bpc", "n_params", "lr")}
+    # equal seed counts: the means, as the docs' counts are (per-seed values not compared on their own)
+    assert not any("@s" in r.key for r in compare_summaries(ref, ref).rows)
+
+
+def test_the_final_metrics_of_a_row_at_another_rate_are_not_comparable():
+    """The note said rows trained at another rate are not comparable, while their final metrics counted as
+    'differs' beside the lr itself: one difference of settings (lr) is what --check fails on."""
+    ref = {"swimmer": {"psrnn": {"seeds": 2, "test_mse": 0.85, "test_mse_std": 1.2, "init_test_mse": 0.0063,
+                                 "lr": 1.0}}}
+    ours = copy.deepcopy(ref)
+    ours["swimmer"]["psrnn"].update(test_mse=0.0049, test_mse_std=0.0002, lr=0.1)
+    result = compare_summaries(ours, ref)
+    assert _verdicts(result) == {("swimmer", "psrnn", "seeds"): "same", ("swimmer", "psrnn", "test_mse"): "other lr",
+                                 ("swimmer", "psrnn", "init_test_mse"): "same", ("swimmer", "psrnn", "lr"): "differs"}
+    assert format_comparison(result, "a", "b").splitlines()[-2] == (
+        "4 numbers compared: 2 same, 0 close, 0 within spread, 1 differs (1 other learning rates: not comparable)")
+    # against a summary that predates lr: said, not compared
+    del ref["swimmer"]["psrnn"]["lr"]
+    assert format_comparison(compare_summaries(ours, ref), "a", "b").splitlines()[-1] == (
+        "note: 1 row(s) have a learning rate on one side only (a summary written before the report recorded it): lr "
+        "not compared there")
 
 
 def test_check_fails_when_the_summaries_share_no_dataset(tmp_path, capsys):
@@ -319,12 +371,13 @@ def test_a_row_trained_at_another_learning_rate_is_named():
     assert verdicts[("hmm", "lstm", "lr")] == "same" and not result.agrees
     assert format_comparison(result, "ours.json", "reference.json").splitlines()[-1] == (
         "note: 2 row(s) were trained at another learning rate (hmm psrnn, swimmer kf): their final metrics are not "
-        "comparable (their epoch-0 ones are)")
-    # a summary without lr (a snapshot older than it) against one with it: nothing to compare, no note
+        "comparable (\"other lr\"; their epoch-0 ones are)")
+    # a summary without lr (a snapshot older than it) against one with it: nothing compared, which a note says
     older = compare_summaries(ours, BASE)
     assert older.agrees is compare_summaries(copy.deepcopy(BASE), BASE).agrees
     assert not any(r.key == "lr" for r in older.rows)
-    assert "learning rate" not in format_comparison(older, "a", "b")
+    assert "trained at another learning rate" not in format_comparison(older, "a", "b")
+    assert "3 row(s) have a learning rate on one side only" in format_comparison(older, "a", "b")
     # seeds trained at several rates (null) against one rate differ
     ours["hmm"]["lstm"]["lr"] = None
     assert _verdicts(compare_summaries(ours, ref))[("hmm", "lstm", "lr")] == "differs"

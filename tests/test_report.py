@@ -164,7 +164,9 @@ def test_write_report(project: Path, tmp_path: Path):
     assert ps["test_accuracy"] == pytest.approx(0.505) and ps["init_test_bpc"] == pytest.approx(3.05)
     assert "optimal_bpc" not in ps and "test_mse" not in ps
     assert summary["swimmer"]["kf"] == {"seeds": 1, "test_mse": 2.0, "test_mse_std": None, "init_test_mse": 10.0,
-                                        "n_params": 300}
+                                        "test_mse@s0": 2.0, "init_test_mse@s0": 10.0, "n_params": 300}
+    # each seed's own values, for psrnn compare of a run of other seeds
+    assert (ps["test_bpc@s0"], ps["test_bpc@s1"]) == pytest.approx((1.5, 1.7))
     hmm_ps = summary["hmm"]["psrnn"]
     assert hmm_ps["optimal_bpc"] == pytest.approx(0.8) and hmm_ps["gap_bpc"] == pytest.approx(0.3)
     assert summary["hmm"]["gru"]["gap_bpc"] == pytest.approx(1.0)
