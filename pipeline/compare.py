@@ -242,11 +242,13 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     """The comparison as text: a header, a table of the numbers that are not the same (``show_all``: of every
     number) and a line of counts."""
     lines = [f"{ours} against {reference}"]
-    shown = [r for r in result.rows if show_all or r.verdict != "same"]
+    # the seed count of a row of other seeds is a setting the line of counts reports; listed with --all only
+    shown = [r for r in result.rows
+             if show_all or (r.verdict != "same" and not (r.key == "seeds" and r.verdict == "other seeds"))]
     if shown:
         cells = [("dataset", "variant", "number", "ours", "reference", "rel. diff", "verdict")]
         for r in shown:
-            rel = r.relative
+            rel = r.relative if r.key != "seeds" else None   # a count, not a measurement
             cells.append((r.dataset, r.variant, r.key, _number(r.ours, r.ours_std),
                           _number(r.reference, r.reference_std), "-" if rel is None else f"{rel:+.1e}", r.verdict))
         widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]

@@ -125,7 +125,11 @@ def test_the_shipped_snapshot_agrees_with_the_xeon_one_as_the_docs_say():
         result = compare_summaries(ours, load_summary(REFERENCE / f"{name}-xeon-61beb63" / "summary.json"))
         assert {k: result.counts()[k] for k in counts} == counts, name
         assert {(r.dataset, r.variant, r.key) for r in result.rows if r.verdict == "differs"} == differing
-        assert all("lr" in row for ds in ours.values() for v, row in ds.items() if not v.startswith("naive_"))
+        rows = [row for ds in ours.values() for v, row in ds.items() if not v.startswith("naive_")]
+        assert all("lr" in row for row in rows)
+        # each seed's values, so that a one-seed run is compared with the same seed's
+        assert all({f"{k}@s{seed}" for k in row if k.startswith(("test_", "init_test_")) and not k.endswith(
+            ("_std", "_data_units", "_finite")) and "@s" not in k for seed in (0, 1)} <= set(row) for row in rows)
 
 
 def test_load_summary_names_the_file_and_what_is_wrong(tmp_path):
