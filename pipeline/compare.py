@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -81,13 +82,15 @@ class SummaryComparison:
     only_ours: list[str]          # datasets in our summary only
     only_reference: list[str]     # datasets in the reference only
     unrated: int = 0              # rows of both whose learning rate one side does not record
+    unmatched_seeds: list[str] = field(default_factory=list)   # "dataset variant (seed 2)": ours only, not compared
 
     def counts(self) -> dict[str, int]:
         return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
 
     @property
     def agrees(self) -> bool:
-        """Every shared number same, close, within spread or of other seeds, every variant of a shared dataset on
+        """Every shared number same, close, within spread, of other seeds or of another learning rate (the lr
+        itself is a number that differs), every variant of a shared dataset on
         both sides (vacuously true when the summaries share no dataset: see :attr:`rows`)."""
         return all(r.verdict in AGREEING for r in self.rows)
 
@@ -158,7 +161,8 @@ def _compared_keys(ours: Mapping[str, Any], ref: Mapping[str, Any]) -> list[str]
 def _seeds(row: Mapping[str, Any], key: str) -> dict[int, Any]:
     """The per-seed values of ``key`` that a summary row keeps (``test_bpc@s0``: summaries since they do)."""
     head = f"{key}{SEED_KEY}"
-    return {int(k[len(head):]): v for k, v in row.items() if k.startswith(head) and k[len(head):].isdigit()}
+    return {int(k[len(head):]): v for k, v in row.items()
+            if k.startswith(head) and re.fullmatch(r"[0-9]+", k[len(head):])}
 
 
 def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, Any],
@@ -171,20 +175,23 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
         ours["lr"] is not None and ref["lr"] is not None and math.isnan(ours["lr"]) and math.isnan(ref["lr"]))
 
     def judge(key: str, a: Any, b: Any, sa: Any, sb: Any, has_spread: bool, by_seed: bool = False) -> str:
+        if key == "seeds" and other_seeds:   # a setting, whatever --rtol
+            return "other seeds"
+        if other_lr and key.startswith("test_") and not (a is not None and b is not None
+                                                          and _within(float(a), float(b), SAME_RTOL)):
+            return "other lr"   # a diverged one (null) too: another training
         if a is None or b is None:
             return "differs"
         if key == "lr":   # a setting: 0.1 and 0.1001 are two
             return "same" if a == b or (math.isnan(a) and math.isnan(b)) else "differs"
         if _within(float(a), float(b), SAME_RTOL):
             return "same"
-        if other_lr and key.startswith("test_"):
-            return "other lr"
         if _within(float(a), float(b), rtol):
             return "close"
         if has_spread:   # a metric over seeds: its spread is the yardstick (of one seed on two CPUs too)
             spread = (sa or 0.0) + (sb or 0.0)
             return "within spread" if spread > 0 and abs(a - b) <= spread else "differs"
-        if not by_seed and other_seeds and (key == "seeds" or key.startswith("init_") or key.endswith("_finite")):
+        if not by_seed and other_seeds and (key.startswith("init_") or key.endswith("_finite")):
             return "other seeds"
         return "differs"
 
@@ -203,8 +210,10 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
                 sa_, sb_ = _seeds(ours, key)[seed], _seeds(ref, key)[seed]
                 if sa_ is None and sb_ is None:
                     continue
+                # the spread of whichever side has one (of both, where both do): the verdict does not depend on
+                # which summary is ours
                 out.append(Comparison(dataset, variant, f"{key}{SEED_KEY}{seed}", sa_, sb_,
-                                      judge(key, sa_, sb_, None, sb, has_spread, by_seed=True), None, sb))
+                                      judge(key, sa_, sb_, sa, sb, has_spread, by_seed=True), sa, sb))
             continue
         out.append(Comparison(dataset, variant, key, a, b, judge(key, a, b, sa, sb, has_spread), sa, sb))
     return out
@@ -219,6 +228,7 @@ def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
         raise ValueError(f"rtol {rtol!r}: expected a number from {SAME_RTOL:g} (same) to below 1")
     rows: list[Comparison] = []
     unrated = 0
+    unmatched: list[str] = []
     for ds in sorted(set(ours) & set(reference)):
         for v in sorted(set(ours[ds]) | set(reference[ds])):
             if v not in reference[ds]:
@@ -226,9 +236,18 @@ def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
             elif v not in ours[ds]:
                 rows.append(Comparison(ds, v, "-", None, None, "only reference"))
             else:
-                rows.extend(_row(ds, v, ours[ds][v], reference[ds][v], rtol))
+                row = _row(ds, v, ours[ds][v], reference[ds][v], rtol)
+                rows.extend(row)
                 unrated += ("lr" in ours[ds][v]) != ("lr" in reference[ds][v])
-    return SummaryComparison(rows, sorted(set(ours) - set(reference)), sorted(set(reference) - set(ours)), unrated)
+                if any(SEED_KEY in r.key for r in row):   # compared seed by seed: which of ours were not
+                    mine, theirs = (set().union(*(_seeds(x, k).keys() for k in x if k.startswith("test_")
+                                                  and SEED_KEY not in k)) for x in (ours[ds][v], reference[ds][v]))
+                    extra = sorted(mine - theirs)
+                    if extra:
+                        unmatched.append(f"{ds} {v} (seed{'s' if len(extra) > 1 else ''} "
+                                         f"{', '.join(map(str, extra))})")
+    return SummaryComparison(rows, sorted(set(ours) - set(reference)), sorted(set(reference) - set(ours)), unrated,
+                             unmatched)
 
 
 def _number(value: float | None, std: float | None) -> str:
@@ -258,10 +277,10 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     n = sum(1 for r in result.rows if r.key != "-")
     summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in ("same", "close", "within spread",
                                                                                   "differs"))
-    apart = [f"{counts[v]} {why}" for v, why in (("other seeds", "other seed counts"), ("other lr", "other learning rates"))
-             if counts[v]]
+    apart = [f"{why}: {counts[v]}" for v, why in (("other seeds", "other seed counts"),
+                                                 ("other lr", "another learning rate")) if counts[v]]
     if apart:
-        summary += f" ({' and '.join(apart)}: not comparable)"
+        summary += f" (not comparable, {'; '.join(apart)})"
     variants = [f"{counts[v]} variant(s) {v}" for v in ("only ours", "only reference") if counts[v]]
     if variants:
         summary += "; " + ", ".join(variants)
@@ -296,6 +315,11 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     if unmatched:
         shown = ", ".join(unmatched[:6]) + (f" and {len(unmatched) - 6} more" if len(unmatched) > 6 else "")
         lines.append(f"note: {len(unmatched)} row(s) of other seed counts ({shown}) could not be compared seed by "
-                     "seed (a summary without per-seed values): their final metrics are means over other seeds, "
-                     "held to the seed spread, which one seed often exceeds")
+                     "seed (a summary without per-seed values, or no seed in common): their final metrics are means "
+                     "over other seeds, held to the seed spread, which one seed often exceeds")
+    if result.unmatched_seeds:   # ours ran seeds the reference did not: their numbers were looked at by no one
+        shown = ", ".join(result.unmatched_seeds[:6]) + (
+            f" and {len(result.unmatched_seeds) - 6} more" if len(result.unmatched_seeds) > 6 else "")
+        lines.append(f"note: {len(result.unmatched_seeds)} row(s) ran seeds the reference did not ({shown}): "
+                     "compared seed by seed on the seeds both ran, those seeds' numbers are not compared")
     return "\n".join(lines) + "\n"

@@ -215,10 +215,10 @@ def test_a_one_seed_run_against_the_two_seed_reference():
                  ("hmm", "psrnn", "optimal_bpc"): "same"}
     result = compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}})
     assert format_comparison(result, "a", "b").splitlines()[-2:] == [
-        "5 numbers compared: 2 same, 0 close, 1 within spread, 0 differs (2 other seed counts: not comparable)",
+        "5 numbers compared: 2 same, 0 close, 1 within spread, 0 differs (not comparable, other seed counts: 2)",
         "note: 1 row(s) of other seed counts (hmm psrnn) could not be compared seed by seed (a summary without "
-        "per-seed values): their final metrics are means over other seeds, held to the seed spread, which one seed "
-        "often exceeds"]
+        "per-seed values, or no seed in common): their final metrics are means over other seeds, held to the seed "
+        "spread, which one seed often exceeds"]
     assert compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}}).agrees
     # with equal seed counts an epoch-0 metric is compared as any other number
     ours["hmm"]["psrnn"]["seeds"] = 2
@@ -254,6 +254,32 @@ def test_a_one_seed_run_is_compared_seed_by_seed_where_both_summaries_keep_each_
         ("hmm", "psrnn", k) for k in ("seeds", "test_bpc", "init_test_bpc", "n_params", "lr")}
     # equal seed counts: the means, as the docs' counts are (per-seed values not compared on their own)
     assert not any("@s" in r.key for r in compare_summaries(ref, ref).rows)
+    # the verdict does not depend on which summary is ours: the spread is whichever side has one
+    ours["hmm"]["psrnn"] = {"seeds": 1, "test_bpc": 1.999, "test_bpc_std": None, "test_bpc@s0": 1.999,
+                            "n_params": 100, "lr": 1.0}
+    for a, b in ((ours, ref), (ref, ours)):
+        assert _verdicts(compare_summaries(a, b))["hmm", "psrnn", "test_bpc@s0"] == "within spread"
+    # seeds that only ours ran are said not to be compared (a wild seed 2 passed --check unseen); the seed count is
+    # a setting whatever --rtol
+    three = copy.deepcopy(ref)
+    three["hmm"]["psrnn"].update({"seeds": 3, "test_bpc@s2": 9.0})
+    result = compare_summaries(three, ref, rtol=0.6)
+    assert _verdicts(result)["hmm", "psrnn", "seeds"] == "other seeds" and result.unmatched_seeds == [
+        "hmm psrnn (seed 2)"]
+    assert format_comparison(result, "a", "b").splitlines()[-1] == (
+        "note: 1 row(s) ran seeds the reference did not (hmm psrnn (seed 2)): compared seed by seed on the seeds "
+        "both ran, those seeds' numbers are not compared")
+    assert compare_summaries(ref, three).unmatched_seeds == []   # the reference's extra seeds: a shorter run
+    # at another learning rate a seed's final metric is not comparable either, a diverged one (null) included
+    other = copy.deepcopy(ref)
+    other["hmm"]["psrnn"].update({"seeds": 1, "lr": 0.1, "test_bpc@s0": None, "init_test_bpc@s0": 2.4})
+    del other["hmm"]["psrnn"]["test_bpc@s1"], other["hmm"]["psrnn"]["init_test_bpc@s1"]
+    v = _verdicts(compare_summaries(other, ref))
+    assert v["hmm", "psrnn", "test_bpc@s0"] == "other lr" and v["hmm", "psrnn", "init_test_bpc@s0"] == "same"
+    # keys of no seed number (hand-made) are not per-seed values
+    odd = copy.deepcopy(ours)
+    odd["hmm"]["psrnn"]["test_bpc@s\u00b2"] = 1.0
+    assert "hmm" in compare_summaries(odd, ref).rows[0].dataset
 
 
 def test_the_final_metrics_of_a_row_at_another_rate_are_not_comparable():
@@ -267,7 +293,7 @@ def test_the_final_metrics_of_a_row_at_another_rate_are_not_comparable():
     assert _verdicts(result) == {("swimmer", "psrnn", "seeds"): "same", ("swimmer", "psrnn", "test_mse"): "other lr",
                                  ("swimmer", "psrnn", "init_test_mse"): "same", ("swimmer", "psrnn", "lr"): "differs"}
     assert format_comparison(result, "a", "b").splitlines()[-2] == (
-        "4 numbers compared: 2 same, 0 close, 0 within spread, 1 differs (1 other learning rates: not comparable)")
+        "4 numbers compared: 2 same, 0 close, 0 within spread, 1 differs (not comparable, another learning rate: 1)")
     # against a summary that predates lr: said, not compared
     del ref["swimmer"]["psrnn"]["lr"]
     assert format_comparison(compare_summaries(ours, ref), "a", "b").splitlines()[-1] == (

@@ -167,6 +167,7 @@ def test_write_report(project: Path, tmp_path: Path):
                                         "test_mse@s0": 2.0, "init_test_mse@s0": 10.0, "n_params": 300}
     # each seed's own values, for psrnn compare of a run of other seeds
     assert (ps["test_bpc@s0"], ps["test_bpc@s1"]) == pytest.approx((1.5, 1.7))
+
     hmm_ps = summary["hmm"]["psrnn"]
     assert hmm_ps["optimal_bpc"] == pytest.approx(0.8) and hmm_ps["gap_bpc"] == pytest.approx(0.3)
     assert summary["hmm"]["gru"]["gap_bpc"] == pytest.approx(1.0)
@@ -385,3 +386,15 @@ def test_panel_axis_names_the_symbols_and_reference_values_sit_clear_of_the_curv
     assert texts["5"] == ("bottom", 2)          # a line above every curve: its value above it
     assert panel("ptb", "accuracy", optimal=None)[0] == "test one-step prediction accuracy"
     assert axis_label("bpc") == "bits per character" and axis_label("mse", "custom_x") == "mean squared error"
+
+
+def test_a_seeds_non_finite_metric_is_null_in_the_summary(tmp_path: Path):
+    """JSON has no NaN: a diverged seed's per-seed value is null (the mean is that of the finite seeds)."""
+    root = tmp_path / "project"
+    _write_run(root, "swimmer", "psrnn", 0, "continuous", [0.01, 0.005])
+    _write_run(root, "swimmer", "psrnn", 1, "continuous", [0.01, float("nan")])
+    write_report(root, tmp_path / "reports")
+    text = (tmp_path / "reports" / "summary.json").read_text()
+    row = json.loads(text)["swimmer"]["psrnn"]
+    assert "NaN" not in text and row["test_mse@s1"] is None and row["test_mse@s0"] == 0.005
+    assert row["init_test_mse@s1"] == 0.01 and row["test_mse"] == 0.005 and row["test_mse_finite"] == 1
