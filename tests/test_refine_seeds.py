@@ -1477,3 +1477,26 @@ def test_a_history_rebuilt_from_the_checkpoint_continues_the_experiments_run(tmp
     (model_dir(root, "hmm", "gru", 0) / "history.json").unlink()
     refine.refine(params, root, "hmm")
     assert _runs(root) == first
+
+
+def test_a_runs_mlflow_params_hold_the_model_settings_its_family_reads():
+    """An LSTM's run showed model.n_rff 2000 (an RFF encoder it does not have) and a KF's model.obs_dim; rank
+    None was logged for every model but the factorized PSRNN. The end-to-end test checks the same on real runs."""
+    from pipeline.models import build_model
+    from pipeline.models.common import ModelConfig
+
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    dp = params.dataset("swimmer")
+    expected = {
+        "psrnn": {"n_rff", "bias_scale", "decoder_input", "obs_dim", "n_layers", "delta"},
+        "factorized_psrnn_r40": {"n_rff", "bias_scale", "decoder_input", "obs_dim", "n_layers", "delta", "rank"},
+        "lstm": {"obs_dim", "n_layers", "delta"},
+        "kf": set(),
+    }
+    for variant, extra in expected.items():
+        v = dp.variant(variant)
+        config = ModelConfig(model=v.family, discrete=False, input_dim=3, output_dim=3, state_dim=4, obs_dim=4,
+                             n_rff=8, rank=v.rank, init="random" if "psrnn" in v.family else v.init)
+        logged = refine._run_params(params, "swimmer", variant, 0, build_model(config), dp.train_config(variant))
+        assert set(logged["model"]) == {"model", "discrete", "input_dim", "output_dim", "state_dim", "init"} | extra
+        assert logged["model"]["model"] == v.family and None not in logged["model"].values()
