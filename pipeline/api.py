@@ -1043,7 +1043,8 @@ class FittedModel:
       and dicts are then read by name), ``vocab``, the symbols of a model fitted on strings (index order), and
       ``standardize``, train's ``{"mean", "std"}`` per feature of a model fitted with ``standardize=True`` (None
       otherwise), and ``train_counts``, how often each symbol occurs in train (discrete models; None otherwise):
-      :meth:`evaluate`'s unigram yardstick.
+      :meth:`evaluate`'s unigram yardstick; ``cp_relative_error``, per layer, ‖W − CP(W)‖ / ‖W‖ of the factorized
+      PSRNN's start (None for the others): a rank below what the 2SR tensor needs starts from another tensor.
     """
 
     model: SequenceModel
@@ -1526,7 +1527,8 @@ def fit_model(
                                  "kf_ridge": plan.kf_ridge, "best_epoch": result.best_epoch,
                                  "stopped_early": result.stopped_early,
                                  "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
-                                 "train_counts": _train_counts(cfg, train)})
+                                 "train_counts": _train_counts(cfg, train),
+                                 "cp_relative_error": [f.relative_error for f in cps] if cps else None})
     if cfg.init == "2sr":
         _warn_if_no_better_than_naive(fitted, train)
         if tcfg.epochs >= 1:

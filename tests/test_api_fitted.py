@@ -72,7 +72,14 @@ def test_what_the_models_do_use_still_fits(symbols, features, quiet):
     assert lstm.model.config.n_layers == 2 and lstm.model.rnn.num_layers == 2
     skip = fit_model(symbols.train, n_layers=2, decoder_input="all", **ZERO)
     assert skip.model.decoder.in_features == 2 * 3
-    fit_model(symbols.train, model="factorized_psrnn", rank=4, bias_scale=0.2, **ZERO)
+    factorized = fit_model(symbols.train, model="factorized_psrnn", rank=4, bias_scale=0.2, **ZERO)
+    # how far the CP start is from the 2SR tensor, per layer: the factors' own reconstruction, recomputed
+    from pipeline.decompose import cp_decompose
+
+    (error,) = factorized.extras["cp_relative_error"]
+    W = factorized.two_stage.layers[0].W
+    assert error == pytest.approx(cp_decompose(W, 4, seed=0).relative_error) and 0 <= error < 1
+    assert skip.extras["cp_relative_error"] is None
     assert fit_model(features.train, model="kf", **{**ZERO, "state_dim": 2}).model.config.n_layers == 1
 
 

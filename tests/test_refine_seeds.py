@@ -791,7 +791,7 @@ def test_a_finished_run_whose_checkpoint_is_damaged_is_trained_again_not_kept(tm
             history["history"][-1]["test"]
 
 
-def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_env):
+def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_env, capsys):
     """Stages run by hand, out of order: n_features raised without the features stage would have the 2SR use the
     old maps of another size, without a word; and initialise refuses a 2SR learned with another state_dim (it
     failed on a tensor shape, deep in torch)."""
@@ -822,7 +822,14 @@ def test_two_stage_refuses_feature_maps_drawn_with_other_params(tmp_path, clean_
     with pytest.raises(ValueError, match=r"cp/r3\.npz: decomposed from another layer-1 2SR tensor than .*L1\.npz "
                                          r"holds now; run the decompose stage first \(psrnn decompose hmm 0\)$"):
         initialise.initialise(params, root, "hmm", 0)
+    capsys.readouterr()
     spectral.decompose(params, root, "hmm", 0)
+    # what the factorized PSRNN starts from, said in the stage's output (it was an INFO log line, off by default)
+    from pipeline.io import load_npz
+
+    error = load_npz(root / "artifacts" / "hmm" / "s0" / "cp" / "r3.npz")[1]["relative_error"]
+    assert capsys.readouterr().err == (f"decompose hmm seed 0: CP relative reconstruction error ‖W − CP(W)‖ / ‖W‖ of "
+                                       f"the layer-1 2SR tensor: rank 3 {error:.2g}\n")
     initialise.initialise(params, root, "hmm", 0)
 
 
@@ -1479,14 +1486,20 @@ def test_a_history_rebuilt_from_the_checkpoint_continues_the_experiments_run(tmp
     assert _runs(root) == first
 
 
-def test_a_runs_mlflow_params_hold_the_model_settings_its_family_reads():
+def test_a_runs_mlflow_params_hold_the_model_settings_its_family_reads(tmp_path):
     """An LSTM's run showed model.n_rff 2000 (an RFF encoder it does not have) and a KF's model.obs_dim; rank
     None was logged for every model but the factorized PSRNN. The end-to-end test checks the same on real runs."""
     from pipeline.models import build_model
     from pipeline.models.common import ModelConfig
 
+    from pipeline.io import save_npz
+    from pipeline.workflow.paths import artifact_dir
+
     params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
     dp = params.dataset("swimmer")
+    (artifact_dir(tmp_path, "swimmer", 0) / "cp").mkdir(parents=True)
+    save_npz(artifact_dir(tmp_path, "swimmer", 0) / "cp" / "r40.npz", {"A": np.zeros((1, 1))},
+             meta={"rank": 40, "relative_error": 0.0186})
     expected = {
         "psrnn": {"n_rff", "bias_scale", "decoder_input", "obs_dim", "n_layers", "delta"},
         "factorized_psrnn_r40": {"n_rff", "bias_scale", "decoder_input", "obs_dim", "n_layers", "delta", "rank"},
@@ -1497,6 +1510,9 @@ def test_a_runs_mlflow_params_hold_the_model_settings_its_family_reads():
         v = dp.variant(variant)
         config = ModelConfig(model=v.family, discrete=False, input_dim=3, output_dim=3, state_dim=4, obs_dim=4,
                              n_rff=8, rank=v.rank, init="random" if "psrnn" in v.family else v.init)
-        logged = refine._run_params(params, "swimmer", variant, 0, build_model(config), dp.train_config(variant))
+        logged = refine._run_params(params, "swimmer", variant, 0, build_model(config), dp.train_config(variant),
+                                    root=tmp_path)
         assert set(logged["model"]) == {"model", "discrete", "input_dim", "output_dim", "state_dim", "init"} | extra
         assert logged["model"]["model"] == v.family and None not in logged["model"].values()
+        # a factorized PSRNN's run says how far its CP start is from the 2SR tensor (the decompose stage's record)
+        assert logged.get("cp") == ({"relative_error": 0.0186} if v.family == "factorized_psrnn" else None)

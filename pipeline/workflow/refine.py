@@ -393,7 +393,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             if stale.exists():
                 stale.unlink()
     write_text(fp_file, resumable + "\n")
-    tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
+    tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg, root=root))
     if resume:
         # a kill can fall between an epoch's checkpoint and its MLflow logging, and a new run (of another
         # experiment) has none of them
@@ -502,7 +502,8 @@ _UNREAD_MODEL_KEYS = {
 }
 
 
-def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg) -> dict[str, Any]:
+def _run_params(params: Params, dataset: str, variant_name: str, seed: int, model, tcfg,
+                root: Path | None = None) -> dict[str, Any]:
     """The MLflow params of a run: what trained it, and the 2SR (or linear 2SR) settings that initialised it
     (none for a model initialised otherwise: a Xavier LSTM's run showing a 2SR ridge would mislead; none of the
     upper layers' for a 1-layer PSRNN, whose 2SR ignores them). Each value is the one the run was trained with: a
@@ -523,7 +524,25 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
         # as its 2SR artifact's config (a 1-layer PSRNN's without the upper layers' keys); the RFF and range
         # finder's seed is the run's
         config["two_stage"] = {**depth_config(dp.two_stage, variant.n_layers), "seed": seed}
+        if variant.family == "factorized_psrnn" and root is not None:
+            # how far its start is from the 2SR tensor: a rank below what W needs starts from another tensor
+            error = _cp_relative_error(artifact_dir(root, dataset, seed) / "cp" / f"r{variant.rank}.npz")
+            if error is not None:
+                config["cp"] = {"relative_error": error}
     return config
+
+
+def _cp_relative_error(path: Path) -> float | None:
+    """The relative reconstruction error the decompose stage recorded in a CP artifact; None where it cannot be
+    read (the run's weights, not this number, are what initialise checked)."""
+    from pipeline.io import load_npz
+
+    try:
+        meta = load_npz(path)[1]
+    except (OSError, ValueError):
+        return None
+    error = meta.get("relative_error") if isinstance(meta, dict) else None
+    return float(error) if isinstance(error, (int, float)) and not isinstance(error, bool) else None
 
 
 def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, seed: int, tcfg,
@@ -727,7 +746,7 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
     # removal of this run's markers (refine opens the store first)
     tracker = _open_tracker(params, root, dataset, variant_name, seed, tcfg, continue_previous=True,
                             trained_at=history, previous=history.get("run_id") or None)
-    tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg))
+    tracker.log_params(_run_params(params, dataset, variant_name, seed, model, tcfg, root=root))
     _log_missing_epochs(tracker, history["history"], ds.discrete)
     history = {**history, "run_id": tracker.run_id}
     write_json(mdir / "history.json", history)
