@@ -135,6 +135,7 @@ def test_the_initialise_stage_names_the_bias_key(tmp_path, defaults, capsys):
     data.prepare(params, tmp_path, "lgssm")
     for stage in (spectral.features, spectral.two_stage, spectral.decompose):
         stage(params, tmp_path, "lgssm", 0)
+    assert capsys.readouterr().err.startswith("decompose lgssm seed 0: CP relative reconstruction error")
     initialise.initialise(params, tmp_path, "lgssm", 0)
     notes = capsys.readouterr().err.splitlines()
     assert [n.split(": layer")[0] for n in notes] == [          # the factorized PSRNN has its bias of 0.1
