@@ -165,6 +165,16 @@ def _seeds(row: Mapping[str, Any], key: str) -> dict[int, Any]:
             if k.startswith(head) and re.fullmatch(r"[0-9]+", k[len(head):])}
 
 
+def _seeds_run(row: Mapping[str, Any]) -> set[int]:
+    """The seeds whose final metrics a summary row keeps one by one."""
+    return {int(m.group(1)) for k in row if (m := re.fullmatch(rf"test_.+{SEED_KEY}([0-9]+)", k))}
+
+
+def _listed(names: list[str]) -> str:
+    """The first six of ``names``, and how many more: a note's list."""
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
 def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, Any],
          rtol: float) -> list[Comparison]:
     out = []
@@ -204,10 +214,11 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
         if a is None and b is None:
             continue
         has_spread = f"{key}_std" in ours or f"{key}_std" in ref
-        shared = sorted(set(_seeds(ours, key)) & set(_seeds(ref, key))) if other_seeds else []
+        mine, theirs = (_seeds(ours, key), _seeds(ref, key)) if other_seeds else ({}, {})
+        shared = sorted(set(mine) & set(theirs))
         if shared:   # other seed counts, the same seeds: seed by seed (a mean over other draws says nothing)
             for seed in shared:
-                sa_, sb_ = _seeds(ours, key)[seed], _seeds(ref, key)[seed]
+                sa_, sb_ = mine[seed], theirs[seed]
                 if sa_ is None and sb_ is None:
                     continue
                 # the spread of whichever side has one (of both, where both do): the verdict does not depend on
@@ -240,9 +251,7 @@ def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
                 rows.extend(row)
                 unrated += ("lr" in ours[ds][v]) != ("lr" in reference[ds][v])
                 if any(SEED_KEY in r.key for r in row):   # compared seed by seed: which of ours were not
-                    mine, theirs = (set().union(*(_seeds(x, k).keys() for k in x if k.startswith("test_")
-                                                  and SEED_KEY not in k)) for x in (ours[ds][v], reference[ds][v]))
-                    extra = sorted(mine - theirs)
+                    extra = sorted(_seeds_run(ours[ds][v]) - _seeds_run(reference[ds][v]))
                     if extra:
                         unmatched.append(f"{ds} {v} (seed{'s' if len(extra) > 1 else ''} "
                                          f"{', '.join(map(str, extra))})")
@@ -295,14 +304,12 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     other = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "n_params" and r.ours is not None
                     and r.reference is not None and r.ours != r.reference})
     if other:   # another state_dim or n_features: another model, whose every number then differs
-        shown = ", ".join(other[:6]) + (f" and {len(other) - 6} more" if len(other) > 6 else "")
-        lines.append(f"note: {len(other)} row(s) have another parameter count ({shown}): those are other models "
-                     "(params.yaml's sizes differ from the reference's), so their numbers are not comparable")
+        lines.append(f"note: {len(other)} row(s) have another parameter count ({_listed(other)}): those are other "
+                     "models (params.yaml's sizes differ from the reference's), so their numbers are not comparable")
     rates = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "lr" and r.verdict == "differs"}
                    - set(other))
     if rates:   # another train.lr or train.overrides: the same start, another training
-        shown = ", ".join(rates[:6]) + (f" and {len(rates) - 6} more" if len(rates) > 6 else "")
-        lines.append(f"note: {len(rates)} row(s) were trained at another learning rate ({shown}): their final "
+        lines.append(f"note: {len(rates)} row(s) were trained at another learning rate ({_listed(rates)}): their final "
                      "metrics are not comparable (\"other lr\"; their epoch-0 ones are)")
     if result.unrated:
         lines.append(f"note: {result.unrated} row(s) have a learning rate on one side only (a summary written before "
@@ -313,13 +320,11 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     by_seed = {(r.dataset, r.variant) for r in result.rows if SEED_KEY in r.key}
     unmatched = sorted(f"{d} {v}" for d, v in other_counts - by_seed)
     if unmatched:
-        shown = ", ".join(unmatched[:6]) + (f" and {len(unmatched) - 6} more" if len(unmatched) > 6 else "")
-        lines.append(f"note: {len(unmatched)} row(s) of other seed counts ({shown}) could not be compared seed by "
-                     "seed (a summary without per-seed values, or no seed in common): their final metrics are means "
-                     "over other seeds, held to the seed spread, which one seed often exceeds")
+        lines.append(f"note: {len(unmatched)} row(s) of other seed counts ({_listed(unmatched)}) could not be "
+                     "compared seed by seed (a summary without per-seed values, or no seed in common): their final "
+                     "metrics are means over other seeds, held to the seed spread, which one seed often exceeds")
     if result.unmatched_seeds:   # ours ran seeds the reference did not: their numbers were looked at by no one
-        shown = ", ".join(result.unmatched_seeds[:6]) + (
-            f" and {len(result.unmatched_seeds) - 6} more" if len(result.unmatched_seeds) > 6 else "")
-        lines.append(f"note: {len(result.unmatched_seeds)} row(s) ran seeds the reference did not ({shown}): "
-                     "compared seed by seed on the seeds both ran, those seeds' numbers are not compared")
+        lines.append(f"note: {len(result.unmatched_seeds)} row(s) ran seeds the reference did not "
+                     f"({_listed(result.unmatched_seeds)}): compared seed by seed on the seeds both ran, those "
+                     "seeds' numbers are not compared")
     return "\n".join(lines) + "\n"

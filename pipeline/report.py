@@ -1032,10 +1032,11 @@ def summary(grouped: Mapping[str, Mapping[str, Sequence[dict]]]) -> dict[str, di
             if not runs or kind is None:
                 continue
             row: dict[str, Any] = {"seeds": len(runs)}
+            by_seed = sorted(runs, key=lambda r: r["seed"])
             for m in METRICS[kind]:
                 row[f"test_{m}"], row[f"test_{m}_std"] = _stats(r["test"].get(m) for r in runs)
                 # each seed's own values too: a run of other seeds (a one-seed quick pass) is compared seed by seed
-                for r in sorted(runs, key=lambda r: r["seed"]):
+                for r in by_seed:
                     for prefix, split in (("test", r["test"]), ("init_test", r["initial_test"] or {})):
                         value = split.get(m)
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
