@@ -319,3 +319,43 @@ def test_check_reads_a_built_in_datasets_prepared_file(tmp_path: Path, capsys: p
         "psrnn check: error: handwriting.source: the test split: all 2 of its trajectories are a single step, so "
         "there is no one-step prediction to score; expected at least one test trajectory of 2 steps or more "
         f"(checked against {path}, as last prepared)")
+
+
+def test_check_refuses_a_fig4b_feature_or_trajectory_the_prepared_data_lack(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture,
+                                                                             defaults: dict[str, Any]) -> None:
+    """Figure 4b's ``feature`` and ``trajectory`` are checked against the prepared data of the dataset it draws, once
+    that is prepared: the report stage, the last of a long run, would only leave the figure out with a note."""
+    import copy
+    import shutil
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    raw = copy.deepcopy(defaults)
+    raw["datasets"] = ["handwriting"]
+    raw["report"] = {"figures": {"fig4b": {"dataset": "handwriting", "feature": "pen_down", "trajectory": 1}}}
+    code, out, err = _check(tmp_path, capsys, raw)            # not prepared: the data are not known yet
+    assert code == 0, err
+    path = _prepared_handwriting(tmp_path, test_lengths=(45, 1, 60))
+    code, _, err = _check(tmp_path, capsys, raw)
+    assert code == 1 and err == (
+        "psrnn check: error: report.figures.fig4b.feature: 'pen_down' is not a feature of handwriting "
+        "(data/prepared/handwriting.parquet, as last prepared); expected one of x, y, pen_up"), err
+    raw["report"]["figures"]["fig4b"]["feature"] = "pen_up"
+    code, _, err = _check(tmp_path, capsys, raw)              # trajectory 1 is a single step: nothing to draw
+    assert code == 1 and err == (
+        "psrnn check: error: report.figures.fig4b.trajectory: handwriting has no test trajectory 1 to draw "
+        "(data/prepared/handwriting.parquet, as last prepared; test trajectories: 0, 2)"), err
+    raw["report"]["figures"]["fig4b"]["trajectory"] = "run-04"
+    code, _, err = _check(tmp_path, capsys, raw)              # built-in data have no ids of their own
+    assert code == 1 and err == (
+        "psrnn check: error: report.figures.fig4b.trajectory: 'run-04' is not the id of a test trajectory of "
+        "handwriting (data/prepared/handwriting.parquet, as last prepared; ids: none: the data have no trajectory ids "
+        "of their own); expected one of them, a test trajectory's number from 0, or null"), err
+    raw["report"]["figures"]["fig4b"]["trajectory"] = 2
+    code, _, err = _check(tmp_path, capsys, raw)
+    assert code == 0, err
+    # drawn on another dataset, or not drawn: handwriting's data say nothing about the options
+    for fig4b in ({"feature": "pen_down", "trajectory": 9}, False):
+        raw["report"]["figures"]["fig4b"] = fig4b
+        code, _, err = _check(tmp_path, capsys, raw)
+        assert code == 0, err

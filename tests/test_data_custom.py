@@ -542,6 +542,42 @@ def test_check_reads_the_custom_file_against_the_params(tmp_path: Path, capsys: 
     assert code == 1 and "custom.source.min_length=20" in err, err
 
 
+def test_check_refuses_a_fig4b_trajectory_id_the_custom_file_lacks(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """On a custom file, Figure 4b's ``trajectory`` may be the file's own id of a test trajectory (a string): one
+    the test split lacks, a training trajectory's included, is refused by `psrnn check` with the ids it has."""
+    from pipeline import cli
+    from pipeline.config import dump_yaml
+
+    os.environ.pop("PSRNN_DEBUG", None)
+    cols = _continuous(n_traj=6, length=12)
+    cols["split"] = np.repeat(["train"] * 4 + ["test"] * 2, 12)
+    _write(tmp_path, cols, name="series.parquet")
+    section = {"source": {"path": "series.parquet", "kind": "continuous", "features": ["a", "b"]},
+               "two_stage": {"n_features": 32, "state_dim": 4, "obs_dim": 2, "past_dim": 4, "past_window": 3,
+                             "future_window": 3},
+               "kf": None, "variants": ["psrnn"]}
+
+    def check(**fig4b: Any) -> tuple[int, str]:
+        report = {"figures": {"fig4b": {"dataset": "custom", **fig4b}}}
+        (tmp_path / "params.yaml").write_text(dump_yaml({"seeds": [0], "custom": section, "report": report}))
+        code = cli.main(["--root", str(tmp_path), "check"])
+        return code, capsys.readouterr().err.strip()
+
+    assert check(trajectory="104", feature="b") == (0, "")
+    assert check(trajectory=1) == (0, "")
+    code, err = check(trajectory="100")                      # a training trajectory's id
+    assert code == 1 and err == (
+        "psrnn check: error: report.figures.fig4b.trajectory: '100' is not the id of a test trajectory of custom "
+        "(series.parquet; ids: 104, 105); expected one of them, a test trajectory's number from 0, or null"), err
+    code, err = check(trajectory=2)
+    assert code == 1 and err == ("psrnn check: error: report.figures.fig4b.trajectory: custom has no test trajectory "
+                                 "2 to draw (series.parquet; test trajectories: 0, 1)"), err
+    code, err = check(feature="c")                           # in the file, but not one of the features read
+    assert code == 1 and err == ("psrnn check: error: report.figures.fig4b.feature: 'c' is not a feature of custom "
+                                 "(series.parquet); expected one of a, b"), err
+
+
 def test_check_reads_one_long_recording_cut_by_segment_length(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The pipeline's way to one recording: refused whole, with the key that cuts it named; cut, it is read as
     segments, whose length the windows are checked against."""

@@ -168,6 +168,8 @@ def check_custom(params: Params, root: Path, name: str = "custom") -> tuple[str,
     dp = params.dataset(name)
     ds = _load_custom(dp, root)
     _check_data(dp, ds)
+    if name in params.selected:
+        check_fig4b_options(params, name, ds, where=str(dp.source["path"]))
     if not ds.valid:
         dp.check_valid_monitor(str(dp.source["path"]))
     return _summary(name, dp.source["path"], ds), bool(ds.valid)
@@ -214,7 +216,43 @@ def check_prepared(params: Params, root: Path, name: str) -> str | None:
         _check_data(dp, ds)
     except ValueError as exc:
         raise type(exc)(f"{exc} (checked against {path}, as last prepared)") from None
+    check_fig4b_options(params, name, ds, where=f"{path.relative_to(root)}, as last prepared")
     return _summary(name, path.relative_to(root), ds)
+
+
+def check_fig4b_options(params: Params, name: str, ds: SequenceDataset, *, where: str) -> None:
+    """``psrnn check``'s check of Figure 4b's ``feature`` and ``trajectory`` options against the data of the
+    dataset it is drawn on (``name``, when that is the figure's ``dataset``): a feature the data have, a test
+    trajectory's number, or the id a custom file gave one. Params validation cannot know the data; the report
+    stage, half an hour later, would leave the figure out with only a note in results.md."""
+    from pipeline.report import _merge_config
+
+    cfg = _merge_config((params.report or {}).get("figures"))["fig4b"]
+    if cfg is None or cfg["dataset"] != name or ds.discrete:
+        return
+    key = "report.figures.fig4b"
+    feature = cfg["feature"]
+    if feature is not None and str(feature) not in ds.features:
+        shown = ", ".join(ds.features[:12]) + (f" and {len(ds.features) - 12} more" if len(ds.features) > 12 else "")
+        raise ParamsError(f"{key}.feature: {str(feature)!r} is not a feature of {name} ({where}); expected one of "
+                          f"{shown}")
+    wanted = cfg["trajectory"]
+    scored = [i for i, t in enumerate(ds.test) if len(t) >= 2]   # the ones with a one-step prediction to draw
+    if isinstance(wanted, str):
+        from pipeline.workflow.evaluate import source_ids
+
+        ids = source_ids(ds, "test")
+        known = [str(ids[i]) for i in scored] if ids is not None else []
+        if wanted not in known:
+            shown = (", ".join(known[:12]) + (f" and {len(known) - 12} more" if len(known) > 12 else "")
+                     if known else "none: the data have no trajectory ids of their own")
+            raise ParamsError(f"{key}.trajectory: {wanted!r} is not the id of a test trajectory of {name} ({where}; "
+                              f"ids: {shown}); expected one of them, a test trajectory's number from 0, or null")
+    elif wanted is not None and int(wanted) not in scored:
+        shown = (", ".join(map(str, scored)) if len(scored) <= 12
+                 else f"{scored[0]} to {scored[-1]}, {len(scored)} in all")
+        raise ParamsError(f"{key}.trajectory: {name} has no test trajectory {int(wanted)} to draw ({where}; "
+                          f"test trajectories: {shown or 'none of two steps or more'})")
 
 
 def _check_data(dp: DatasetParams, ds: SequenceDataset) -> None:
