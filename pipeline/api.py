@@ -18,6 +18,7 @@ column name. Bad input is refused up front, before any 2SR work, in one line nam
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import inspect
 import os
 from dataclasses import asdict, dataclass, field
@@ -112,12 +113,23 @@ KINDS = ("auto", "discrete", "continuous")
 _SHOWN_SYMBOLS = 5
 
 
+def _clipped(text: str, limit: int = 120) -> str:
+    """``text`` on one line, cut at a word boundary to at most about ``limit`` characters ("..." where cut): numpy's
+    and torch's messages can run to paragraphs, and a cut mid-word reads as a typo."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    return (cut if len(cut) >= limit // 2 else text[:limit]) + " ..."
+
+
 def _trajectory_list(name: str, trajectories: Any) -> list[Any]:
     """``trajectories`` as a list. One array (a single trajectory, or a (T, m) array meant as one), a DataFrame, a
     generator or a string is refused: each trajectory is read as one array, and more than once."""
     if isinstance(trajectories, np.ndarray):
-        raise ValueError(f"{name}: one array of shape {trajectories.shape}; expected {_A_LIST}, e.g. [array] for a "
-                         "single trajectory")
+        how = (f"list(array) for {trajectories.shape[0]} trajectories of {trajectories.shape[1]} steps"
+               if trajectories.ndim == 3 else "[array] for a single trajectory")
+        raise ValueError(f"{name}: one array of shape {trajectories.shape}; expected {_A_LIST}, e.g. {how}")
     if isinstance(trajectories, (str, bytes)) or not isinstance(trajectories, collections.abc.Sequence):
         raise ValueError(f"{name}: a {type(trajectories).__name__}; expected {_A_LIST}")
     return list(trajectories)
@@ -189,7 +201,7 @@ def _named_column(label: str, t: Any, key: Any, hint: str = "") -> np.ndarray:
     try:
         v = np.asarray(t[key])
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise ValueError(f"{label} is not an array ({' '.join(str(exc).split())[:120]}); expected one value per "
+        raise ValueError(f"{label} is not an array ({_clipped(str(exc))}); expected one value per "
                          "step") from None
     return column_values(label, v, hint)
 
@@ -335,7 +347,7 @@ def _trajectory_array(where: str, t: Any) -> np.ndarray:
     try:
         a = np.asarray(t)
     except (ValueError, TypeError, RuntimeError) as exc:   # ragged nested lists, tensors that need grad, ...
-        raise ValueError(f"{where}: not an array ({' '.join(str(exc).split())[:120]}); expected an array of shape "
+        raise ValueError(f"{where}: not an array ({_clipped(str(exc))}); expected an array of shape "
                          "(T,) or (T, m)") from None
     if a.dtype.kind == "O":
         a = _object_values(where, a)
@@ -749,6 +761,36 @@ def _standardised(trajectories: Sequence[np.ndarray], units: dict[str, list[floa
     return [(t.reshape(len(t), -1) - mean) / std for t in trajectories]
 
 
+def _device_name(device: Any) -> Any:
+    """A ``torch.device`` as the device string it stands for (``torch.device("cuda", 0)``: ``"cuda:0"``), which
+    :func:`pipeline.train.resolve_device` checks; anything else as it is."""
+    import torch
+
+    return str(device) if isinstance(device, torch.device) else device
+
+
+@contextlib.contextmanager
+def _callers_random_state_kept(device: Any):
+    """Python's, numpy's and torch's global generators as the caller left them, after a fit: training seeds them
+    all (:func:`pipeline.train.seed_everything`, for runs that repeat), and a caller drawing numbers between fits
+    (a bootstrap, data of its own) would otherwise draw the same ones after every fit. CUDA's generators are
+    kept where training uses CUDA or CUDA is already initialised (forking them would initialise it)."""
+    import random
+
+    import torch
+
+    from pipeline.train import resolve_device
+
+    cuda = torch.cuda.is_available() and (torch.cuda.is_initialized() or resolve_device(device).type == "cuda")
+    python, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+
+
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
     """Every check of :func:`fit_model`, before any 2SR work (``a``: its arguments): the arguments and option keys,
     the data (:func:`_checked_splits`), what depends on the data's kind, and the configs' own validation."""
@@ -782,6 +824,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         if a[key] is not None:
             _check_int(key, a[key], low, None)
     check_seed(a["seed"])
+    a["seed"] = int(a["seed"])   # a numpy integer passes the check, and random.seed refuses one
     if a["ridge"] is not None:
         _check_number("ridge", a["ridge"])
     _check_number("lr", a["lr"], positive=True)
@@ -792,6 +835,7 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     if not isinstance(a["kind"], str) or a["kind"] not in KINDS:
         raise ValueError(f"kind={brief(a['kind'])}: expected 'auto' (integer 1-D arrays and strings are symbols, "
                          "the rest features), 'discrete' or 'continuous'")
+    a["device"] = _device_name(a["device"])
     resolve_device(a["device"], "device=")
     two_stage_options = {} if two_stage_options is None else two_stage_options
     train_options = {} if train_options is None else train_options
@@ -806,7 +850,9 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
             _check_int(f"train_options[{key!r}]", train_options[key], low, None)
     if "seed" in train_options:
         check_seed(train_options["seed"], "train_options['seed']=")
+        train_options = {**train_options, "seed": int(train_options["seed"])}
     if "device" in train_options:   # else refused by fit as train.device, after the 2SR work
+        train_options = {**train_options, "device": _device_name(train_options["device"])}
         resolve_device(train_options["device"], "train_options['device']=")
     _check_train_values(train_options)
 
@@ -1306,7 +1352,7 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
         # the digest holds it, so only a file written by hand (or re-digested) gets here: refused as one line
         raise ValueError(f"{path}: its standardisation (extras['standardize']) does not fit the model: expected a "
                          f"finite mean and a positive std for each of its {model.config.input_dim} features")
-    return FittedModel(model=model.to(resolve_device(device, "device=")), history=list(ck.get("history") or []),
+    return FittedModel(model=model.to(resolve_device(_device_name(device), "device=")), history=list(ck.get("history") or []),
                        extras=extras)
 
 
@@ -1435,7 +1481,9 @@ def fit_model(
       streams, trained side by side (one gradient step per ``bptt`` window of all of them); a single trajectory
       is cut into at most this many pieces of ``bptt`` + 1 steps or more (kept whole with ``bptt`` 0).
     * ``clip``: the gradient-norm clip (the gradient is scaled down to this 2-norm when above it); 0 = off.
-    * ``device`` (auto: CUDA when present), ``seed`` and the above go to :class:`pipeline.train.TrainConfig`;
+    * ``device`` (auto: CUDA when present; a ``torch.device`` too), ``seed`` and the above go to
+      :class:`pipeline.train.TrainConfig`; training seeds Python's, numpy's and torch's global generators, and
+      fit_model gives the caller's back as they were;
       ``train_options`` sets its other fields (``optimizer``, ``momentum``, ``weight_decay``, ``shuffle``,
       ``max_loss``, ``eval_train``; the schedule ``monitor``, ``lr_decay``, ``patience``, ``min_delta``,
       ``restore_best``) or overrides these where they keep their defaults (both given, and unlike, is an
@@ -1496,45 +1544,47 @@ def fit_model(
                                 epochs=epochs, lr=lr, bptt=bptt, batch_size=batch_size, clip=clip, device=device,
                                 seed=seed, kind=kind, standardize=standardize), two_stage_options, train_options)
     cfg, tcfg, ts_cfg, windows, train = plan.model, plan.train_config, plan.two_stage, plan.windows, plan.train
-    tsm = lss = None
-    cps = None
-    if ts_cfg is not None:
-        tsm = multilayer_two_stage(train, ts_cfg, n_layers=n_layers, discrete=cfg.discrete,
-                                   vocab_size=cfg.input_dim if cfg.discrete else 0)
-        if model == "factorized_psrnn":
-            cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
-    elif model == "kf":
-        lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
-    net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=train)
-    note = far_side_note(net, {"train": train, "valid": plan.valid, "test": plan.test})
-    if note:
-        import warnings
+    seed = int(seed)   # checked by _fit_plan; a numpy integer there
+    with _callers_random_state_kept(tcfg.device):
+        tsm = lss = None
+        cps = None
+        if ts_cfg is not None:
+            tsm = multilayer_two_stage(train, ts_cfg, n_layers=n_layers, discrete=cfg.discrete,
+                                       vocab_size=cfg.input_dim if cfg.discrete else 0)
+            if model == "factorized_psrnn":
+                cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
+        elif model == "kf":
+            lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
+        net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=train)
+        note = far_side_note(net, {"train": train, "valid": plan.valid, "test": plan.test})
+        if note:
+            import warnings
 
-        warnings.warn(f"fit_model: {note}; where their error stands apart, a small bias_scale= (0.05 to 0.2) "
-                      "breaks the symmetry", UserWarning, stacklevel=2)
-    _warn_if_training_data_choose(tcfg, bool(plan.valid), test_given=plan.test is not train)
-    completed: list[dict[str, Any]] = []
-    try:
-        result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
-    except TrainingDiverged as exc:
-        stopped = TrainingDiverged(_divergence_in_api_terms(str(exc), tcfg))
-        stopped.history = completed   # the epochs completed, epoch 0 (the initialisation) included
-        stopped.model = net           # as it stood: the last good step's weights (a loss or gradient stop)
-        raise stopped from None
-    fitted = FittedModel(model=net, history=result.history, two_stage=tsm or lss,
-                         extras={"train_config": asdict(tcfg), "windows": windows,
-                                 "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
-                                 "kf_ridge": plan.kf_ridge, "best_epoch": result.best_epoch,
-                                 "stopped_early": result.stopped_early,
-                                 "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
-                                 "train_counts": _train_counts(cfg, train),
-                                 "cp_relative_error": [f.relative_error for f in cps] if cps else None})
-    if cfg.init == "2sr":
-        _warn_if_no_better_than_naive(fitted, train)
-        if tcfg.epochs >= 1:
-            _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)),
-                                    test_given=plan.test is not train)
-    return fitted
+            warnings.warn(f"fit_model: {note}; where their error stands apart, a small bias_scale= (0.05 to 0.2) "
+                          "breaks the symmetry", UserWarning, stacklevel=2)
+        _warn_if_training_data_choose(tcfg, bool(plan.valid), test_given=plan.test is not train)
+        completed: list[dict[str, Any]] = []
+        try:
+            result = fit(net, train, plan.test, tcfg, valid=plan.valid, on_epoch=completed.append)
+        except TrainingDiverged as exc:
+            stopped = TrainingDiverged(_divergence_in_api_terms(str(exc), tcfg))
+            stopped.history = completed   # the epochs completed, epoch 0 (the initialisation) included
+            stopped.model = net           # as it stood: the last good step's weights (a loss or gradient stop)
+            raise stopped from None
+        fitted = FittedModel(model=net, history=result.history, two_stage=tsm or lss,
+                             extras={"train_config": asdict(tcfg), "windows": windows,
+                                     "two_stage_config": asdict(ts_cfg) if ts_cfg is not None else None,
+                                     "kf_ridge": plan.kf_ridge, "best_epoch": result.best_epoch,
+                                     "stopped_early": result.stopped_early,
+                                     "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
+                                     "train_counts": _train_counts(cfg, train),
+                                     "cp_relative_error": [f.relative_error for f in cps] if cps else None})
+        if cfg.init == "2sr":
+            _warn_if_no_better_than_naive(fitted, train)
+            if tcfg.epochs >= 1:
+                _warn_if_worse_than_2sr(fitted, tcfg.monitored_split(bool(plan.valid)),
+                                        test_given=plan.test is not train)
+        return fitted
 
 
 def _warn_if_training_data_choose(tcfg: Any, has_valid: bool, test_given: bool = True) -> None:

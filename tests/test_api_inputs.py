@@ -99,6 +99,8 @@ def test_one_feature_may_be_given_as_t_or_t_by_1(features):
     (np.zeros((30, 2)), f"train: one array of shape (30, 2); {A_LIST}, e.g. [array] for a single trajectory"),
     (np.array([0, 1, 2, 1, 0] * 6), f"train: one array of shape (30,); {A_LIST}, e.g. [array] for a single "
                                     "trajectory"),
+    (np.zeros((4, 30, 2)), f"train: one array of shape (4, 30, 2); {A_LIST}, e.g. list(array) for 4 trajectories "
+                           "of 30 steps"),
     ({"a": np.zeros(30)}, f"train: a dict; {A_LIST}"),
     ((t for t in [np.zeros(30)]), f"train: a generator; {A_LIST}"),
     ("0123", f"train: a str; {A_LIST}"),
@@ -112,6 +114,18 @@ def test_ragged_rows_are_refused_in_one_line(no_work):
     with pytest.raises(ValueError, match=r"^train\[0\]: not an array \([^\n]*\); expected an array of shape \(T,\) "
                                          r"or \(T, m\)$"):
         fit_model([[[1.0, 2.0], [3.0]]], **SMALL)
+    ragged = [[0.1, 0.2], [0.3]] * 30
+    with pytest.raises(ValueError) as numpy_err:
+        np.asarray(ragged)
+    whole = " ".join(str(numpy_err.value).split())
+    assert len(whole) > 130, whole   # long enough to be cut
+    with pytest.raises(ValueError) as err:   # numpy's long message is cut after a word, not inside one
+        fit_model([ragged], **SMALL)
+    inner = re.fullmatch(r"train\[0\]: not an array \((.*)\); expected an array of shape \(T,\) or \(T, m\)",
+                         str(err.value)).group(1)
+    assert inner.endswith(" ...") and 60 <= len(inner) - 4 <= 120, inner
+    kept = inner[:-4]
+    assert whole.startswith(kept) and whole[len(kept)] == " ", (kept, whole)
 
 
 def test_a_dataframe_is_refused_in_one_line(no_work):
@@ -602,3 +616,37 @@ def test_features_like_a_time_or_a_label_get_a_warning_naming_them(features, rec
     recwarn.clear()
     fit_model(features.train, **{**SMALL, "epochs": 0})     # measurements: nothing to say
     assert not [w for w in recwarn if "no measurement" in str(w.message)]
+
+
+def test_numpy_integers_and_torch_devices_are_taken_as_what_they_stand_for(symbols):
+    """A seed from ``np.arange`` (random.seed refuses numpy integers) and a ``torch.device`` fit as the int and the
+    device string would: the same model, not a TypeError after the 2SR work."""
+    torch = pytest.importorskip("torch")
+    plain = fit_model(symbols.train[:4], symbols.test[:2], **{**SMALL, "seed": 3})
+    numpy = fit_model(symbols.train[:4], symbols.test[:2],
+                      **{**SMALL, "seed": np.arange(5)[3], "device": torch.device("cpu"),
+                         "train_options": {"seed": np.int32(3)}})
+    def scores(history):   # the seconds an epoch took aside
+        return [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+
+    assert scores(numpy.history) == scores(plain.history)
+    for a, b in zip(plain.model.state_dict().values(), numpy.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")   # this small a fit's notes
+def test_fitting_leaves_the_callers_random_generators_as_they_were(symbols):
+    """Training seeds Python's, numpy's and torch's global generators; fit_model gives the caller's back, so that a
+    caller drawing numbers between fits does not draw the same ones after every fit (it did)."""
+    import random
+
+    torch = pytest.importorskip("torch")
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    fit_model(symbols.train[:4], symbols.test[:2], **{**SMALL, "seed": 0})
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    with pytest.raises(ValueError):   # refused before any work: nothing drawn, nothing seeded either
+        fit_model(symbols.train[:4], **{**SMALL, "seed": -1})
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
