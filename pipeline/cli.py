@@ -95,10 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("seed", nargs="?", type=int, default=None,
                    help="only this run seed, after a variant (default: every seed in params.yaml)")
     d = command("evaluate", help="final metrics (and predictions) of every variant x seed of a dataset, "
-                                        "or of one run when variant and seed are given")
+                                        "or of one variant's runs (of one seed, when given), a line each")
     d.add_argument("dataset", help="dataset section of params.yaml")
-    d.add_argument("variant", nargs="?", default=None, help="only this variant (needs seed too)")
-    d.add_argument("seed", nargs="?", type=int, default=None, help="only this run seed, after a variant")
+    d.add_argument("variant", nargs="?", default=None,
+                   help="only this variant, one line per run (default: every variant, into metrics/ and predictions/)")
+    d.add_argument("seed", nargs="?", type=int, default=None,
+                   help="only this run seed, after a variant (default: every seed in params.yaml)")
     command("report", help="figures and results.md from every run's outputs")
     d = command("runs", help="list the trained runs (models/<dataset>/<variant>/s<seed>) with their status "
                              "(trained: with the current params, data and code; stale: with others; unchecked: "
@@ -181,6 +183,24 @@ def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
     return parser
 
 
+class _LogFormatter(logging.Formatter):
+    """The library's log records as the command's own lines: a warning as ``psrnn <stage>: warning: ...``, like the
+    warnings the commands print themselves (it read ``WARNING pipeline.data.custom: ...``); ``-v``'s progress
+    lines keep the module that wrote them (``INFO pipeline.workflow.refine: ...``)."""
+
+    def __init__(self, stage: str):
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self.stage = stage
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno < logging.WARNING:
+            return super().format(record)
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return f"psrnn {self.stage}: {record.levelname.lower()}: {text}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug and -v count anywhere, also after the stage name (the stage scripts put the stage name first)
@@ -194,8 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = "--debug" in argv
     # PSRNN_VERBOSE=1 dvc repro: the stages' command lines are dvc.yaml's, so the flag cannot reach them there
     args.verbose = any(verbose(a) for a in argv) or _env_flag("PSRNN_VERBOSE")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LogFormatter(args.stage))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     from pipeline.config import project_root
 
     root = Path(args.root).resolve() if args.root else project_root()
@@ -286,7 +307,10 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         _trace_imports(args.stage, validation)
         return status
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
+        written = "" if args.stage in ("compare", "runs", "check", "custom-stage") else \
+            f"; no half-written file is left{resume}"
+        print(f"psrnn {args.stage}: interrupted (Ctrl-C){written}", file=sys.stderr)
         return 130
     except Terminated:
         resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
@@ -382,11 +406,14 @@ def out_of_memory(exc: BaseException) -> bool:
 
 
 def one_line(exc: BaseException) -> str:
-    """``exc`` as one line: whitespace collapsed, shortened to a few hundred characters; a library's exception
-    (e.g. ``MlflowException``) is prefixed with its class name, and a message-less one is its class name."""
+    """``exc`` as one line: whitespace collapsed, an OSError's "[Errno N]" left out, shortened to a few hundred
+    characters; a library's exception (e.g. ``MlflowException``) is prefixed with its class name, and a
+    message-less one is its class name."""
     text = " ".join(str(exc).split())
     if isinstance(exc, KeyError) and len(exc.args) == 1:
         text = " ".join(str(exc.args[0]).split())
+    if isinstance(exc, OSError) and exc.errno is not None:   # "[Errno 2] " tells a user nothing the text does not
+        text = text.removeprefix(f"[Errno {exc.errno}] ")
     if len(text) > _MAX_MESSAGE:
         text = text[:_MAX_MESSAGE - 3].rstrip() + "..."
     if out_of_memory(exc):
@@ -441,12 +468,10 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
                            else [print(wf.summary_line(h)) for h in
                                  wf.refine(params, root, args.dataset, args.variant, args.seed).values()]),
         "evaluate": lambda: (wf.evaluate_dataset(params, root, args.dataset) if args.variant is None
-                             else print(wf.summary_line(wf.evaluate_run(params, root, args.dataset, args.variant,
-                                                                        args.seed)))),
+                             else [print(wf.summary_line(wf.evaluate_run(params, root, args.dataset, args.variant, s)))
+                                   for s in ([args.seed] if args.seed is not None else params.seeds)]),
         "report": lambda: wf.report(params, root),
     }
-    if stage == "evaluate" and (args.variant is None) != (args.seed is None):
-        raise ValueError("evaluate: give both variant and seed, or neither (every run of the dataset)")
     if stage in ("refine", "evaluate") and args.variant is not None:
         params.dataset(args.dataset).variant(args.variant)
     calls[stage]()
@@ -469,6 +494,10 @@ def _check_inference_args(args: argparse.Namespace, root: Path) -> None:
     else:
         check_block_rows(args.block_rows, "--block-rows")
     resolve_device(args.device, "--device")
+    for name, path in (("input", args.input), ("output", args.output)):
+        if path == "-":   # a file of that name would be read or written, not standard input or output
+            raise ValueError(f"{name} -: {args.stage} reads and writes Parquet or CSV files, not standard input or "
+                             f"output; expected a path (./- for a file named -)")
     check_output_path(args.output, root)   # not over the project's own files, before the run is loaded
     suffix = Path(args.output).suffix
     if suffix.lower() not in (".parquet", ".csv"):   # a .txt name would not make text: say so, not surprise a reader
@@ -522,12 +551,28 @@ def _warn_if_stale(args: argparse.Namespace, root: Path, params) -> None:
             print(f"psrnn {args.stage}: warning: {changed}; using it as it is", file=sys.stderr)
 
 
+def _load_run(args: argparse.Namespace, root: Path, params):
+    """The run ``predict`` / ``forecast`` use (:func:`pipeline.inference.load_run`); a run not found of a dataset
+    that params.yaml's ``datasets`` leaves out says so: `dvc repro` trains none of its runs, whatever has run."""
+    from pipeline.inference import load_run
+
+    try:
+        return load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
+    except FileNotFoundError as exc:
+        if args.dataset in params.selected:
+            raise
+        why = ("has a section but is not in params.yaml's datasets" if args.dataset in params.datasets else
+               "has no section in params.yaml")
+        raise FileNotFoundError(f"{one_line(exc)}; {args.dataset} {why}, so `dvc repro` trains none of its runs "
+                                f"(datasets: {', '.join(params.selected)})") from None
+
+
 def _predict(args: argparse.Namespace, root: Path, params) -> None:
     """``psrnn predict``: :func:`pipeline.inference.predict_file`, and one line of what was written."""
-    from pipeline.inference import load_run, predict_file
+    from pipeline.inference import predict_file
 
     _check_inference_args(args, root)
-    run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
+    run = _load_run(args, root, params)
     _warn_if_stale(args, root, params)
     summary = predict_file(run, Path(args.input), Path(args.output), **_discrete_options(args, run),
                            device=args.device, block_rows=args.block_rows)
@@ -536,7 +581,7 @@ def _predict(args: argparse.Namespace, root: Path, params) -> None:
     shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v == v)
     scored = (f"one-step {shown} over {summary['predicted_steps']} steps" if shown and summary["predicted_steps"]
               else "nothing scored (no trajectory has a next observation to compare a prediction with)")
-    dropped = _dropped(summary["dropped"])
+    dropped = _dropped(summary["dropped"], summary["emptied"])
     n = summary["trajectories"]
     print(f"{args.output}: {_count(summary['rows'], 'prediction')} for {n} "
           f"trajector{'y' if n == 1 else 'ies'}{dropped} "
@@ -551,22 +596,31 @@ def _warn_far(args: argparse.Namespace, summary: dict) -> None:
             print(f"psrnn {args.stage}: warning: {args.input}: {summary[key]}", file=sys.stderr)
 
 
-def _dropped(n: int) -> str:
-    return f", {n} unknown-symbol row{'' if n == 1 else 's'} dropped" if n else ""
+def _dropped(n: int, emptied: Sequence[Any] = ()) -> str:
+    """How the summary line says what ``--unknown drop`` left out: rows, and the trajectories of nothing but
+    unknown symbols, which are left out whole (the count of trajectories would hide them)."""
+    if not n:
+        return ""
+    gone = ""
+    if emptied:
+        shown = ", ".join(map(str, emptied[:6])) + (f" and {len(emptied) - 6} more" if len(emptied) > 6 else "")
+        gone = (f" (trajector{'y' if len(emptied) == 1 else 'ies'} {shown} left out: every symbol "
+                f"unknown)")
+    return f", {n} unknown-symbol row{'' if n == 1 else 's'} dropped{gone}"
 
 
 def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     """``psrnn forecast``: :func:`pipeline.inference.forecast_file`, and one line of what was written."""
-    from pipeline.inference import forecast_file, load_run
+    from pipeline.inference import forecast_file
 
     _check_inference_args(args, root)
-    run = load_run(root, args.dataset, args.variant, args.run_seed, initial=args.initial)
+    run = _load_run(args, root, params)
     _warn_if_stale(args, root, params)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
                             seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)
     _warn_far(args, summary)
     n = summary["trajectories"]
-    dropped = _dropped(summary["dropped"])
+    dropped = _dropped(summary["dropped"], summary["emptied"])
     print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})")
     single = summary.get("single_row")

@@ -299,7 +299,9 @@ class DatasetParams:
         for v in self.variants:
             if v.name == name:
                 return v
-        raise ParamsError(f"{self.name}.variants: no variant named {name!r} (have {[v.name for v in self.variants]})")
+        names = [v.name for v in self.variants]
+        raise ParamsError(f"{self.name}.variants: no variant named {name!r}{did_you_mean(name, names)} (expected one "
+                          f"of {', '.join(names)})")
 
 
 @dataclass
@@ -314,7 +316,8 @@ class Params:
 
     def dataset(self, name: str) -> DatasetParams:
         if name not in self.datasets:
-            raise ParamsError(f"dataset {name!r} is not configured in params.yaml (have {sorted(self.datasets)})")
+            raise ParamsError(f"dataset {name!r} is not configured in params.yaml{did_you_mean(name, self.datasets)} "
+                              f"(expected one of {', '.join(sorted(self.datasets))})")
         return self.datasets[name]
 
 

@@ -113,6 +113,30 @@ def _project_file(path: Path, root: str | Path | None) -> str | None:
                 return f"inside the {folder}/ folder of the project {r}"
         if len(rel.parts) == 1 and rel.parts[0] in PROJECT_FILES:
             return f"the {rel.parts[0]} of the project {r}"
+    return _tracking_store_file(resolved)
+
+
+def _tracking_store_file(resolved: Path) -> str | None:
+    """Why ``resolved`` belongs to the MLflow store ``MLFLOW_TRACKING_URI`` names, wherever it is: a SQLite store's
+    database (or the ``mlruns/`` folder beside it, its runs' artifacts), or a file store's folder; None otherwise
+    (no such variable, a server)."""
+    import urllib.parse
+
+    from pipeline.tracking import sqlite_path
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    db = sqlite_path(uri)
+    if db is not None:
+        db = db.absolute().parent.resolve() / db.name
+        owned = [(db, False), (db.parent / "mlruns", True)]
+    elif uri.startswith("file:") or (uri and "://" not in uri):
+        folder = Path(urllib.parse.urlparse(uri).path if uri.startswith("file:") else uri).expanduser()
+        owned = [(folder.absolute().resolve(), True)]
+    else:
+        return None
+    for path, is_folder in owned:
+        if resolved == path or is_folder and path in resolved.parents:
+            return f"{'inside ' if resolved != path else ''}the MLflow store of MLFLOW_TRACKING_URI={uri}"
     return None
 
 
@@ -127,6 +151,9 @@ def check_output_path(output_path: str | Path, root: str | Path | None = None) -
     owned = _project_file(path, root)
     if owned is not None:
         folders = ", ".join(f"{f}/" for f in PROJECT_FOLDERS)
+        if "MLFLOW_TRACKING_URI" in owned:
+            raise ValueError(f"{path}: the output is {owned}, which holds the pipeline's runs; expected a path "
+                             "outside it")
         raise ValueError(f"{path}: the output is {owned}, which the pipeline writes or reads; expected a path "
                          f"outside its folders {folders} and other than {', '.join(PROJECT_FILES)}")
     try:
@@ -994,6 +1021,7 @@ class _Input:
     steps: list[np.ndarray]    # per kept trajectory: the step of each kept row
     encoded: list[np.ndarray]  # per kept trajectory: the observations in model units
     dropped: int               # rows of unknown symbols left out
+    emptied: list[Any] = field(default_factory=list)   # ids of trajectories left out whole: every symbol unknown
 
 
 def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_column: str | None, unknown: str
@@ -1012,7 +1040,7 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
                      symbol_column_is="name it with --symbol-column NAME (symbol_column= in Python)")
     if not run.discrete:
         _check_standardised(run, input_path, rows)
-    ids_out, steps_out, encoded = [], [], []
+    ids_out, steps_out, encoded, emptied = [], [], [], []
     dropped = 0
     if run.discrete:   # every symbol of the file at once: one error lists every unknown symbol
         try:
@@ -1026,6 +1054,7 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
             dropped += int((~keep).sum())
             g, enc, position = g[keep], index[keep], position[keep]
             if len(g) == 0:
+                emptied.append(_plain_id(rows.ids[k]))
                 continue
         else:
             try:
@@ -1038,7 +1067,12 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
     if not encoded:
         raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
     return _Input(rows=rows, ids=rows.ids[np.asarray(ids_out, dtype=np.int64)], steps=steps_out, encoded=encoded,
-                  dropped=dropped)
+                  dropped=dropped, emptied=emptied)
+
+
+def _plain_id(value: Any) -> Any:
+    """A trajectory id as a plain Python value (numpy's int64 or str_ as int or str), for a summary's JSON."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_standardised(run: TrainedRun, input_path: Path, rows: Any) -> None:
@@ -1153,7 +1187,8 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
                  device: str = "cpu", block_rows: int = DEFAULT_BLOCK_ROWS) -> dict[str, Any]:
     """Write the one-step predictions of ``run`` on the trajectories of ``input_path`` to ``output_path``
     (Parquet, or CSV for a name ending in .csv: the same rows, no metadata, ``probabilities`` refused; written to a
-    temporary file and renamed), and return a summary (rows, trajectories, dropped rows, metrics over the steps
+    temporary file and renamed), and return a summary (rows, trajectories, dropped rows and ``emptied``, the ids
+    of trajectories left out because every symbol was dropped, metrics over the steps
     that have a next observation; for symbols with ``unigram_bpc`` and ``unigram_accuracy`` where the run kept its
     training counts).
 
@@ -1252,7 +1287,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         return pa.Table.from_arrays(columns, schema=schema)
 
     n_rows = int(sum(len(e) for e in encoded))
-    summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": data.dropped,
+    summary = {"rows": n_rows, "trajectories": len(encoded), "dropped": data.dropped, "emptied": data.emptied,
                "predicted_steps": int(sum(len(e) - 1 for e in encoded))}
     far = far_from_training(encoded, run.features)   # None for symbols
     if far:   # psrnn predict says so on stderr
@@ -1307,15 +1342,16 @@ def worse_than_naive(metrics: dict[str, float]) -> str | None:
     otherwise. Data sampled at another rate than the training data, or unlike it, do that (a run trained on steps
     10 apart, given steps 2 apart: ten times worse than repeating the last value), and the numbers alone do not
     say it."""
-    for metric, naive, what in (("mse", "last_value_mse", "repeating the last observation"),
-                                ("bpc", "unigram_bpc", "the training symbol frequencies, the unigram")):
+    for metric, naive, what, unlike in (
+            ("mse", "last_value_mse", "repeating the last observation", "sampled at another rate?"),
+            ("bpc", "unigram_bpc", "the training symbol frequencies, the unigram", "another text or source?")):
         ours, theirs = metrics.get(metric), metrics.get(naive)
         # a yardstick of 0 (a series that stands still) is beaten by nothing that learnt dynamics: not worth a word
         if ours is not None and theirs is not None and np.isfinite(ours) and np.isfinite(theirs) \
                 and 0 < theirs < ours:
             return (f"the one-step predictions score {metric} {ours:.4g}, worse than {what} ({theirs:.4g}): a "
                     "model that learnt less than that (does it beat it on its test set? psrnn runs, results.md), "
-                    "or data unlike the training data (sampled at another rate?)")
+                    f"or data unlike the training data ({unlike})")
     return None
 
 
@@ -1413,7 +1449,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     else:
         columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
-               "dropped": data.dropped, "sample": bool(sample), "seed": int(seed)}
+               "dropped": data.dropped, "emptied": data.emptied, "sample": bool(sample), "seed": int(seed)}
     far = far_from_training(data.encoded, run.features)   # None for symbols
     if far:   # psrnn forecast says so on stderr
         summary["far_from_training"] = far

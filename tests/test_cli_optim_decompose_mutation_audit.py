@@ -143,7 +143,13 @@ def test_cli_ctrl_c_is_exit_status_130(tmp_path, monkeypatch, capsys):
         raise KeyboardInterrupt
     monkeypatch.setattr(compare, "resolve_summary", interrupted)
     assert cli.main(["--root", str(tmp_path), "compare"]) == 130
-    assert capsys.readouterr().err == "interrupted\n"
+    assert capsys.readouterr().err == "psrnn compare: interrupted (Ctrl-C)\n"
+    from pipeline.workflow import evaluate   # a stage that writes: its files are whole or absent
+
+    monkeypatch.setattr(evaluate, "evaluate_dataset", interrupted)
+    (tmp_path / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    assert cli.main(["--root", str(tmp_path), "evaluate", "hmm"]) == 130
+    assert capsys.readouterr().err == "psrnn evaluate: interrupted (Ctrl-C); no half-written file is left\n"
 
 
 @pytest.mark.parametrize("value", ["0", "false", "No", " "])
@@ -184,7 +190,8 @@ def test_cli_parquet_suffix_in_any_case_is_not_warned_about(tmp_path, capsys):
 
     for name, warned in (("out.PARQUET", False), ("out.parquet", False), ("out.csv", False), ("out.CSV", False),
                          ("out.txt", True)):   # .csv writes CSV; another suffix is written as Parquet, said
-        args = argparse.Namespace(stage="predict", block_rows=65536, device="cpu", output=str(tmp_path / name))
+        args = argparse.Namespace(stage="predict", block_rows=65536, device="cpu", input="in.parquet",
+                                  output=str(tmp_path / name))
         _check_inference_args(args, tmp_path)
         assert bool(capsys.readouterr().err) == warned, name
 

@@ -349,7 +349,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch, cap
     monkeypatch.setattr(cli, "_compare", broken)
     assert cli.main(["--root", str(tmp_path), "compare"]) == 1   # an OSError: one line, as for a failed download
     assert capsys.readouterr().err == (
-        "psrnn compare: error: [Errno 32] Broken pipe: \"the tracking server's socket\"\n")
+        "psrnn compare: error: Broken pipe: \"the tracking server's socket\"\n")
     print("still here")
     assert capsys.readouterr().out == "still here\n"
 

@@ -335,7 +335,7 @@ def test_check_refuses_a_fig4b_feature_or_trajectory_the_prepared_data_lack(tmp_
     raw["report"] = {"figures": {"fig4b": {"dataset": "handwriting", "feature": "pen_down", "trajectory": 1}}}
     code, out, err = _check(tmp_path, capsys, raw)            # not prepared: the data are not known yet
     assert code == 0, err
-    path = _prepared_handwriting(tmp_path, test_lengths=(45, 1, 60))
+    _prepared_handwriting(tmp_path, test_lengths=(45, 1, 60))
     code, _, err = _check(tmp_path, capsys, raw)
     assert code == 1 and err == (
         "psrnn check: error: report.figures.fig4b.feature: 'pen_down' is not a feature of handwriting "

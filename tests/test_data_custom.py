@@ -301,6 +301,44 @@ def test_uneven_steps_warn_and_evenly_spaced_steps_do_not(tmp_path: Path, caplog
                                    "observation per step")
 
 
+def test_the_command_line_says_a_library_warning_as_its_own(tmp_path: Path) -> None:
+    """A warning the library logs reaches a command's stderr as the commands say theirs, ``psrnn <stage>: warning:
+    ...`` (it read ``WARNING pipeline.data.custom: ...``); -v's progress lines keep the module's name. (In a
+    subprocess: pytest's own log handler keeps the command from setting one up.)"""
+    import subprocess
+    import sys
+
+    from pipeline.config import dump_yaml
+
+    cols = _continuous()
+    cols["step"] = cols["step"] * 10
+    cols["step"][7] = 25
+    _write(tmp_path, cols, "uneven.parquet")
+    section = {"source": {"path": "uneven.parquet", "kind": "continuous", "features": ["a", "b"], "test_fraction": 0.34,
+                          "seed": 0},
+               "two_stage": {"n_features": 32, "state_dim": 2, "obs_dim": 2, "past_dim": 2, "past_window": 1,
+                             "future_window": 1},
+               "kf": None, "variants": ["psrnn"]}
+    (tmp_path / "params.yaml").write_text(dump_yaml({"seeds": [0], "custom": section}))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PSRNN_VERBOSE", None)
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "--root", str(tmp_path), "preprocess", "custom"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"psrnn preprocess: warning: {tmp_path / 'uneven.parquet'}: 2 step intervals in 1 "
+                                  "trajectory differ from their trajectory's first spacing"), done.stderr
+    import logging
+
+    from pipeline.cli import _LogFormatter
+
+    def line(level: int) -> str:
+        return _LogFormatter("refine").format(logging.LogRecord("pipeline.workflow.refine", level, __file__, 1,
+                                                                "run %s", ("psrnn_s0",), None))
+
+    assert line(logging.INFO) == "INFO pipeline.workflow.refine: run psrnn_s0"
+    assert line(logging.WARNING) == "psrnn refine: warning: run psrnn_s0"
+
+
 def test_unsigned_steps_beyond_int64_are_refused(tmp_path: Path) -> None:
     cols = _continuous()
     cols["step"] = pa.array(cols["step"].astype(np.uint64) + np.uint64(2 ** 63 - 3), type=pa.uint64())

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.api import fit_model
 from pipeline.data.synthetic import make_hmm_dataset, make_lgssm_dataset
-from pipeline.inference import PREDICT_META_KEY, TrainedRun, load_run, predict_file
+from pipeline.inference import PREDICT_META_KEY, TrainedRun, forecast_file, load_run, predict_file
 from pipeline.train import evaluate, predict
 
 # the small models of the fixtures are bias-free and one of their training states flips: fit_model says so
@@ -212,7 +212,6 @@ def test_a_custom_runs_symbol_column_is_the_default_for_new_files(discrete_run, 
     from dataclasses import replace
 
     from pipeline.data.custom import load_custom
-    from pipeline.inference import forecast_file
 
     run, test = discrete_run
     rng = np.random.default_rng(0)
@@ -247,7 +246,13 @@ def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
         predict_file(run, src, tmp_path / "out.parquet", unknown="map")
     summary = predict_file(run, src, tmp_path / "out.parquet", unknown="drop")
     out = pq.read_table(tmp_path / "out.parquet")
-    assert summary["dropped"] == 2 and out.column("step").to_pylist() == [0, 1, 3, 4]
+    assert summary["dropped"] == 2 and out.column("step").to_pylist() == [0, 1, 3, 4] and summary["emptied"] == []
+    # a trajectory of nothing but unknown symbols is left out whole, and named: the count of trajectories hid it
+    both = _write(tmp_path / "both.parquet", {"trajectory": [7] * 6 + [8] * 2, "symbol": seq + ["99", "98"]})
+    for write in (predict_file, lambda *a, **k: forecast_file(*a, steps=2, **k)):
+        summary = write(run, both, tmp_path / "out.parquet", unknown="drop")
+        assert (summary["dropped"], summary["emptied"], summary["trajectories"]) == (4, [8], 1)
+        assert json.loads(json.dumps(summary["emptied"])) == [8]   # plain ints, for --json readers
     assert out.schema.field("predicted").type == pa.string()   # typed like the input column
     kept = run.predict([np.array(["10", "20", "30", "40"])])[0]
     np.testing.assert_allclose(out.column("probability").to_numpy(), kept.max(1), rtol=1e-12)
@@ -263,6 +268,21 @@ def test_load_run_names_what_is_missing(tmp_path):
                               f"{tmp_path / 'data' / 'prepared' / 'swimmer.parquet'}: prepared dataset not found (is "
                               "'swimmer' a dataset of this project, listed in params.yaml datasets, and has `dvc "
                               "repro` run?)")
+
+
+def test_cli_says_when_the_dataset_of_a_missing_run_is_not_trained_by_dvc_repro(capsys, tmp_path):
+    """A run not found of a dataset that params.yaml's datasets leaves out: `dvc repro` trains none of its runs,
+    which "has `dvc repro` run?" alone did not say (it has)."""
+    for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
+        status, err = _cli(capsys, tmp_path, stage, "custom", "psrnn", "0", "in.parquet", "out.parquet", *extra)
+        assert status == 1 and err.startswith(f"psrnn {stage}: error: no run of custom psrnn seed 0 in "), err
+        assert err.endswith("; custom has a section but is not in params.yaml's datasets, so `dvc repro` trains none "
+                            "of its runs (datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm)"), err
+        status, err = _cli(capsys, tmp_path, stage, "custom_mine", "psrnn", "0", "in.parquet", "out.parquet", *extra)
+        assert status == 1 and err.endswith("; custom_mine has no section in params.yaml, so `dvc repro` trains none "
+                                            "of its runs (datasets: ptb, swimmer, mocap, handwriting, hmm, lgssm)")
+        status, err = _cli(capsys, tmp_path, stage, "hmm", "psrnn", "0", "in.parquet", "out.parquet", *extra)
+        assert status == 1 and err.endswith("listed in params.yaml datasets, and has `dvc repro` run?)"), err
 
 
 def test_dataset_units_cover_every_feature(continuous_run):
@@ -543,6 +563,12 @@ def test_outputs_that_are_not_regular_files_are_refused_before_any_work(capsys, 
     assert _cli(capsys, tmp_path, "predict", "lgssm", "psrnn", "0", "in.parquet", str(out)) == \
         (1, f"psrnn predict: error: {out}: the output's parent {target} is not a directory; expected an output "
             "path in a directory (missing directories are created)")
+    # '-' is no standard input or output here: a file named - was written, or read (./- is one)
+    for stage, extra in (("predict", []), ("forecast", ["--steps", "2"])):
+        for args, name in ((["in.parquet", "-"], "output"), (["-", "out.parquet"], "input")):
+            assert _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", *args, *extra) == \
+                (1, f"psrnn {stage}: error: {name} -: {stage} reads and writes Parquet or CSV files, not standard "
+                    "input or output; expected a path (./- for a file named -)")
     # the library refuses them too
     with pytest.raises(ValueError, match="the output is a symbolic link"):
         predict_file(None, tmp_path / "in.parquet", tmp_path / "link.parquet")
@@ -1237,6 +1263,9 @@ def test_cli_counts_dropped_rows_in_the_singular_and_plural():
 
     assert (_dropped(0), _dropped(1), _dropped(3)) == ("", ", 1 unknown-symbol row dropped",
                                                        ", 3 unknown-symbol rows dropped")
+    assert _dropped(2, [8]) == ", 2 unknown-symbol rows dropped (trajectory 8 left out: every symbol unknown)"
+    assert _dropped(9, list("abcdefgh")) == (", 9 unknown-symbol rows dropped (trajectories a, b, c, d, e, f and 2 "
+                                             "more left out: every symbol unknown)")
 
 
 def test_cli_version_is_the_packages(capsys):

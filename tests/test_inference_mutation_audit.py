@@ -339,11 +339,12 @@ def test_cli_predict_uses_the_trained_checkpoint_unless_initial(capsys, hmm_proj
         np.testing.assert_allclose(pq.read_table(out).column("probability").to_numpy(), p.max(1), rtol=1e-6)
 
 
-def test_stage_seeds_must_be_listed_and_evaluate_takes_variant_with_seed(capsys, tmp_path):
+def test_stage_seeds_must_be_listed_and_evaluate_takes_a_variant_alone(capsys, tmp_path):
     assert _cli(capsys, tmp_path, "features", "hmm", "7") == \
         (1, "", "psrnn features: error: seed 7 is not in params.yaml seeds [0, 1]")
+    # a variant alone is every seed's run of it, as with refine: here the first one has not run
     assert _cli(capsys, tmp_path, "evaluate", "hmm", "psrnn") == \
-        (1, "", "psrnn evaluate: error: evaluate: give both variant and seed, or neither (every run of the dataset)")
+        (1, "", f"psrnn evaluate: error: {tmp_path / 'data' / 'prepared' / 'hmm.parquet'}: prepared dataset not found")
 
 
 def test_cli_predict_summary_says_one_trajectory(capsys, hmm_project):

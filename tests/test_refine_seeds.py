@@ -389,6 +389,8 @@ def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, c
     assert f"(epoch 0: bpc {m['initial_test']['bpc']:.4g})" in out and "weights of epoch 2 of 2" in out
     assert f"Bayes-optimal {m['bayes_optimal']['bpc']:.4g}" in out
     assert m["test"]["bpc"] == pytest.approx(last, rel=1e-6)
+    assert main(["--root", str(root), "evaluate", "hmm", "psrnn"]) == 0   # a variant alone: each seed's run
+    assert capsys.readouterr().out == out
     # psrnn predict's line: a file of one-step trajectories has predictions but nothing to score them against
     import pyarrow as pa
     import pyarrow.parquet as pq

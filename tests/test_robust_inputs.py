@@ -12,6 +12,7 @@ file, key or value (or, where it is sensible, simply working):
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -240,6 +241,37 @@ def test_outputs_among_the_projects_own_files_are_refused(tmp_path, monkeypatch)
     for ok in ("out.parquet", "mine/out.parquet", "models.parquet", "data/preds.parquet", "data/rawish/x.parquet",
                str(tmp_path / "out.parquet")):
         check_output_path(ok, root)
+
+
+
+def test_outputs_in_the_mlflow_store_of_the_environment_are_refused(tmp_path, monkeypatch):
+    """The store MLFLOW_TRACKING_URI names, outside any project, is the runs of every stage: a predict output there
+    replaced the SQLite database with a Parquet file (only a warning about the suffix), and the next stage failed
+    on "not a SQLite database"."""
+    from pipeline.inference import check_output_path
+
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{store / 'runs.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for out, where in ((store / "runs.db", ""), ("store/runs.db", ""), (store / "mlruns" / "1" / "x.parquet", "inside ")):
+        with pytest.raises(ValueError) as err:
+            check_output_path(out)
+        assert str(err.value) == (f"{out}: the output is {where}the MLflow store of MLFLOW_TRACKING_URI={uri}, which "
+                                  "holds the pipeline's runs; expected a path outside it")
+    (tmp_path / "link").symlink_to(store)   # through a link to its folder
+    with pytest.raises(ValueError, match="the output is the MLflow store"):
+        check_output_path(tmp_path / "link" / "runs.db")
+    for ok in (store / "runs.parquet", tmp_path / "mlruns" / "x.parquet", store / "other.db"):
+        check_output_path(ok)
+    for uri in (f"file://{store}", str(store)):   # a file store: its folder
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(ValueError, match="^" + re.escape(f"{store / '0' / 'x.parquet'}: the output is inside the "
+                                                             f"MLflow store of MLFLOW_TRACKING_URI={uri}")):
+            check_output_path(store / "0" / "x.parquet")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")   # a server: nothing here is its
+    check_output_path(store / "runs.db")
 
 
 # ------------------------------------------------------------------------------------------------ mirror

@@ -14,7 +14,7 @@ def download(params: Params, root: Path, source: str) -> dict[str, str]:
     from pipeline.data.download import MANIFEST, cmu_trial_files, fetch, mirror_from_env
 
     if source not in DOWNLOADED:
-        raise ParamsError(f"download: {source!r} has no raw files (expected one of {DOWNLOADED})")
+        raise ParamsError(f"download: {source!r} has no raw files (expected one of {', '.join(DOWNLOADED)})")
     # ~ expanded, as mirror_from_env expands PSRNN_DATA_MIRROR (README: the param "does the same")
     mirror_root = mirror_from_env() or (Path(params.data_mirror).expanduser() if params.data_mirror else None)
     if mirror_root is not None and not mirror_root.is_absolute():
