@@ -11,10 +11,11 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
   2SR-initialised models by up to 5.3e-4 relative between an Intel Xeon and an AMD EPYC (17 more of PTB's 124774
   test characters predicted right by one model; one character is 3e-5 of its accuracy, relative).
 * ``within spread``: a final test metric whose two means differ by more, but by no more than the sum of their seed
-  standard deviations (each mean ± its std reaches the other): the most a run on another CPU can be held to where
+  standard deviations (the two ranges mean ± std overlap): the most a run on another CPU can be held to where
   SGD amplifies rounding (the factorized PSRNNs; the 2SR-initialised models on the continuous sets at lr 1).
 * ``other seeds``: the seed count itself, and an epoch-0 metric (or a count of finite seeds), of a row whose seed
-  counts differ, e.g. a one-seed run against the two-seed reference: the count is a setting, not a result, and the
+  counts differ, e.g. a one-seed run against the two-seed reference, or whose seeds differ (seeds 0 and 1 against
+  2 and 3, where both summaries keep each seed's values): the count is a setting, not a result, and the
   epoch-0 metric a mean over other 2SR draws, not comparable. Where both summaries keep each seed's values
   (``test_bpc@s0``, ``init_test_bpc@s0``: summaries written since the report does), such a row is compared seed by
   seed instead, for the seeds both ran: the same seed's epoch-0 metric (the same 2SR draw) and final metrics are
@@ -22,9 +23,10 @@ A summary is the report stage's DVC metrics file, ``{dataset: {variant: {key: nu
   metrics (one seed's against a mean of others) are still judged by the spread, and a note says so.
 * ``other lr``: a final test metric of a row whose learning rate (``lr``) differs: another training from the same
   start; its epoch-0 metrics are still compared.
-* ``differs``: anything else, including a parameter count, a Bayes-optimal value or a naive predictor's metric
-  (the data or the model are not the same) that is not equal, and a learning rate (``lr``, compared where both
-  summaries have it; a note counts the rows where one side does not) that is not exactly equal.
+* ``differs``: anything else, including a parameter count or a count of finite seeds that is not exactly equal, a
+  Bayes-optimal value or a naive predictor's metric (the data or the model are not the same) that is not the
+  ``same``, whatever ``rtol``, and a learning rate (``lr``, compared where both summaries have it; a note counts
+  the rows where one side does not) that is not exactly equal.
 
 A variant or dataset in one summary only is listed as such. Derived numbers (``gap_*``, the difference of a
 final metric and the Bayes-optimal value; ``*_data_units``, the same test errors as ``test_mse`` in the data's units
@@ -54,6 +56,8 @@ AGREEING = ("same", "close", "within spread", "other seeds", "other lr")
 SEED_KEY = "@s"
 #: the reference snapshots a bare name stands for: ``docs/reference/<name>/summary.json`` of the project
 REFERENCE_DIR = Path("docs") / "reference"
+#: how a summary names the row of a naive predictor (``naive_unigram``: pipeline.report's)
+NAIVE_ROW = "naive_"
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class SummaryComparison:
     only_reference: list[str]     # datasets in the reference only
     unrated: int = 0              # rows of both whose learning rate one side does not record
     unmatched_seeds: list[str] = field(default_factory=list)   # "dataset variant (seed 2)": ours only, not compared
+    shared: list[str] = field(default_factory=list)   # the datasets both hold
 
     def counts(self) -> dict[str, int]:
         return {v: sum(r.verdict == v for r in self.rows) for v in VERDICTS}
@@ -119,27 +124,60 @@ def load_summary(path: Path, *, reference: bool = False) -> dict[str, dict[str, 
     is a one-line error naming it (``reference``: the file was to be the reference, not a run's own)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         remedy = ("a reference snapshot's summary.json (docs/reference/<name>/ of a clone of psrnn-pipeline, or "
                   "--reference FILE)" if reference else
                   "the report stage's summary.json (run `dvc repro`, or name a file)")
         raise FileNotFoundError(f"{path}: file not found; expected {remedy}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:   # a directory, no permission: the file named, not "[Errno 21] ..."
+        raise OSError(exc.errno, f"{path}: cannot read it ({exc.strerror or exc}); expected a summary.json file") \
+            from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:   # an integer of thousands of digits, arrays nested thousands deep
+        raise ValueError(f"{path}: not a summary json can read ({' '.join(str(exc).split())[:100]})") from None
     expected = "expected {dataset: {variant: {key: number}}}, as the report stage's summary.json"
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a JSON {type(data).__name__}, not an object; {expected}")
+        raise ValueError(f"{path}: a JSON {_json_type(data)}, not an object; {expected}")
     for ds, variants in data.items():
         if not isinstance(variants, dict):
-            raise ValueError(f"{path}: {ds} is a JSON {type(variants).__name__}, not an object; {expected}")
+            raise ValueError(f"{path}: {ds} is a JSON {_json_type(variants)}, not an object; {expected}")
         for v, row in variants.items():
             if not isinstance(row, dict):
-                raise ValueError(f"{path}: {ds}.{v} is a JSON {type(row).__name__}, not an object; {expected}")
+                raise ValueError(f"{path}: {ds}.{v} is a JSON {_json_type(row)}, not an object; {expected}")
             for key, value in row.items():
                 if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                    raise ValueError(f"{path}: {ds}.{v}.{key} is {value!r}, not a number; {expected}")
+                    shown = json.dumps(value)
+                    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                    raise ValueError(f"{path}: {ds}.{v}.{key} is the JSON {_json_type(value)} {shown}, not a number; "
+                                     f"{expected}")
+                if isinstance(value, int) and not _fits_float(value):
+                    raise ValueError(f"{path}: {ds}.{v}.{key} is an integer of {len(str(abs(value)))} digits, beyond "
+                                     f"a float's range; {expected}")
     return data
+
+
+def _json_type(value: Any) -> str:
+    """What JSON calls the type of a value json.loads gave."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number"}.get(type(value),
+                                                                                          type(value).__name__)
+
+
+def _fits_float(value: int) -> bool:
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _within(a: float, b: float, rtol: float) -> bool:
@@ -179,7 +217,10 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
          rtol: float) -> list[Comparison]:
     out = []
     n_ours, n_ref = ours.get("seeds"), ref.get("seeds")
-    other_seeds = n_ours is not None and n_ref is not None and n_ours != n_ref
+    ran_ours, ran_ref = _seeds_run(ours), _seeds_run(ref)
+    # other seed counts, or as many seeds but others (where both keep each seed's values): means over other draws
+    other_seeds = (n_ours is not None and n_ref is not None and n_ours != n_ref) or \
+        bool(ran_ours and ran_ref and ran_ours != ran_ref)
     # another learning rate trains another model from the same start: its final metrics are not comparable
     other_lr = "lr" in ours and "lr" in ref and ours["lr"] != ref["lr"] and not (
         ours["lr"] is not None and ref["lr"] is not None and math.isnan(ours["lr"]) and math.isnan(ref["lr"]))
@@ -192,10 +233,14 @@ def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, 
             return "other lr"   # a diverged one (null) too: another training
         if a is None or b is None:
             return "differs"
-        if key == "lr":   # a setting: 0.1 and 0.1001 are two
-            return "same" if a == b or (math.isnan(a) and math.isnan(b)) else "differs"
+        if key in ("lr", "n_params") or key.endswith("_finite"):   # settings and counts: 0.1 and 0.1001 are two
+            if a == b or (math.isnan(a) and math.isnan(b)):
+                return "same"
+            return "other seeds" if key.endswith("_finite") and other_seeds and not by_seed else "differs"
         if _within(float(a), float(b), SAME_RTOL):
             return "same"
+        if key.startswith("optimal_") or variant.startswith(NAIVE_ROW):   # the data's, not a model's: not close
+            return "differs"
         if _within(float(a), float(b), rtol):
             return "close"
         if has_spread:   # a metric over seeds: its spread is the yardstick (of one seed on two CPUs too)
@@ -256,7 +301,7 @@ def compare_summaries(ours: Mapping[str, Mapping[str, Mapping[str, Any]]],
                         unmatched.append(f"{ds} {v} (seed{'s' if len(extra) > 1 else ''} "
                                          f"{', '.join(map(str, extra))})")
     return SummaryComparison(rows, sorted(set(ours) - set(reference)), sorted(set(reference) - set(ours)), unrated,
-                             unmatched)
+                             unmatched, sorted(set(ours) & set(reference)))
 
 
 def _number(value: float | None, std: float | None) -> str:
@@ -286,10 +331,11 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     n = sum(1 for r in result.rows if r.key != "-")
     summary = f"{n} numbers compared: " + ", ".join(f"{counts[v]} {v}" for v in ("same", "close", "within spread",
                                                                                   "differs"))
-    apart = [f"{why}: {counts[v]}" for v, why in (("other seeds", "other seed counts"),
-                                                 ("other lr", "another learning rate")) if counts[v]]
+    # counted apart from the four above, which they are not among
+    apart = [f"{counts[v]} {why}" for v, why in (("other seeds", "of other seeds"),
+                                                 ("other lr", "of another learning rate")) if counts[v]]
     if apart:
-        summary += f" (not comparable, {'; '.join(apart)})"
+        summary += f"; not comparable: {', '.join(apart)}"
     variants = [f"{counts[v]} variant(s) {v}" for v in ("only ours", "only reference") if counts[v]]
     if variants:
         summary += "; " + ", ".join(variants)
@@ -298,7 +344,8 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     if result.only_reference:
         summary += f"; datasets only in the reference: {', '.join(result.only_reference)}"
     if not result.rows:
-        summary += " (the two summaries share no dataset)"
+        summary += (" (the two summaries share no dataset)" if not result.shared else
+                    f" (the datasets they share, {', '.join(result.shared)}, have no numbers on both sides)")
     lines.append(summary)
     # exactly, both known: 56110 against 56103 is 'close' to the tolerance, and still another model
     other = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "n_params" and r.ours is not None
@@ -320,7 +367,7 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     by_seed = {(r.dataset, r.variant) for r in result.rows if SEED_KEY in r.key}
     unmatched = sorted(f"{d} {v}" for d, v in other_counts - by_seed)
     if unmatched:
-        lines.append(f"note: {len(unmatched)} row(s) of other seed counts ({_listed(unmatched)}) could not be "
+        lines.append(f"note: {len(unmatched)} row(s) of other seeds ({_listed(unmatched)}) could not be "
                      "compared seed by seed (a summary without per-seed values, or no seed in common): their final "
                      "metrics are means over other seeds, held to the seed spread, which one seed often exceeds")
     if result.unmatched_seeds:   # ours ran seeds the reference did not: their numbers were looked at by no one

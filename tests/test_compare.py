@@ -59,9 +59,16 @@ def test_each_verdict_at_its_bound():
     row = next(r for r in result.rows if r.key == "test_bpc" and r.variant == "psrnn")
     assert (row.ours, row.reference, row.ours_std, row.reference_std) == (2.029, 2.0, 0.02, 0.01)
     assert row.relative == pytest.approx(0.0145)
-    # a looser rtol makes the 4e-3 move of the naive predictor close, never the model change
-    v = _verdicts(compare_summaries(ours, BASE, rtol=5e-3))
-    assert v["hmm", "naive_unigram", "test_bpc"] == "close" and v["hmm", "psrnn", "n_params"] == "differs"
+    # a looser rtol makes the 5e-4 move of a model's epoch-0 metric close, never a move of the data's numbers (a
+    # naive predictor's, the Bayes optimum) or another model (a parameter count, even one in ten million)
+    ours["hmm"]["psrnn"]["optimal_bpc"] = BASE["hmm"]["psrnn"]["optimal_bpc"] * (1 + 1e-4)
+    ours["hmm"]["lstm"]["n_params"] = BASE["hmm"]["lstm"]["n_params"] * 10 ** 7 + 1
+    base = copy.deepcopy(BASE)
+    base["hmm"]["lstm"]["n_params"] *= 10 ** 7
+    v = _verdicts(compare_summaries(ours, base, rtol=5e-3))
+    assert v["hmm", "lstm", "init_test_bpc"] == "close"
+    assert [v["hmm", "naive_unigram", "test_bpc"], v["hmm", "psrnn", "optimal_bpc"], v["hmm", "psrnn", "n_params"],
+            v["hmm", "lstm", "n_params"]] == ["differs"] * 4
     for bad in (0.0, 1e-7, 1.0, float("nan"), "0.1"):
         with pytest.raises(ValueError, match=r"^rtol .*: expected a number from 1e-06 \(same\) to below 1$"):
             compare_summaries(ours, BASE, rtol=bad)
@@ -138,16 +145,26 @@ def test_load_summary_names_the_file_and_what_is_wrong(tmp_path):
         load_summary(path)
     for text, message in (
             ("{", r"not valid JSON \(Expecting property name"),
-            ("[1, 2]", r"a JSON list, not an object; expected \{dataset: \{variant: \{key: number\}\}\}"),
-            ('{"hmm": 3}', r"hmm is a JSON int, not an object"),
-            ('{"hmm": {"psrnn": [1]}}', r"hmm\.psrnn is a JSON list, not an object"),
-            ('{"hmm": {"psrnn": {"test_bpc": "2.0"}}}', r"hmm\.psrnn\.test_bpc is '2\.0', not a number"),
-            ('{"hmm": {"psrnn": {"seeds": true}}}', r"hmm\.psrnn\.seeds is True, not a number")):
+            ("[1, 2]", r"a JSON array, not an object; expected \{dataset: \{variant: \{key: number\}\}\}"),
+            ("null", r"a JSON null, not an object"),
+            ('{"hmm": 3}', r"hmm is a JSON number, not an object"),
+            ('{"hmm": {"psrnn": [1]}}', r"hmm\.psrnn is a JSON array, not an object"),
+            ('{"hmm": {"psrnn": {"test_bpc": "2.0"}}}', r'hmm\.psrnn\.test_bpc is the JSON string "2\.0", not a number'),
+            ('{"hmm": {"psrnn": {"seeds": true}}}', r"hmm\.psrnn\.seeds is the JSON boolean true, not a number"),
+            ('{"hmm": {"psrnn": {"n": 1' + "0" * 400 + '}}}',
+             r"hmm\.psrnn\.n is an integer of 401 digits, beyond a float's range"),
+            ('{"n": 1' + "0" * 5000 + '}', r"not a summary json can read \(Exceeds the limit"),
+            ("[" * 100000, r"not a summary json can read \(maximum recursion depth")):
         path.write_text(text)
         with pytest.raises(ValueError, match=rf"^{path}: {message}"):
             load_summary(path)
     path.write_text('{"hmm": {"psrnn": {"test_bpc": 2.0, "test_bpc_std": null}}}')
     assert load_summary(path) == {"hmm": {"psrnn": {"test_bpc": 2.0, "test_bpc_std": None}}}
+    folder = tmp_path / "folder.json"   # a directory where the file was to be
+    folder.mkdir()
+    with pytest.raises(OSError) as err:
+        load_summary(folder)
+    assert str(err.value).endswith(f"{folder}: cannot read it (Is a directory); expected a summary.json file")
     # Python's JSON takes NaN and Infinity: NaN on both sides is the same, NaN against a number differs
     path.write_text('{"hmm": {"psrnn": {"test_bpc": NaN, "init_test_bpc": Infinity, "n_params": 3}}}')
     other = tmp_path / "other.json"
@@ -215,8 +232,8 @@ def test_a_one_seed_run_against_the_two_seed_reference():
                  ("hmm", "psrnn", "optimal_bpc"): "same"}
     result = compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}})
     assert format_comparison(result, "a", "b").splitlines()[-2:] == [
-        "5 numbers compared: 2 same, 0 close, 1 within spread, 0 differs (not comparable, other seed counts: 2)",
-        "note: 1 row(s) of other seed counts (hmm psrnn) could not be compared seed by seed (a summary without "
+        "5 numbers compared: 2 same, 0 close, 1 within spread, 0 differs; not comparable: 2 of other seeds",
+        "note: 1 row(s) of other seeds (hmm psrnn) could not be compared seed by seed (a summary without "
         "per-seed values, or no seed in common): their final metrics are means over other seeds, held to the seed "
         "spread, which one seed often exceeds"]
     assert compare_summaries(ours, {"hmm": {"psrnn": BASE["hmm"]["psrnn"]}}).agrees
@@ -282,6 +299,64 @@ def test_a_one_seed_run_is_compared_seed_by_seed_where_both_summaries_keep_each_
     assert "hmm" in compare_summaries(odd, ref).rows[0].dataset
 
 
+def test_as_many_seeds_but_others_are_other_seeds():
+    """Seeds 1 against seeds 0, or 0 and 1 against 1 and 2: the counts agree, the runs do not. Their means were
+    compared as numbers of the same runs (a seed-1 quick pass "differed" eight times against seed 0 with no word,
+    and a seed renamed from 1 to 5 was "the same"); where both summaries keep each seed's values they are now rows
+    of other seeds, compared seed by seed on the seeds both ran."""
+    ref = {"hmm": {"psrnn": {"seeds": 2, "test_bpc": 2.0, "test_bpc_std": 0.01, "init_test_bpc": 2.5,
+                             "test_bpc@s0": 1.99, "test_bpc@s1": 2.01, "init_test_bpc@s0": 2.4,
+                             "init_test_bpc@s1": 2.6, "n_params": 100}}}
+    ours = {"hmm": {"psrnn": {"seeds": 2, "test_bpc": 2.02, "test_bpc_std": 0.01, "init_test_bpc": 2.55,
+                              "test_bpc@s1": 2.01, "test_bpc@s2": 2.03, "init_test_bpc@s1": 2.6,
+                              "init_test_bpc@s2": 2.5, "n_params": 100}}}
+    result = compare_summaries(ours, ref)
+    assert _verdicts(result) == {("hmm", "psrnn", "seeds"): "other seeds", ("hmm", "psrnn", "test_bpc@s1"): "same",
+                                 ("hmm", "psrnn", "init_test_bpc@s1"): "same", ("hmm", "psrnn", "n_params"): "same"}
+    assert result.unmatched_seeds == ["hmm psrnn (seed 2)"] and result.agrees
+    # seed 1 renamed 5 (equal means): seed 0 compared, seed 5 named as not compared
+    ours["hmm"]["psrnn"] = {k.replace("@s1", "@s5"): v for k, v in ref["hmm"]["psrnn"].items()}
+    result = compare_summaries(ours, ref)
+    assert _verdicts(result) == {("hmm", "psrnn", "seeds"): "other seeds", ("hmm", "psrnn", "test_bpc@s0"): "same",
+                                 ("hmm", "psrnn", "init_test_bpc@s0"): "same", ("hmm", "psrnn", "n_params"): "same"}
+    assert result.unmatched_seeds == ["hmm psrnn (seed 5)"]
+    # no seed in common: the epoch-0 means are other draws, the final ones held to the spread (none here), and a
+    # note says so
+    one = {"hmm": {"psrnn": {"seeds": 1, "test_bpc": 2.03, "init_test_bpc": 2.6, "test_bpc@s1": 2.03,
+                             "init_test_bpc@s1": 2.6, "n_params": 100}}}
+    zero = {"hmm": {"psrnn": {"seeds": 1, "test_bpc": 1.99, "init_test_bpc": 2.4, "test_bpc@s0": 1.99,
+                              "init_test_bpc@s0": 2.4, "n_params": 100}}}
+    result = compare_summaries(one, zero)
+    assert _verdicts(result) == {("hmm", "psrnn", "seeds"): "other seeds", ("hmm", "psrnn", "test_bpc"): "differs",
+                                 ("hmm", "psrnn", "init_test_bpc"): "other seeds", ("hmm", "psrnn", "n_params"): "same"}
+    assert "note: 1 row(s) of other seeds (hmm psrnn) could not be compared seed by seed (a summary without per-seed " \
+           "values, or no seed in common)" in format_comparison(result, "a", "b")
+    # summaries without per-seed values cannot tell: the means, as before
+    plain = [{"hmm": {"psrnn": {k: v for k, v in row["hmm"]["psrnn"].items() if "@s" not in k}}} for row in (one, zero)]
+    assert _verdicts(compare_summaries(*plain))["hmm", "psrnn", "seeds"] == "same"
+
+
+def test_counts_are_compared_exactly_whatever_the_tolerance():
+    """A parameter count is another model and a count of finite seeds another outcome when they differ by one:
+    10000001 against 10000000 parameters was 'same' (1e-7 relative), and 1 finite seed of 2 'close' at rtol 0.6."""
+    ref = {"hmm": {"psrnn": {"seeds": 2, "test_bpc": 2.0, "test_bpc_std": 0.01, "n_params": 10_000_000,
+                             "test_bpc_finite": 2}}}
+    ours = copy.deepcopy(ref)
+    ours["hmm"]["psrnn"].update(n_params=10_000_001, test_bpc_finite=1)
+    result = compare_summaries(ours, ref, rtol=0.6)
+    v = _verdicts(result)
+    assert (v["hmm", "psrnn", "n_params"], v["hmm", "psrnn", "test_bpc_finite"]) == ("differs", "differs")
+    assert not result.agrees
+
+
+def test_datasets_shared_without_numbers_are_not_called_unshared():
+    result = compare_summaries({"hmm": {"psrnn": {"test_bpc": None}}}, {"hmm": {"psrnn": {"test_bpc": None}}})
+    assert result.rows == [] and result.shared == ["hmm"]
+    assert format_comparison(result, "a", "b").splitlines()[-1] == (
+        "0 numbers compared: 0 same, 0 close, 0 within spread, 0 differs (the datasets they share, hmm, have no "
+        "numbers on both sides)")
+
+
 def test_the_final_metrics_of_a_row_at_another_rate_are_not_comparable():
     """The note said rows trained at another rate are not comparable, while their final metrics counted as
     'differs' beside the lr itself: one difference of settings (lr) is what --check fails on."""
@@ -293,7 +368,8 @@ def test_the_final_metrics_of_a_row_at_another_rate_are_not_comparable():
     assert _verdicts(result) == {("swimmer", "psrnn", "seeds"): "same", ("swimmer", "psrnn", "test_mse"): "other lr",
                                  ("swimmer", "psrnn", "init_test_mse"): "same", ("swimmer", "psrnn", "lr"): "differs"}
     assert format_comparison(result, "a", "b").splitlines()[-2] == (
-        "4 numbers compared: 2 same, 0 close, 0 within spread, 1 differs (not comparable, another learning rate: 1)")
+        "4 numbers compared: 2 same, 0 close, 0 within spread, 1 differs; not comparable: 1 of another learning "
+        "rate")
     # against a summary that predates lr: said, not compared
     del ref["swimmer"]["psrnn"]["lr"]
     assert format_comparison(compare_summaries(ours, ref), "a", "b").splitlines()[-1] == (
