@@ -791,6 +791,10 @@ def _callers_random_state_kept(device: Any):
         np.random.set_state(numpy_state)
 
 
+#: fit_model's state_dim when none is given (the paper's 20); the Kalman filter's is at most future window x features
+DEFAULT_STATE_DIM = 20
+
+
 def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, train_options: Any) -> _FitPlan:
     """Every check of :func:`fit_model`, before any 2SR work (``a``: its arguments): the arguments and option keys,
     the data (:func:`_checked_splits`), what depends on the data's kind, and the configs' own validation."""
@@ -801,6 +805,9 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     model = a["model"]
     if not isinstance(model, str) or model not in MODEL_NAMES:
         raise ValueError(f"model={brief(model)}: expected one of {', '.join(MODEL_NAMES)}")
+    kf_state_default = model == "kf" and a["state_dim"] is None   # as large as the data allow, up to the default
+    if a["state_dim"] is None:
+        a["state_dim"] = DEFAULT_STATE_DIM
     if not isinstance(a["init"], str) or a["init"] not in ("2sr", "random"):
         raise ValueError(f"init={brief(a['init'])}: expected '2sr' or 'random'")
     if a["init"] == "random" and model not in PSRNN_MODELS:
@@ -895,6 +902,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
     windows = {"past_window": a["horizon"] if a["past_window"] is None else a["past_window"],
                "future_window": a["horizon"]}
     windows.update({k: options.pop(k) for k in list(options) if k in windows})
+    if kf_state_default:
+        a["state_dim"] = min(DEFAULT_STATE_DIM, windows["future_window"] * input_dim)
     if model == "kf" and a["state_dim"] > windows["future_window"] * input_dim:
         raise ValueError(f"state_dim={a['state_dim']}: the Kalman filter's state has at most future window × "
                          f"features = {windows['future_window']} × {input_dim} dimensions; expected a smaller "
@@ -1402,7 +1411,7 @@ def fit_model(
     *,
     valid: Sequence[Any] | None = None,
     model: str = "psrnn",
-    state_dim: int = 20,
+    state_dim: int | None = None,
     obs_dim: int = 20,
     n_layers: int = 1,
     decoder_input: str = "top",
@@ -1433,7 +1442,7 @@ def fit_model(
     * ``model``: ``psrnn``, ``factorized_psrnn``, ``lstm``, ``gru``, ``rnn`` or ``kf`` (Kalman filter, continuous
       data only).
     * ``state_dim``: the size d of the recurrent state (the PSRNN's predictive state, the RNNs' hidden state, the
-      KF's state: at most future window × features).
+      KF's state: at most future window × features); ``None`` (default): 20, the KF's at most that bound.
     * ``obs_dim``: the size of the encoded observation each step feeds the recurrence (the PSRNN's RFF projection
       or symbol embedding, d_o; the RNN baselines' input embedding); the KF reads observations as they are.
     * ``n_features``: the random Fourier features per family of 2SR (observation, history and future features, D)
@@ -1554,7 +1563,7 @@ def fit_model(
             if model == "factorized_psrnn":
                 cps = [cp_decompose(layer.W, rank, seed=seed) for layer in tsm.layers]
         elif model == "kf":
-            lss = linear_two_stage(train, state_dim=state_dim, ridge=plan.kf_ridge, **windows)
+            lss = linear_two_stage(train, state_dim=cfg.state_dim, ridge=plan.kf_ridge, **windows)
         net = initialise_model(cfg, two_stage=tsm, cp=cps, linear=lss, seed=seed, decoder_data=train)
         note = far_side_note(net, {"train": train, "valid": plan.valid, "test": plan.test})
         if note:

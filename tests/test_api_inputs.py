@@ -322,6 +322,16 @@ def test_kf_state_larger_than_its_windows_is_refused_before_2sr(features, no_wor
              **{**SMALL, "state_dim": 5, "horizon": 2})
 
 
+def test_the_kf_state_defaults_to_what_its_windows_allow(features):
+    """state_dim left out: 20, which a Kalman filter of 2 features and horizon 1 cannot have (every default KF fit
+    of a few features failed): its state is then as large as its future window allows, up to 20."""
+    small = {k: v for k, v in SMALL.items() if k != "state_dim"}
+    for horizon, d in ((1, 2), (3, 6), (12, 20)):
+        fitted = fit_model(features.train, model="kf", **{**small, "horizon": horizon, "epochs": 0})
+        assert fitted.model.config.state_dim == d
+    assert fit_model(features.train, **{**small, "epochs": 0}).model.config.state_dim == 20   # the others: 20
+
+
 @pytest.mark.parametrize("argument, message", [
     ({"model": "lstm", "ridge": 0.1}, "ridge=0.1: lstm is initialised by Xavier, not by 2SR; leave it out"),
     ({"model": "gru", "two_stage_options": {"width_scale": 0.5}},
