@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list every number compared (default: those that are not the same)")
     d.add_argument("--check", action="store_true",
                    help="exit with status 1 when a number differs beyond its seed spread, a variant is on one "
-                        "side only, or the two summaries share no dataset (default: 0 whatever the verdicts)")
+                        "side only, or the two summaries share no dataset (default: 0 whatever the verdicts); "
+                        "2, with or without --check, when the summaries cannot be read")
     for name, text, out in (
             ("predict", "one-step predictions of a trained run on new trajectories (a Parquet file in the schema "
                         "of a custom dataset); not a DVC stage",
@@ -327,7 +328,8 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         if sizes:   # name the keys of this stage's sizes rather than the generic list
             message = message.replace(_MEMORY_ADVICE, f"expected sizes that fit this machine's memory: {sizes}")
         print(f"psrnn {args.stage}: error: {message}", file=sys.stderr)
-        return 1
+        # compare --check is 1 when the numbers differ: trouble is 2, as diff and cmp say it (argparse's too)
+        return 2 if args.stage == "compare" else 1
 
 
 #: per stage, the parts of a dataset's params section, and their keys, whose values decide the stage's memory

@@ -208,12 +208,14 @@ def test_cli_compare_prints_the_table_and_checks(tmp_path, capsys):
         "14 numbers compared: 14 same, 0 close, 0 within spread, 0 differs"]
     assert cli.main(["--root", str(tmp_path), "compare", "--reference", str(ref), "--rtol", "0.5", "--check"]) == 0
     capsys.readouterr()
-    assert cli.main(["--root", str(tmp_path), "compare", str(tmp_path / "none.json"), "--reference", str(ref)]) == 1
+    # could not compare: 2, as diff says trouble, so that --check's 1 means the numbers differ
+    assert cli.main(["--root", str(tmp_path), "compare", str(tmp_path / "none.json"), "--reference", str(ref),
+                     "--check"]) == 2
     assert capsys.readouterr().err.strip() == (f"psrnn compare: error: {tmp_path / 'none.json'}: file not found; "
                                                "expected the report stage's summary.json (run `dvc repro`, or name "
                                                "a file)")
     # a project without the shipped snapshots (a user's own): the default reference is named as missing
-    assert cli.main(["--root", str(tmp_path), "compare"]) == 1
+    assert cli.main(["--root", str(tmp_path), "compare"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"psrnn compare: error: {tmp_path / 'docs' / 'reference' / 'default' / 'summary.json'}: file not found; "
         "expected a reference snapshot's summary.json (docs/reference/<name>/ of a clone of psrnn-pipeline, or "
@@ -423,7 +425,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch, cap
         raise BrokenPipeError(32, "Broken pipe", "the tracking server's socket")
 
     monkeypatch.setattr(cli, "_compare", broken)
-    assert cli.main(["--root", str(tmp_path), "compare"]) == 1   # an OSError: one line, as for a failed download
+    assert cli.main(["--root", str(tmp_path), "compare"]) == 2   # an OSError: one line, as for a failed download
     assert capsys.readouterr().err == (
         "psrnn compare: error: Broken pipe: \"the tracking server's socket\"\n")
     print("still here")
