@@ -740,8 +740,8 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
     from pipeline.data.schema import read_dataset
     from pipeline.io import load_npz
     from pipeline.models import model_from_config
-    from pipeline.train import load_checkpoint, trained_epoch, trained_weights
-    from pipeline.workflow.evaluate import finished_checkpoint
+    from pipeline.train import trained_epoch, trained_weights
+    from pipeline.workflow.evaluate import finished_checkpoint, load_finished
     from pipeline.workflow.paths import artifact_dir, folder_seed, prepared_path
 
     root = Path(root)
@@ -777,7 +777,7 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
         units = recorded_units(path.parent)
         if units is not None:
             _check_units_fit(units, model, str(path.parent / "history.json"))
-        ck = load_checkpoint(path)
+        ck = load_finished(path, dataset, variant, seed)
         _check_variant(path, ck.get("model_config"), wanted)
         try:
             model.load_state_dict(trained_weights(ck))

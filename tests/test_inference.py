@@ -1389,3 +1389,16 @@ def test_inputs_far_outside_the_training_data_are_used_but_said(continuous_run, 
         status, err = _cli(capsys, tmp_path, stage, "lgssm", "psrnn", "0", str(moved), str(tmp_path / "o.parquet"),
                            "--initial", *extra)
         assert status == 0 and re.search(rf"psrnn {stage}: warning: {re.escape(str(moved))}: " + said, err), err
+
+
+def test_a_damaged_checkpoint_of_a_finished_run_names_the_refine_that_trains_it_again(tmp_path):
+    """predict and evaluate said "delete it and rerun refine" where `psrnn runs` said refine trains it again:
+    refine does (a damaged run is trained again), so the command is named, not a deletion."""
+    from pipeline.workflow.evaluate import load_finished
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError) as err:
+        load_finished(path, "hmm", "psrnn", 1)
+    assert str(err.value) == (f"{path}: not a readable checkpoint; refine trains the run again (psrnn refine hmm "
+                              "psrnn 1)")

@@ -37,6 +37,19 @@ def finished_checkpoint(root: Path, dataset: str, variant: str, seed: int) -> Pa
     return ckpt
 
 
+def load_finished(ckpt: Path, dataset: str, variant: str, seed: int) -> dict[str, Any]:
+    """The checkpoint :func:`finished_checkpoint` found, read; a damaged one is named with what refine does about
+    it: it trains the run again (deleting it first, as the loader's own message advises, is not needed)."""
+    from pipeline.train import load_checkpoint
+
+    try:
+        return load_checkpoint(ckpt)
+    except ValueError as exc:
+        text = str(exc).split("; delete it")[0]
+        raise ValueError(f"{text}; refine trains the run again ({psrnn_command('refine', dataset, variant, seed)})") \
+            from None
+
+
 def check_current(params: Params, root: Path, dataset: str, variant_name: str, seed: int,
                   shared: Callable[[], str] | None = None) -> None:
     """Refuse a finished run whose ``done`` fingerprint is not that of the current params, data, initial weights
@@ -57,7 +70,7 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     ``train.restore_best``: ``model_epoch`` says which), its epoch-0 metrics, its MLflow run id, the test metrics
     of the naive predictors (:mod:`pipeline.naive`) beside the Bayes-optimal ones of synthetic data, and the
     one-step test predictions of the initial and final model."""
-    from pipeline.train import evaluate_and_predict, load_checkpoint, trained_epoch, trained_weights
+    from pipeline.train import evaluate_and_predict, trained_epoch, trained_weights
 
     dp = params.dataset(dataset)
     variant = dp.variant(variant_name)
@@ -66,7 +79,7 @@ def evaluate_run(params: Params, root: Path, dataset: str, variant_name: str, se
     ckpt = finished_checkpoint(root, dataset, variant_name, seed)
     if one_run:
         check_current(params, root, dataset, variant_name, seed)
-    ck = load_checkpoint(ckpt)
+    ck = load_finished(ckpt, dataset, variant_name, seed)
     initial = load_initial(root, dataset, variant_name, seed)
     final = copy.deepcopy(initial)
     final.load_state_dict(trained_weights(ck))
