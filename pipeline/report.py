@@ -422,6 +422,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     from matplotlib.ticker import MaxNLocator
 
     colors = _colors(variants, universe=list(by_variant))
+    rate = _rate_suffixes(by_variant, variants)
     drawn, extent, last_means = 0, [], []   # each curve's last finite mean
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
@@ -431,7 +432,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         epochs, mean, lo, hi, count, ends, trained = c
         n = len(ends)
         full = count == n
-        label = f"{v} ({n} seed{'s' if n != 1 else ''})"
+        label = f"{v} ({n} seed{'s' if n != 1 else ''}{rate.get(v, '')})"
         marker = "o" if len(epochs) <= 30 else None
         ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), marker=marker,
                 ms=3, label=label)
@@ -499,7 +500,7 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
-    legend_width = _legend_width(variants, "training mean (0.0001234)")
+    legend_width = _legend_width(variants, "training mean (0.0001234)", _rate_suffixes(by_variant, variants))
     with _style():
         fig, axes = _figure(1, len(metrics), (5.5 * len(metrics) + legend_width, 4.2))
         for ax, m in zip(axes[0], metrics):
@@ -513,10 +514,22 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
 
 
-def _legend_width(variants: Iterable[str], longest_line: str) -> float:
+def _legend_width(variants: Iterable[str], longest_line: str, rates: Mapping[str, str] | None = None) -> float:
     """Inches a legend beside the panels needs: the line sample, then "small" text (~0.068 in a character) of
-    the longest variant entry or ``longest_line`` (a reference line's)."""
-    return 0.75 + 0.068 * max([len(f"{v} (10 seeds)") for v in variants] + [len(longest_line)])
+    the longest variant entry (with its learning rate, ``rates``: :func:`_rate_suffixes`) or ``longest_line`` (a
+    reference line's)."""
+    rates = rates or {}
+    return 0.75 + 0.068 * max([len(f"{v} (10 seeds{rates.get(v, '')})") for v in variants] + [len(longest_line)])
+
+
+def _rate_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, str]:
+    """", lr 0.1" for each of ``variants`` where they trained at more than one learning rate among them
+    (``train.overrides``): a curve at another rate is another training, which its legend entry says, as
+    results.md's lr column does; {} where they share one rate."""
+    rates = {v: sorted(set(_finite(r.get("lr") for r in by_variant.get(v, []))[0])) for v in variants}
+    if len({x for xs in rates.values() for x in xs}) <= 1:
+        return {}
+    return {v: ", lr " + "/".join(f"{x:g}" for x in xs) for v, xs in rates.items() if xs}
 
 
 def _legend_beside(axes: Sequence[Any]) -> None:
@@ -603,7 +616,11 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     path = out_fig / fname
     partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
     # one legend for the panels (each writes the values of its own reference lines on them)
-    legend_width = _legend_width([v for _, _, present in panels for v in present], "training mean")
+    rates: dict[str, str] = {}
+    for _, by_variant, present in panels:   # the longest entry of any panel (each says its own rates)
+        for v, text in _rate_suffixes(by_variant, present).items():
+            rates[v] = max(rates.get(v, ""), text, key=len)
+    legend_width = _legend_width([v for _, _, present in panels for v in present], "training mean", rates)
     with _style():
         fig, axes = _figure(1, len(panels), (5.0 * len(panels) + legend_width, 4.2))
         for ax, (ds, by_variant, present) in zip(axes[0], panels):
@@ -659,6 +676,13 @@ def fig4b_variants(cfg: Mapping[str, Any], by_variant: Mapping[str, Any]) -> lis
                                              _variant_key(v)))
 
 
+def _score(metrics: Any, key: str) -> float | None:
+    """A finite metric of a run's metrics dict (``test``, ``initial_test``), or None."""
+    value = (metrics or {}).get(key) if isinstance(metrics, Mapping) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     import pyarrow.compute as pc
 
@@ -667,6 +691,8 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     by_variant = grouped.get(ds, {})
     variants = fig4b_variants(cfg, by_variant)
     tables: dict[str, tuple[int, Any]] = {}
+    scores: dict[str, tuple[float | None, float | None]] = {}   # the run's test MSE before and after training
+    standardised = False
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["predictions_path"] is not None]
         if cfg["seed"] is not None:
@@ -676,6 +702,9 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         r = runs[0]
         try:
             tables[v] = (r["seed"], _read_predictions(r["predictions_path"]))
+            scores[v] = (_score(r.get("initial_test"), "mse"), _score(r.get("test"), "mse"))
+            # evaluate scores the data's units beside the model's only where the data were standardised
+            standardised = standardised or "mse_data_units" in (r.get("test") or {})
         except Exception as exc:  # noqa: BLE001 - an unreadable file must not stop the report
             log.warning("report: cannot read %s: %s", r["predictions_path"], exc)
             notes.append(f"`{fname}`: `predictions/{ds}/{r['run']}.parquet` unreadable "
@@ -750,20 +779,25 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         for j, (v, seed, d) in enumerate(columns):
             for i, (key, row_name) in enumerate((("initial", "before training"), ("final", "after training"))):
                 ax = axes[i][j]
-                ax.plot(d["step"], d["target"], color="black", lw=1.2, label="test data")
-                ax.plot(d["step"], d[key], color=colors[v], lw=1.2, label="one-step prediction")
+                # the data on top, thinner: a prediction that follows it closely (the KF's) hid it
+                ax.plot(d["step"], d[key], color=colors[v], lw=1.8, label="one-step prediction", zorder=2)
+                ax.plot(d["step"], d["target"], color="black", lw=0.9, label="test data", zorder=3)
+                score = scores[v][i]
+                if score is not None:   # the whole test set's, of this seed: the one trajectory drawn can mislead
+                    ax.text(0.02, 0.97, f"test MSE {score:.3g}", transform=ax.transAxes, fontsize="x-small",
+                            va="top", ha="left", bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1})
                 if i == 0:
                     ax.set_title(f"{v} (seed {seed})")
                 if i == 1:
                     ax.set_xlabel("step")
                 if j == 0:
-                    ax.set_ylabel(f"{row_name}\n{shown}")
+                    ax.set_ylabel(f"{row_name}\n{shown}" + (" (standardised)" if standardised else ""))
                 ax.grid(True, alpha=0.3)
                 ax.tick_params(labelsize="small")
         # one legend for every column, in neutral colours: each model draws its prediction in its own
         from matplotlib.lines import Line2D
 
-        fig.legend([Line2D([], [], color="black", lw=1.2), Line2D([], [], color="grey", lw=1.2)],
+        fig.legend([Line2D([], [], color="black", lw=0.9), Line2D([], [], color="grey", lw=1.8)],
                    ["test data", "one-step prediction (the model's colour)"], fontsize="small", loc="upper center",
                    bbox_to_anchor=(0.5, 1 - 0.62 / 5.6), ncol=2, frameon=False)   # under the title
         # what is drawn on a line of its own: one line was cut at both ends on a figure of two columns
@@ -885,8 +919,10 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     show_lr = len({x for xs in rates.values() for x in xs}) > 1
     # standardised data (evaluate adds mse_data_units): the test MSE in the data's units beside the standardised one
     units = [f"{m}_data_units" for m in metrics if any(f"{m}_data_units" in r["test"] for r in all_runs)]
+    # the model's units are standardised where the data's are written beside them: say so in its column's name
+    in_model_units = {u.removesuffix("_data_units") for u in units}
     header = ["variant", "seeds", "params"] + (["lr"] if show_lr else []) + \
-             [f"test {LABELS[m]}" for m in metrics] + \
+             [f"test {LABELS[m]}" + (" (standardised)" if m in in_model_units else "") for m in metrics] + \
              [f"test {LABELS[u.removesuffix('_data_units')]} (data units)" for u in units] + \
              [f"init {LABELS[m]} (mean)" for m in metrics]
     if optimal is not None:
@@ -913,7 +949,7 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     lines = [f"## {_md(ds)} ({kind})", ""]
     if optimal is not None:
         lines += [f"Bayes-optimal test {LABELS[primary]}: {_fmt(optimal)}", ""]
-    naive = _naive_text(all_runs, metrics)
+    naive = _naive_text(all_runs, metrics, standardised=bool(units))
     if naive:
         lines += [naive, ""]
     lines.append("| " + " | ".join(header) + " |")
@@ -945,6 +981,9 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
                 scheduled.append(f"`{_md(v)}` seed {r['seed']} " + " and ".join(parts))
     if scheduled:
         lines += ["Schedule (`train.patience`, `train.restore_best`): " + "; ".join(scheduled) + ".", ""]
+    beaten = _beaten_by_naive(by_variant, [v for _, v, _ in rows], all_runs, primary)
+    if beaten:
+        lines += [beaten, ""]
     worse = _worse_than_start(by_variant, [v for _, v, _ in rows], primary)
     if worse:
         from pipeline.naive import WORSE_THAN_START
@@ -983,10 +1022,11 @@ def _worse_than_start(by_variant: Mapping[str, Sequence[dict]], order: Sequence[
     return out
 
 
-def _naive_text(runs: Sequence[dict], metrics: Sequence[str]) -> str | None:
+def _naive_text(runs: Sequence[dict], metrics: Sequence[str], *, standardised: bool = False) -> str | None:
     """The line of :mod:`pipeline.naive`'s predictors under a dataset's heading, e.g. "Naive predictors (no
-    dynamics learned), test MSE: last value 4.451e-03, training mean 1.908", or with two metrics "..., test:
-    unigram BPC 4.317 and accuracy 0.183"."""
+    dynamics learned), test MSE (standardised): last value 4.451e-03, training mean 1.908" (``standardised``: in
+    the units of the table's standardised column), or with two metrics "..., test: unigram BPC 4.317 and accuracy
+    0.183"."""
     from pipeline.naive import NAIVE_LABELS
 
     values = {m: _naive(runs, m) for m in metrics}
@@ -996,10 +1036,34 @@ def _naive_text(runs: Sequence[dict], metrics: Sequence[str]) -> str | None:
     if len(metrics) == 1:
         m = metrics[0]
         shown = ", ".join(f"{NAIVE_LABELS.get(n, n)} {_fmt(values[m][n])}" for n in names)
-        return f"Naive predictors (no dynamics learned), test {LABELS[m]}: {shown}"
+        return (f"Naive predictors (no dynamics learned), test {LABELS[m]}{' (standardised)' if standardised else ''}: "
+                f"{shown}")
     shown = "; ".join(f"{NAIVE_LABELS.get(n, n)} " + " and ".join(f"{LABELS[m]} {_fmt(values[m][n])}" for m in metrics
                                                                  if n in values[m]) for n in names)
     return f"Naive predictors (no dynamics learned), test: {shown}"
+
+
+def _beaten_by_naive(by_variant: Mapping[str, Sequence[dict]], order: Sequence[str], runs: Sequence[dict],
+                     metric: str) -> str | None:
+    """The line under a table naming the variants whose mean final test ``metric`` is worse than the best of
+    :mod:`pipeline.naive`'s predictors, e.g. on Handwriting, where repeating the last value (0.014) beats every
+    model at lr 1 but the KF: the table shows it only beside a line above it."""
+    from pipeline.naive import NAIVE_LABELS
+
+    naive = _naive(runs, metric)
+    if not naive:
+        return None
+    lower = LOWER_IS_BETTER[metric]
+    name, best = (min if lower else max)(naive.items(), key=lambda kv: kv[1])
+    worse = []
+    for v in order:
+        finals, _ = _finite(r["test"].get(metric) for r in by_variant[v] if r["test"] is not None)
+        if finals and (float(np.mean(finals)) > best if lower else float(np.mean(finals)) < best):
+            worse.append(f"`{_md(v)}`")
+    if not worse:
+        return None
+    return (f"Worse on test than the {NAIVE_LABELS.get(name, name)} predictor ({LABELS[metric]} {_fmt(best)}, mean over "
+            f"seeds): {', '.join(worse)}.")
 
 
 def _stats(values: Iterable[Any]) -> tuple[float | None, float | None]:
@@ -1184,9 +1248,15 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
 
         lines = ["# Results", "",
                  "Final test metrics per dataset and variant: mean ± sample standard deviation (ddof = 1) over seeds; "
-                 "a single seed shows its value alone. \"init\" is the epoch-0 model (2SR for PSRNNs, the random or "
-                 "fitted initialisation otherwise), averaged over seeds. Rows are sorted by the primary metric "
-                 "(lower is better). Curves show the mean over seeds with the min–max band shaded.", ""]
+                 "a single seed shows its value alone. \"init\" is the epoch-0 model (2SR for the PSRNNs and the "
+                 "Kalman filter, the random or fitted initialisation otherwise), averaged over seeds. Rows are "
+                 "sorted by the primary metric (test BPC on discrete data, test MSE on continuous data; lower is "
+                 "better). Where a continuous dataset's features were standardised for the models (`source.normalize`: "
+                 "each centred and scaled by its training standard deviation), \"test MSE (standardised)\" is in "
+                 "those units and \"test MSE (data units)\" the same predictions' error in the data's own, which features of large variance dominate, so the "
+                 "two can rank models differently. An lr column, where a dataset's variants trained at more than "
+                 "one rate (`train.overrides`), gives each one's initial learning rate. Curves show the mean over "
+                 "seeds with the min–max band shaded.", ""]
         if not runs:
             lines += ["No runs found.", ""]
         # in the order of params' datasets (the paper's first), a listed dataset without runs saying so

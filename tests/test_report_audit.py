@@ -299,10 +299,11 @@ def test_the_mse_in_data_units_is_in_the_table_and_summary_of_the_datasets_that_
     """evaluate's mse_data_units (standardised data) is a column of results.md and test_mse_data_units (mean and
     std over seeds) a key of summary.json, beside the standardised MSE; a dataset without it has neither."""
     root = tmp_path / "project"
+    naive = {"last_value": {"mse": 0.25}, "train_mean": {"mse": 1.0}}
     for seed, units in ((0, 2.0), (1, 4.0)):
         _write_run(root, "custom", "kf", seed, "continuous", [1.0, 0.5],
-                   extra={"test": {"mse": 0.5, "mse_data_units": units}})
-    _write_run(root, "lgssm", "kf", 0, "continuous", [1.0, 0.25])
+                   extra={"test": {"mse": 0.5, "mse_data_units": units}, "naive": naive})
+    _write_run(root, "lgssm", "kf", 0, "continuous", [1.0, 0.25], extra={"naive": naive})
     write_report(root, tmp_path / "reports")
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert summary["custom"]["kf"]["test_mse_data_units"] == 3.0
@@ -310,9 +311,18 @@ def test_the_mse_in_data_units_is_in_the_table_and_summary_of_the_datasets_that_
     assert not any("data_units" in k for k in summary["lgssm"]["kf"])
     md = (tmp_path / "reports" / "results.md").read_text()
     custom, lgssm = md.split("## custom")[1].split("## lgssm")
-    assert "| variant | seeds | params | test MSE | test MSE (data units) | init MSE (mean) |" in custom
+    # the model's column says its units where the data's are beside it, and so does the naive predictors' line
+    assert "| variant | seeds | params | test MSE (standardised) | test MSE (data units) | init MSE (mean) |" in custom
     assert "| `kf` | 2 | 1,000 | 0.500 ± 0.000 | 3.000 ± 1.414 |" in custom
-    assert "data units" not in lgssm
+    assert "Naive predictors (no dynamics learned), test MSE (standardised): last value 0.250, training mean " \
+           "1.000" in custom
+    assert "data units" not in lgssm and "standardised" not in lgssm
+    assert "| variant | seeds | params | test MSE | init MSE (mean) |" in lgssm
+    assert "Naive predictors (no dynamics learned), test MSE: last value 0.250, training mean 1.000" in lgssm
+    # a model worse than a naive predictor is named under its table (0.5 against the last value's 0.25); one that
+    # is not (lgssm's 0.25: no worse) is not
+    assert "Worse on test than the last value predictor (MSE 0.250, mean over seeds): `kf`." in custom
+    assert "Worse on test" not in lgssm
 
 
 def test_2sr_variants_that_ended_worse_than_their_start_are_named_under_the_table(tmp_path):
@@ -388,3 +398,46 @@ def test_a_negative_gap_to_the_bayes_optimum_is_explained(tmp_path):
     md = (tmp_path / "reports" / "results.md").read_text()
     assert "A gap more than 1% below the optimum (`kf`): no filter beats the true one by that much" in md
     assert "A negative gap" not in md
+
+
+def test_fig4b_says_each_runs_test_mse_and_the_units_and_draws_the_data_on_top(tmp_path, figures):
+    """Swimmer's PSRNN column showed seed 0 (test MSE 0.032) beside a table mean of 0.85 (seed 1: 1.66), with
+    nothing to tell: each panel writes its run's test MSE before and after training; the y axis says the units
+    are standardised, and the test data are drawn over the prediction (the KF's hid them)."""
+    root = tmp_path / "project"
+    rng = np.random.default_rng(0)
+    for v, (start, end) in (("kf", (0.0009, 0.0006)), ("psrnn", (0.0063, 0.032))):
+        _write_run(root, "swimmer", v, 0, "continuous", [start, end],
+                   extra={"test": {"mse": end, "mse_data_units": 3 * end},
+                          "initial_test": {"mse": start, "mse_data_units": 3 * start}})
+        _write_predictions(root, "swimmer", f"{v}_s0", rng)
+    write_report(root, tmp_path / "reports", figures={"fig4b": {"variants": ["kf", "psrnn"]}})
+    fig = figures["fig4b.png"]
+    axes = fig.axes[:4]   # rows: before, after; columns: kf, psrnn
+    texts = [[t.get_text() for t in ax.texts] for ax in axes]
+    assert texts == [["test MSE 0.0009"], ["test MSE 0.0063"], ["test MSE 0.0006"], ["test MSE 0.032"]]
+    assert axes[0].get_ylabel() == "before training\nqpos_0 (standardised)"
+    data, prediction = ([ln for ln in axes[0].get_lines() if ln.get_label() == name][0]
+                        for name in ("test data", "one-step prediction"))
+    assert data.get_zorder() > prediction.get_zorder()
+
+
+def test_curves_of_variants_trained_at_other_rates_say_their_rate(tmp_path, figures):
+    """The override's figures drew psrnn at lr 0.1 beside baselines at lr 1 with nothing to tell (only the table's
+    lr column did): where a figure's variants trained at more than one rate, each legend entry says its own."""
+    root = tmp_path / "project"
+    for v, lr in (("kf", 0.01), ("psrnn", 0.1), ("lstm", 1.0)):
+        for seed in (0, 1):
+            _write_run(root, "swimmer", v, seed, "continuous", [1.0, 0.5], extra={"lr": lr})
+    _write_run(root, "mocap", "psrnn", 0, "continuous", [1.0, 0.5], extra={"lr": 1.0})
+    _write_run(root, "mocap", "lstm", 0, "continuous", [1.0, 0.5], extra={"lr": 1.0})
+    write_report(root, tmp_path / "reports", figures={"fig4a": {"datasets": ["swimmer", "mocap"]}})
+
+    def labels(fig):
+        return [t.get_text() for ax in fig.axes for lg in [ax.get_legend()] if lg for t in lg.get_texts()]
+
+    assert labels(figures["swimmer_curves.png"])[:3] == ["kf (2 seeds, lr 0.01)", "lstm (2 seeds, lr 1)",
+                                                          "psrnn (2 seeds, lr 0.1)"]
+    assert labels(figures["mocap_curves.png"])[:2] == ["lstm (1 seed)", "psrnn (1 seed)"]   # one rate: unsaid
+    shared = labels(figures["fig4a.png"])
+    assert "psrnn (2 seeds, lr 0.1)" in shared and "psrnn (1 seed)" in shared
