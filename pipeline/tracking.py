@@ -72,8 +72,19 @@ def store_root(path: str | os.PathLike) -> Path:
 
 
 def tracking_uri(root: str | os.PathLike | None = None) -> str:
+    """The store a stage logs into: ``MLFLOW_TRACKING_URI`` when set, else ``<repo>/mlflow.db``. A relative SQLite
+    path in the variable (``sqlite:///mlflow.db``, as ``mlflow ui`` takes it) is the user's repo's file, not one in
+    a queued experiment's copy ``<repo>/.dvc/tmp/exps/...``, where SQLite would open it (a new, empty store that DVC
+    deletes with the copy: every run of the experiment was lost)."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
+        db = sqlite_path(env)
+        if db is not None and not db.is_absolute():
+            here = Path.cwd()   # where SQLite opens it (DVC_ROOT is the user's repo, or the copy, by DVC version)
+            repo = store_root(here)
+            if repo != here.resolve():   # in a copy: the same path from the user's repo
+                query = env[len("sqlite:///"):].partition("?")[1:]
+                return f"sqlite:///{repo / db}" + "".join(query)
         return env
     base = store_root(os.environ.get("DVC_ROOT") or root or Path.cwd())
     return f"sqlite:///{base / 'mlflow.db'}"

@@ -168,6 +168,19 @@ def test_project_root_is_the_experiment_copy_and_the_store_is_the_users(tmp_path
     assert tracking_uri(copy) == f"sqlite:///{repo.resolve() / 'mlflow.db'}"
     monkeypatch.setenv("DVC_ROOT", str(copy))
     assert tracking_uri() == f"sqlite:///{repo.resolve() / 'mlflow.db'}"
+    # MLFLOW_TRACKING_URI=sqlite:///mlflow.db, relative as `mlflow ui` takes it: the user's file, not one SQLite
+    # would create in the copy (which DVC deletes: every run of a queued experiment was lost)
+    for dvc_root in (repo, copy):
+        monkeypatch.setenv("DVC_ROOT", str(dvc_root))
+        for uri, expected in (("sqlite:///mlflow.db", f"sqlite:///{repo.resolve() / 'mlflow.db'}"),
+                              ("sqlite:///runs/m.db?timeout=30", f"sqlite:///{repo.resolve() / 'runs' / 'm.db'}?timeout=30"),
+                              (f"sqlite:///{tmp_path / 'abs.db'}", f"sqlite:///{tmp_path / 'abs.db'}"),
+                              ("http://127.0.0.1:5000", "http://127.0.0.1:5000")):
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+            monkeypatch.chdir(copy)
+            assert tracking_uri(copy) == expected
+            monkeypatch.chdir(repo)   # in the workspace: as the variable says, relative to where it runs
+            assert tracking_uri(repo) == uri
 
 
 @pytest.mark.slow  # ~50 s on 2 cores: DVC's queue workers and two MLflow imports per experiment
