@@ -80,11 +80,11 @@ def tracking_uri(root: str | os.PathLike | None = None) -> str:
     if env:
         db = sqlite_path(env)
         if db is not None and not db.is_absolute():
-            here = Path.cwd()   # where SQLite opens it (DVC_ROOT is the user's repo, or the copy, by DVC version)
-            repo = store_root(here)
-            if repo != here.resolve():   # in a copy: the same path from the user's repo
-                query = env[len("sqlite:///"):].partition("?")[1:]
-                return f"sqlite:///{repo / db}" + "".join(query)
+            # from where SQLite opens it, the working directory (DVC_ROOT is the user's repo or the copy, by DVC
+            # version), or in a copy the user's repo; absolute, so that a run's fingerprint, which holds the store,
+            # is the same in the workspace and in a copy (else every unchanged run was "logged again")
+            query = env[len("sqlite:///"):].partition("?")[1:]
+            return f"sqlite:///{store_root(Path.cwd()) / db}" + "".join(query)
         return env
     base = store_root(os.environ.get("DVC_ROOT") or root or Path.cwd())
     return f"sqlite:///{base / 'mlflow.db'}"

@@ -179,8 +179,8 @@ def test_project_root_is_the_experiment_copy_and_the_store_is_the_users(tmp_path
             monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
             monkeypatch.chdir(copy)
             assert tracking_uri(copy) == expected
-            monkeypatch.chdir(repo)   # in the workspace: as the variable says, relative to where it runs
-            assert tracking_uri(repo) == uri
+            monkeypatch.chdir(repo)   # in the workspace: the same store, so that a run's fingerprint is the same
+            assert tracking_uri(repo) == expected
 
 
 @pytest.mark.slow  # ~50 s on 2 cores: DVC's queue workers and two MLflow imports per experiment
