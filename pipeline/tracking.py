@@ -79,7 +79,9 @@ def tracking_uri(root: str | os.PathLike | None = None) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         db = sqlite_path(env)
-        if db is not None and not db.is_absolute():
+        raw = env[len("sqlite:///"):].partition("?")[0]
+        # not sqlite:/// or sqlite:///:memory: (in memory: refused where a store must hold runs)
+        if db is not None and raw and not raw.startswith(":") and not db.is_absolute():
             # from where SQLite opens it, the working directory (DVC_ROOT is the user's repo or the copy, by DVC
             # version), or in a copy the user's repo; absolute, so that a run's fingerprint, which holds the store,
             # is the same in the workspace and in a copy (else every unchanged run was "logged again")

@@ -175,6 +175,7 @@ def test_project_root_is_the_experiment_copy_and_the_store_is_the_users(tmp_path
         for uri, expected in (("sqlite:///mlflow.db", f"sqlite:///{repo.resolve() / 'mlflow.db'}"),
                               ("sqlite:///runs/m.db?timeout=30", f"sqlite:///{repo.resolve() / 'runs' / 'm.db'}?timeout=30"),
                               (f"sqlite:///{tmp_path / 'abs.db'}", f"sqlite:///{tmp_path / 'abs.db'}"),
+                              ("sqlite:///", "sqlite:///"), ("sqlite:///:memory:", "sqlite:///:memory:"),
                               ("http://127.0.0.1:5000", "http://127.0.0.1:5000")):
             monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
             monkeypatch.chdir(copy)
