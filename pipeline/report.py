@@ -1209,7 +1209,7 @@ def write_report(root: Path, out_dir: Path, *, figures: dict | None = None,
             other = next((d for d in (datasets or []) if any(r["dataset"] == d and r["kind"] == "continuous"
                                                              for r in runs)), None)
             if name == "fig4b" and other is not None:
-                hint = (f"; `report.figures.fig4b.dataset` draws it on another (`dvc exp run -S "
+                hint = (f"; `report.figures.fig4b.dataset` draws it on another (`dvc exp run report -S "
                         f"'+report.figures.fig4b.dataset={other}'`)")
             notes.append(f"`{name}.png`: {', '.join(f'`{d}`' for d in names)} not in `datasets` (params.yaml)"
                          f"{hint}")

@@ -284,7 +284,7 @@ def test_report_shows_only_the_datasets_listed(project: Path, tmp_path: Path):
     write_report(project, out, datasets=["ptb", "hmm", "lgssm"])
     md = (out / "results.md").read_text()
     assert ("- `fig4b.png`: `swimmer` not in `datasets` (params.yaml); `report.figures.fig4b.dataset` draws it on "
-            "another (`dvc exp run -S '+report.figures.fig4b.dataset=lgssm'`)") in md
+            "another (`dvc exp run report -S '+report.figures.fig4b.dataset=lgssm'`)") in md
     assert "- `fig4a.png`: `swimmer`, `mocap`, `handwriting` not in `datasets` (params.yaml)" in md
     assert "no runs for dataset" not in md
     # the sections follow the order of `datasets` (the paper's sets first), not the alphabet
