@@ -412,7 +412,7 @@ def _use_log(values: list[float], logy: Any) -> bool:
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
                 partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
-                values_in_legend: bool = True, dataset: str | None = None) -> int:
+                values_in_legend: bool = True, dataset: str | None = None, show_params: bool = False) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
     ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
@@ -423,6 +423,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
 
     colors = _colors(variants, universe=list(by_variant))
     rate = _rate_suffixes(by_variant, variants)
+    size = _param_suffixes(by_variant, variants) if show_params else {}
     drawn, extent, last_means = 0, [], []   # each curve's last finite mean
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
@@ -432,7 +433,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         epochs, mean, lo, hi, count, ends, trained = c
         n = len(ends)
         full = count == n
-        label = f"{v} ({n} seed{'s' if n != 1 else ''}{rate.get(v, '')})"
+        label = f"{v} ({n} seed{'s' if n != 1 else ''}{rate.get(v, '')}{size.get(v, '')})"
         marker = "o" if len(epochs) <= 30 else None
         ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), marker=marker,
                 ms=3, label=label)
@@ -462,11 +463,10 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         # under the curves that approach it)
         ax.axhline(value, color="black", label=f"{name} ({value:.4g})" if values_in_legend else name, **style)
         if not values_in_legend:
-            below = bool(last_means) and float(np.median(last_means)) > value
-            ax.annotate(f"{value:.4g}", xy=(1.0, value), xycoords=("axes fraction", "data"),
-                        xytext=(-3, -2 if below else 2), textcoords="offset points", ha="right",
-                        va="top" if below else "bottom", fontsize="x-small")
+            values_to_write.append((value, bool(last_means) and float(np.median(last_means)) > value))
         extent.append(value)
+
+    values_to_write: list[tuple[float, bool]] = []   # (value, below the line), written once the limits are known
 
     if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
         reference_line(optimal, "Bayes optimal", ls="--", lw=1.2)
@@ -478,6 +478,26 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
             reference_line(value, NAIVE_LABELS.get(name, name), ls=ls, lw=1.0)
     if drawn and _use_log(extent, logy):
         ax.set_yscale("log")
+    if values_to_write:
+        log = ax.get_yscale() == "log"
+        scale, unscale = (np.log10, lambda x: 10.0 ** x) if log else ((lambda x: x), (lambda x: x))
+        lo, hi = (scale(x) for x in ax.get_ylim())
+        span = hi - lo if hi > lo else 1.0
+        # a line on the panel's edge (the lowest of the data, with no margin under it) hid in the frame
+        # (room for the value written under it: x-small text is about 6% of a panel's height)
+        lowest, highest = min(scale(v) for v, _ in values_to_write), max(scale(v) for v, _ in values_to_write)
+        if lowest - lo < 0.08 * span:
+            lo = lowest - 0.09 * span
+        if hi - highest < 0.08 * span:
+            hi = highest + 0.09 * span
+        ax.set_ylim(unscale(lo), unscale(hi))
+        for value, below in values_to_write:
+            # on the other side of a line near the panel's edge: below the bottom one it ran into the epoch ticks
+            at = (scale(value) - lo) / (hi - lo) if hi > lo else 0.5
+            below = (below and at > 0.04) or at > 0.96
+            ax.annotate(f"{value:.4g}", xy=(1.0, value), xycoords=("axes fraction", "data"),
+                        xytext=(-3, -2 if below else 2), textcoords="offset points", ha="right",
+                        va="top" if below else "bottom", fontsize="x-small")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.xaxis.set_major_formatter(_init_formatter())
     ax.set_xlabel("epoch")
@@ -495,18 +515,22 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
 
 def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str],
                    metrics: Sequence[str], *, title: str, split: str, show_train: bool,
-                   optimal: Mapping[str, float | None], logy: Any, notes: list[str], dataset: str | None = None
-                   ) -> None:
+                   optimal: Mapping[str, float | None], logy: Any, notes: list[str], dataset: str | None = None,
+                   show_params: bool = False) -> None:
     partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
-    legend_width = _legend_width(variants, "training mean (0.0001234)", _rate_suffixes(by_variant, variants))
+    rates = _rate_suffixes(by_variant, variants)
+    if show_params:
+        sizes = _param_suffixes(by_variant, variants)
+        rates = {v: rates.get(v, "") + sizes.get(v, "") for v in variants}
+    legend_width = _legend_width(variants, "training mean (0.0001234)", rates)
     with _style():
         fig, axes = _figure(1, len(metrics), (5.5 * len(metrics) + legend_width, 4.2))
         for ax, m in zip(axes[0], metrics):
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
                         logy=logy if m == "mse" else False, partial=partial, legend=False,
-                        values_in_legend=len(metrics) == 1, dataset=dataset)
+                        values_in_legend=len(metrics) == 1, dataset=dataset, show_params=show_params)
         _legend_beside(axes[0])   # (the Bayes optimum is drawn on BPC alone)
         fig.suptitle(_plain(title))
         _layout(fig, 1, len(metrics), right=0.2 + legend_width)
@@ -520,6 +544,19 @@ def _legend_width(variants: Iterable[str], longest_line: str, rates: Mapping[str
     reference line's)."""
     rates = rates or {}
     return 0.75 + 0.068 * max([len(f"{v} (10 seeds{rates.get(v, '')})") for v in variants] + [len(longest_line)])
+
+
+def _param_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, str]:
+    """", 5,444 params" for each of ``variants`` whose runs record their parameter count (a range where seeds
+    differ, as results.md's params column)."""
+    out = {}
+    for v in variants:
+        counts = sorted({int(r["n_params"]) for r in by_variant.get(v, [])
+                         if isinstance(r.get("n_params"), (int, float)) and not isinstance(r.get("n_params"), bool)})
+        if counts:
+            shown = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}–{counts[-1]:,}"
+            out[v] = f", {shown} params"
+    return out
 
 
 def _rate_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, str]:
@@ -590,8 +627,10 @@ def _ptb_figure(name: str, cfg: dict, grouped, out_fig: Path, notes: list[str]) 
     runs = [r for v in present for r in by_variant[v]]
     optimal = {m: _bayes_optimal(runs, m) for m in metrics}
     path = out_fig / fname
+    # Figure 3 compares models of (about) equal parameter counts, or of fewer: each legend entry says its own
     _metric_figure(path, by_variant, present, metrics, title=cfg["title"], split=cfg["split"],
-                   show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes, dataset=ds)
+                   show_train=cfg["show_train"], optimal=optimal, logy=cfg["logy"], notes=notes, dataset=ds,
+                   show_params=True)
     return path
 
 

@@ -30,10 +30,10 @@ def test_a_seed_that_stopped_early_does_not_silently_change_the_mean(tmp_path, f
     _write_run(root, "hmm", "psrnn", 1, "discrete", [4.2, 3.2],
                extra={"stopped_early": "valid bpc did not improve for 1 epochs"})
     write_report(root, tmp_path / "reports", figures={"fig3a": {"dataset": "hmm", "variants": ["psrnn"]}})
-    for name in ("hmm_curves.png", "fig3a.png"):
+    for name, label in (("hmm_curves.png", "psrnn (2 seeds)"), ("fig3a.png", "psrnn (2 seeds, 1,000 params)")):
         ax = figures[name].axes[0]
         lines = _lines(ax)
-        solid = lines["psrnn (2 seeds)"]
+        solid = lines[label]
         y = np.asarray(solid.get_ydata(), dtype=float)
         assert np.isfinite(y).tolist() == [True, True, False, False], name
         assert y[:2] == pytest.approx([4.1, 3.1])
@@ -441,3 +441,40 @@ def test_curves_of_variants_trained_at_other_rates_say_their_rate(tmp_path, figu
     assert labels(figures["mocap_curves.png"])[:2] == ["lstm (1 seed)", "psrnn (1 seed)"]   # one rate: unsaid
     shared = labels(figures["fig4a.png"])
     assert "psrnn (2 seeds, lr 0.1)" in shared and "psrnn (1 seed)" in shared
+
+
+def test_figure_3_legends_say_each_models_parameter_count(tmp_path, figures):
+    """The paper's Figure 3 compares models of about equal parameters (3a) or of fewer (3c): each legend entry of
+    the PTB figures says its count, as results.md's params column does; the other figures keep theirs short."""
+    root = tmp_path / "project"
+    for v, n in (("lstm", 5164), ("gru", 4324), ("factorized_psrnn_r60", 5444)):
+        for seed in (0, 1):
+            _write_run(root, "ptb", v, seed, "discrete", [4.0, 3.0, 2.9], n_params=n)
+    write_report(root, tmp_path / "reports", figures={"fig3a": {}})
+    texts = [t.get_text() for ax in figures["fig3a.png"].axes for lg in [ax.get_legend()] if lg
+             for t in lg.get_texts()]
+    assert texts[:3] == ["lstm (2 seeds, 5,164 params)", "gru (2 seeds, 4,324 params)",
+                         "factorized_psrnn_r60 (2 seeds, 5,444 params)"]
+    curves = [t.get_text() for ax in figures["ptb_curves.png"].axes for lg in [ax.get_legend()] if lg
+              for t in lg.get_texts()]
+    assert "lstm (2 seeds)" in curves
+
+
+def test_a_reference_value_at_the_bottom_of_a_panel_is_written_above_its_line(tmp_path, figures):
+    """The unigram's accuracy, under every curve, is the lowest line of its panel, drawn on its frame with its value
+    written below it, over the epoch ticks (fig3c's "0.1826" over the "10"): the panel now leaves room under a
+    line at its edge, and the value stays inside the panel."""
+    root = tmp_path / "project"
+    naive = {"unigram": {"bpc": 4.3, "accuracy": 0.18}}
+    for seed in (0, 1):
+        _write_run(root, "hmm", "psrnn", seed, "discrete", [4.0, 3.0, 2.0], accuracy=[0.3, 0.4, 0.45],
+                   extra={"naive": naive})
+    write_report(root, tmp_path / "reports")
+    fig = figures["hmm_curves.png"]
+    bpc, accuracy = fig.axes[:2]
+    (unigram_accuracy,) = [t for t in accuracy.texts if t.get_text() == "0.18"]
+    assert unigram_accuracy.get_va() == "top"               # below it, away from the curves that end above it,
+    lo, hi = accuracy.get_ylim()
+    assert (0.18 - lo) / (hi - lo) > 0.07                   # with room for it above the frame
+    (unigram_bpc,) = [t for t in bpc.texts if t.get_text() == "4.3"]
+    assert unigram_bpc.get_va() == "bottom"                 # above the line, the curves below it (BPC falls)
