@@ -1,9 +1,9 @@
 """Handwritten digits as pen trajectories: the UCI pendigits ORIGINAL (UNIPEN) files.
 
 Input: ``raw_dir/pendigits-orig.tra`` (7494 digits, 30 writers) and ``raw_dir/pendigits-orig.tes`` (3498 digits,
-14 other writers); format in ``data/handwriting/PROVENANCE.md``. Each digit is a ``.SEGMENT`` block with a label,
-a ``.COMMENT <label> <writer> <sample>`` line and one or more strokes (``.PEN_DOWN`` ... ``.PEN_UP``) of integer
-``x y`` samples taken every 100 ms (y grows upward).
+14 other writers); format in ``PROVENANCE.md`` of the mirror's ``handwriting/`` folder. Each digit is a
+``.SEGMENT`` block with a label, a ``.COMMENT <label> <writer> <sample>`` line and one or more strokes
+(``.PEN_DOWN`` ... ``.PEN_UP``) of integer ``x y`` samples taken every 100 ms (y grows upward).
 
 Features. The paper's are "$x$ and $y$ tablet coordinates and pressure levels of the pen", but **the files contain
 no pressure** (the UCI description says the tablet's pressure values were ignored and never distributed), so each

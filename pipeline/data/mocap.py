@@ -23,8 +23,10 @@ share a trial. A trial of ``T`` frames has only ``T - 299`` distinct 300-frame w
 shared among a split's trials proportionally to length but never beyond a trial's distinct windows: no two tracks
 of a split are identical, and a split whose trials hold fewer distinct windows than requested gets fewer tracks
 (with a warning). ``meta["splits"]`` records, per split, the tracks made, the distinct frames they cover, whether
-they overlap and the smallest shift between two of them. With the mirror the 8 test tracks are shifted copies of
-two walks (about 620-650 distinct frames, whichever two trials are held out). A user with internet access can
+they overlap and the smallest shift between two of them. With the mirror and the two test trials params.yaml names
+(``test_trials``), the 8 test tracks are shifted copies of two walks (645 distinct frames); left to
+:func:`_choose_test_trials` (``test_trials: null``), the held-out trials depend on the seed, one trial (316 frames)
+or two (600-620). A user with internet access can
 download more CMU walking trials (e.g. 07_03–07_08, 07_12, 08_01–08_11, 35_02–35_16 from
 ``http://mocap.cs.cmu.edu/subjects/NN/``) into ``raw_dir/cmu/<subject>/`` and name them in ``trials=[...]`` to get
 48 disjoint tracks from the same code.

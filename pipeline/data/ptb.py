@@ -1,6 +1,7 @@
 """Penn Treebank as a character stream, the paper's text benchmark.
 
-Input: ``raw_dir/full/ptb.{train,valid,test}.txt`` (the standard Mikolov files; see ``data/ptb/PROVENANCE.md``).
+Input: ``raw_dir/full/ptb.{train,valid,test}.txt`` (the standard Mikolov files; see ``PROVENANCE.md`` of the
+mirror's ``ptb/`` folder, ``shared/data/ptb/`` here).
 Each file is read as text (ASCII; line endings kept as they are) and cut to its first ``lines`` lines. The
 paper's 120780 train / 124774 test characters are exactly the first **1001** lines, hence the default; the authors'
 repository ships 1000-line files (120540 / 124645 characters).
