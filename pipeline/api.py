@@ -1098,7 +1098,9 @@ class FittedModel:
       and dicts are then read by name), ``vocab``, the symbols of a model fitted on strings (index order), and
       ``standardize``, train's ``{"mean", "std"}`` per feature of a model fitted with ``standardize=True`` (None
       otherwise), and ``train_counts``, how often each symbol occurs in train (discrete models; None otherwise):
-      :meth:`evaluate`'s unigram yardstick; ``cp_relative_error``, per layer, ‖W − CP(W)‖ / ‖W‖ of the factorized
+      :meth:`evaluate`'s unigram yardstick; ``train_spread``, train's ``{"mean", "std"}`` of a continuous model
+      fitted without ``standardize`` (None otherwise), against which predict, evaluate and forecast warn about
+      inputs far outside it; ``cp_relative_error``, per layer, ‖W − CP(W)‖ / ‖W‖ of the factorized
       PSRNN's start (None for the others): a rank below what the 2SR tensor needs starts from another tensor.
     """
 
@@ -1157,11 +1159,21 @@ class FittedModel:
         return [run.decode(o) for o in outputs]
 
     def _warn_far(self, inputs: list[np.ndarray]) -> None:
-        """With ``standardize=True``, inputs far outside train's range (other units?) are said in a warning."""
-        if self._units() is not None:
-            from pipeline.inference import warn_far_from_training
+        """Continuous inputs far outside train's range (other units?) are said in a warning: measured in the
+        standard deviations the model reads with ``standardize=True``, else in train's own
+        (``extras['train_spread']``, its mean and std per feature; models saved before it was kept say nothing)."""
+        from pipeline.inference import warn_far_from_training
 
+        if self._units() is not None:
             warn_far_from_training(inputs, self.extras.get("columns"), stacklevel=4)
+            return
+        spread = self.extras.get("train_spread")
+        arrays = [np.asarray(x) for x in inputs]
+        if isinstance(spread, dict) and arrays and arrays[0].dtype.kind == "f":
+            mean, std = np.asarray(spread["mean"], dtype=np.float64), np.asarray(spread["std"], dtype=np.float64)
+            if mean.shape == std.shape == (arrays[0].reshape(len(arrays[0]), -1).shape[1],):
+                warn_far_from_training([(x.reshape(len(x), -1) - mean) / std for x in arrays],
+                                       self.extras.get("columns"), stacklevel=4)
 
     def _what_inputs_are(self) -> str:   # the non-finite output errors say how far out the inputs were
         return "standard deviations from the training mean" if self._units() is not None else _UNITS
@@ -1587,6 +1599,9 @@ def fit_model(
                                      "stopped_early": result.stopped_early,
                                      "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
                                      "train_counts": _train_counts(cfg, train),
+                                     # continuous data used as given: how far new inputs are from train's
+                                     "train_spread": (_standardisation(train) if not cfg.discrete and
+                                                      plan.standardize is None else None),
                                      "cp_relative_error": [f.relative_error for f in cps] if cps else None})
         if cfg.init == "2sr":
             _warn_if_no_better_than_naive(fitted, train)

@@ -703,3 +703,31 @@ def test_standardize_is_for_continuous_data_and_a_boolean(symbols, features, no_
     refused("standardize=True: standardises continuous features, and train holds discrete symbols; leave it out",
             fit_model, symbols.train, standardize=True, **SMALL)
     refused("standardize='yes': expected True or False", fit_model, features.train, standardize="yes", **SMALL)
+
+
+def test_inputs_far_from_an_unstandardised_training_set_are_said_too(features, tmp_path):
+    """Only a model fitted with standardize=True warned about inputs far outside its training data: one fitted on
+    the data as given took values of 1e30 and returned finite, meaningless predictions in silence. Train's mean
+    and std are kept (extras['train_spread'], saved with the model) and measure new inputs the same way."""
+    import warnings
+
+    from pipeline.api import load_fitted
+
+    fitted = fit_model(features.train, **ZERO)
+    spread = fitted.extras["train_spread"]
+    x = np.concatenate(features.train)
+    np.testing.assert_allclose(spread["mean"], x.mean(axis=0))
+    np.testing.assert_allclose(spread["std"], x.std(axis=0))
+    far = [t.copy() for t in features.test]
+    far[0][:, 1] *= 1e6
+    path = tmp_path / "model.pt"
+    fitted.save(path)
+    for model in (fitted, load_fitted(path)):
+        for call in (lambda: model.predict(far), lambda: model.evaluate(far), lambda: model.forecast(far, 2)):
+            with pytest.warns(UserWarning, match=r"^trajectories: feature 1 reaches \S+ standard deviations from "
+                                                 r"the training mean"):
+                call()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model.predict(features.test)   # within the training range: nothing said
+    assert fit_model(features.train, **ZERO, standardize=True).extras["train_spread"] is None   # its own units
