@@ -1317,11 +1317,13 @@ def test_inputs_that_overflow_the_float32_arithmetic_are_refused_not_predicted_n
     z = (far - run.mean) / run.std
     assert np.isnan(predict(fitted.model, [z])[0]).any()
     fitted_out = r"\(the inputs up to there reach \S+ in absolute value, in the units fitted on: too far out"
+    far_said = r"^trajectories: feature 0 reaches \S+ standard deviations from the training mean"   # before it fails
     for call in (fitted.predict, fitted.evaluate):
         with pytest.raises(ValueError, match=r"^trajectories\[1\]: the model's prediction is not finite at row \d+ "
-                                             + fitted_out):
+                                             + fitted_out), pytest.warns(UserWarning, match=far_said):
             call([test[0], z])
-    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's forecast is not finite at horizon 1"):
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's forecast is not finite at horizon 1"), \
+            pytest.warns(UserWarning, match=far_said):
         fitted.forecast([z], 3)
 
 
