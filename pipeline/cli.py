@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 STAGES = ("download", "preprocess", "features", "two_stage", "decompose", "initialise", "refine", "evaluate",
-          "report", "check", "predict", "forecast")
+          "report", "check", "check_params", "predict", "forecast")
 
 #: failures that are the input's or the environment's fault, not a bug: one line, no traceback (MemoryError: sizes
 #: that do not fit this machine, e.g. numpy's "Unable to allocate 21.8 TiB for an array ...")
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--root", default=argparse.SUPPRESS, help="project root (as before the command)")
         return sub
     command("check", help="validate params.yaml (and a custom dataset's file against it) and exit")
+    command("check_params", help="validate params.yaml as a whole and write artifacts/params_checked (the DVC stage "
+                                 "of that name, which depends on every key: a typo in a key no other stage reads "
+                                 "fails there)")
     d = command("download", help="fetch and sha256-verify the raw files of a source (mirror when offline)")
     d.add_argument("source", help="ptb, swimmer, mocap or handwriting")
     d = command("preprocess", help="build data/prepared/<dataset>.parquet")
@@ -309,7 +312,7 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         return status
     except KeyboardInterrupt:
         resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
-        written = "" if args.stage in ("compare", "runs", "check", "custom-stage") else \
+        written = "" if args.stage in ("compare", "runs", "check", "check_params", "custom-stage") else \
             f"; no half-written file is left{resume}"
         print(f"psrnn {args.stage}: interrupted (Ctrl-C){written}", file=sys.stderr)
         return 130
@@ -454,12 +457,13 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
         else:
             print(format_runs(rows, args.dataset, args.dataset is None or args.dataset in params.selected), end="")
         return 0
-    module = {"check": None, "download": "data", "preprocess": "data", "features": "spectral",
+    module = {"check": None, "check_params": None, "download": "data", "preprocess": "data", "features": "spectral",
               "two_stage": "spectral", "decompose": "spectral", "initialise": "initialise", "refine": "refine",
               "evaluate": "evaluate", "report": "report"}[stage]
     wf = importlib.import_module(f"pipeline.workflow.{module}") if module else None
     calls: dict[str, Callable[[], object]] = {
         "check": lambda: _check(args, params, root),
+        "check_params": lambda: _params_checked(root),
         "download": lambda: wf.download(params, root, args.source),
         "preprocess": lambda: wf.prepare(params, root, args.dataset),
         "features": lambda: wf.features(params, root, args.dataset, args.seed),
@@ -673,6 +677,21 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
               f"{'is' if len(left_out) == 1 else 'are'} not in datasets: not trained or reported "
               f"(a plain `dvc repro` still prepares {'its' if len(left_out) == 1 else 'their'} data where dvc.yaml "
               f"has {'its' if len(left_out) == 1 else 'their'} preprocess stage; `dvc repro report` does not)")
+
+
+#: what the check_params stage writes: always the same bytes, so that a params edit reruns the stage and nothing that
+#: depends on its output (the report)
+PARAMS_CHECKED = Path("artifacts") / "params_checked"
+
+
+def _params_checked(root: Path) -> None:
+    """``psrnn check_params``: params.yaml was validated as a whole before dispatch (every key, known or not, of
+    every section); say so in :data:`PARAMS_CHECKED`. The stage of that name depends on the whole file, so an
+    edit that no other stage reads (``hmm.overrides`` for ``hmm.train.overrides``, a key at the top) reruns it
+    and fails there, instead of changing nothing under a successful ``dvc repro``."""
+    from pipeline.io import write_text
+
+    write_text(root / PARAMS_CHECKED, "params.yaml: valid (psrnn check_params)\n")
 
 
 def _count(n: int, noun: str) -> str:

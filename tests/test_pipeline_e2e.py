@@ -248,6 +248,38 @@ def test_second_repro_is_a_noop_and_metrics_and_plots_show(project):
     _run(["git", "commit", "-qm", "tiny run"], root, env)
 
 
+def test_a_typo_in_a_key_no_stage_reads_fails_the_repro(project):
+    """`hmm.overrides` for `hmm.train.overrides`, or a key at the top: no stage that reads its own params reran, and
+    `dvc repro` ended "up to date", the override silently not applied. check_params depends on the whole file and
+    fails in one line naming the key, in a targeted `dvc repro report` too; the file put back, nothing else reruns
+    (check_params's output, the same bytes, leaves the report as it was)."""
+    root, env, _, _ = project
+    params = (root / "params.yaml").read_text()
+
+    def misplaced_override(raw):
+        raw["hmm"]["overrides"] = {"lstm": {"lr": 0.1}}
+
+    def top_level_key(raw):
+        raw["extra_key"] = 1
+
+    try:
+        for mutate, key in ((misplaced_override, "hmm.overrides"), (top_level_key, "extra_key")):
+            raw = read_yaml(params)
+            mutate(raw)
+            (root / "params.yaml").write_text(dump_yaml(raw))
+            for target in ([], ["report"]):
+                proc = subprocess.run(["dvc", "repro", *target], cwd=root, env=env, capture_output=True, text=True,
+                                      timeout=600)
+                out = proc.stdout + proc.stderr
+                assert proc.returncode != 0 and _ran(out) == {"check_params"}, out[-3000:]
+                assert f"psrnn check_params: error: {key}: unknown key" in out, out[-3000:]
+    finally:
+        (root / "params.yaml").write_text(params)
+    again = _run(["dvc", "repro"], root, env)
+    assert _ran(again) <= {"check_params"}, f"the params put back, the repro reran {_ran(again)}"
+    assert _ran(_run(["dvc", "repro"], root, env)) == set()
+
+
 def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(project, tmp_path):
     """`psrnn predict` on the test split written back in the data's units (Swimmer: de-standardised features;
     PTB: the characters) gives the evaluate stage's test metrics, through the CLI and a real run's files."""
@@ -402,7 +434,8 @@ def test_one_experiment_reruns_exactly_what_its_params_touch_and_shows_metrics(p
     assert {s for s in ran if "hmm" in s} == {"refine@hmm", "evaluate@hmm"}, ran
     assert {"two_stage@lgssm-0", "initialise@lgssm-0", "refine@lgssm", "evaluate@lgssm", "refine@swimmer",
             "report"} <= ran, ran
-    assert all(s == "report" or any(ds in s for ds in ("hmm", "lgssm", "swimmer")) for s in ran), ran
+    assert all(s in ("report", "check_params") or any(ds in s for ds in ("hmm", "lgssm", "swimmer")) for s in ran), \
+        ran
     assert not {"features@lgssm-0", "features@swimmer-0", "two_stage@swimmer-0"} & ran, ran
 
     after = json.loads((root / "metrics" / "lgssm" / "kf_s0.json").read_text())
