@@ -264,7 +264,7 @@ def _stdout_reader_gone() -> bool:
 
 class Terminated(BaseException):
     """SIGTERM (a scheduler's or ``kill``'s stop), raised like Ctrl-C so that ``finally`` blocks run: temporary
-    files are removed and the MLflow run is closed as failed, rather than the process vanishing mid-write."""
+    files are removed and the MLflow run is closed as KILLED, rather than the process vanishing mid-write."""
 
 
 @contextlib.contextmanager

@@ -1163,6 +1163,11 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
             raise ParamsError(f"tracking.{k}: expected {_type_names(t_allowed[k])}, got {_describe(v)}{hint}")
     if tracking.get("experiment_prefix") == "":
         raise ParamsError("tracking.experiment_prefix: expected a non-empty string, got ''")
+    prefix = tracking.get("experiment_prefix", "")
+    bad = next((c for c in prefix if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    if bad is not None:   # a newline or a tab in an MLflow experiment's name, which the UI and the search show as is
+        raise ParamsError(f"tracking.experiment_prefix: {prefix!r} holds the control character {bad!r}; expected "
+                          "printable characters")
     if len(tracking.get("experiment_prefix", "")) > MAX_PREFIX:   # MLflow's names hold 500 characters
         raise ParamsError(f"tracking.experiment_prefix: expected at most {MAX_PREFIX} characters, got "
                           f"{len(tracking['experiment_prefix'])}")

@@ -72,6 +72,14 @@ def test_experiment_prefix_of_200_characters_is_allowed_201_not():
             raw(top={"tracking": {"experiment_prefix": "p" * 201}}))
 
 
+def test_experiment_prefix_of_control_characters_is_refused():
+    """'psrnn\\n' named an MLflow experiment 'psrnn\\n-hmm', newline and all; letters of any script are fine."""
+    assert parse_params(raw(top={"tracking": {"experiment_prefix": "é/ü: run 2"}})).tracking["experiment_prefix"]
+    for prefix in ("psrnn\n", "a\tb", "x\x7f", "x\x85"):
+        refused(r"^tracking\.experiment_prefix: .* holds the control character .*; expected printable characters$",
+                raw(top={"tracking": {"experiment_prefix": prefix}}))
+
+
 # ------------------------------------------------------------------------------------------- dataset sections
 
 def test_setting_key_names_the_override_only_for_the_keys_it_sets():

@@ -405,13 +405,16 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                          resume=resume, on_epoch=tracker.log_epoch)
         except TrainingDiverged as exc:
             raise TrainingDiverged(_divergence_in_params_terms(str(exc), params, dataset, variant_name)) from None
-    except BaseException:
+    except BaseException as stop:
+        # a stop (Ctrl-C, SIGTERM: not an Exception) is MLflow's KILLED, as a kill -9 found by the next refine is;
+        # an error is FAILED
+        status = "FAILED" if isinstance(stop, Exception) else "KILLED"
         try:
-            tracker.finish("FAILED")
+            tracker.finish(status)
         except Exception as exc:   # an interrupt inside an MLflow call can leave the store unusable for now:
             # the failure being raised is the one to report (a later refine closes or continues the run)
             reason = (str(exc).strip().splitlines() or [""])[0][:200]
-            log.warning("refine: could not close MLflow run %s as FAILED (%s: %s)", tracker.run_id,
+            log.warning("refine: could not close MLflow run %s as %s (%s: %s)", tracker.run_id, status,
                         type(exc).__name__, reason)
         raise
     history = {"dataset": dataset, "variant": variant_name, "family": variant.family, "seed": seed,
