@@ -609,9 +609,9 @@ def _dropped(n: int, emptied: Sequence[Any] = ()) -> str:
         return ""
     gone = ""
     if emptied:
-        shown = ", ".join(map(str, emptied[:6])) + (f" and {len(emptied) - 6} more" if len(emptied) > 6 else "")
-        gone = (f" (trajector{'y' if len(emptied) == 1 else 'ies'} {shown} left out: every symbol "
-                f"unknown)")
+        from pipeline.messages import listed
+
+        gone = f" (trajector{'y' if len(emptied) == 1 else 'ies'} {listed(emptied)} left out: every symbol unknown)"
     return f", {n} unknown-symbol row{'' if n == 1 else 's'} dropped{gone}"
 
 

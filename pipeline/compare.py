@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipeline.messages import listed
+
 #: the relative difference up to which two numbers are the same: a rerun on one machine is equal to the last digit,
 #: and on another CPU the baselines trained in torch agree to ~1e-8 (the 2SR models' epoch-0 metrics: ``close``)
 SAME_RTOL = 1e-6
@@ -208,11 +210,6 @@ def _seeds_run(row: Mapping[str, Any]) -> set[int]:
     return {int(m.group(1)) for k in row if (m := re.fullmatch(rf"test_.+{SEED_KEY}([0-9]+)", k))}
 
 
-def _listed(names: list[str]) -> str:
-    """The first six of ``names``, and how many more: a note's list."""
-    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-
-
 def _row(dataset: str, variant: str, ours: Mapping[str, Any], ref: Mapping[str, Any],
          rtol: float) -> list[Comparison]:
     out = []
@@ -351,12 +348,12 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     other = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "n_params" and r.ours is not None
                     and r.reference is not None and r.ours != r.reference})
     if other:   # another state_dim or n_features: another model, whose every number then differs
-        lines.append(f"note: {len(other)} row(s) have another parameter count ({_listed(other)}): those are other "
+        lines.append(f"note: {len(other)} row(s) have another parameter count ({listed(other)}): those are other "
                      "models (params.yaml's sizes differ from the reference's), so their numbers are not comparable")
     rates = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "lr" and r.verdict == "differs"}
                    - set(other))
     if rates:   # another train.lr or train.overrides: the same start, another training
-        lines.append(f"note: {len(rates)} row(s) were trained at another learning rate ({_listed(rates)}): their final "
+        lines.append(f"note: {len(rates)} row(s) were trained at another learning rate ({listed(rates)}): their final "
                      "metrics are not comparable (\"other lr\"; their epoch-0 ones are)")
     if result.unrated:
         lines.append(f"note: {result.unrated} row(s) have a learning rate on one side only (a summary written before "
@@ -367,11 +364,11 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
     by_seed = {(r.dataset, r.variant) for r in result.rows if SEED_KEY in r.key}
     unmatched = sorted(f"{d} {v}" for d, v in other_counts - by_seed)
     if unmatched:
-        lines.append(f"note: {len(unmatched)} row(s) of other seeds ({_listed(unmatched)}) could not be "
+        lines.append(f"note: {len(unmatched)} row(s) of other seeds ({listed(unmatched)}) could not be "
                      "compared seed by seed (a summary without per-seed values, or no seed in common): their final "
                      "metrics are means over other seeds, held to the seed spread, which one seed often exceeds")
     if result.unmatched_seeds:   # ours ran seeds the reference did not: their numbers were looked at by no one
         lines.append(f"note: {len(result.unmatched_seeds)} row(s) ran seeds the reference did not "
-                     f"({_listed(result.unmatched_seeds)}): compared seed by seed on the seeds both ran, those "
+                     f"({listed(result.unmatched_seeds)}): compared seed by seed on the seeds both ran, those "
                      "seeds' numbers are not compared")
     return "\n".join(lines) + "\n"

@@ -56,6 +56,13 @@ def brief(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:max(limit - 3, 0)] + "..."
 
 
+def listed(items: Iterable[Any], most: int = 6) -> str:
+    """The first ``most`` of ``items``, comma-separated, and how many more: ``a, b, c and 4 more`` (a note's or an
+    error's list of names)."""
+    items = [str(x) for x in items]
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
 def brief_list(values: Iterable[Any], most: int = 10, each: int = 40) -> str:
     """The first ``most`` of ``values``, each by :func:`brief` cut to ``each`` characters, comma-separated, and
     how many there are when some are left out: ``'a', 'b', ... (25 in all)``."""

@@ -225,6 +225,7 @@ def check_fig4b_options(params: Params, name: str, ds: SequenceDataset, *, where
     dataset it is drawn on (``name``, when that is the figure's ``dataset``): a feature the data have, a test
     trajectory's number, or the id a custom file gave one. Params validation cannot know the data; the report
     stage, half an hour later, would leave the figure out with only a note in results.md."""
+    from pipeline.messages import listed
     from pipeline.report import _merge_config
 
     cfg = _merge_config((params.report or {}).get("figures"))["fig4b"]
@@ -233,9 +234,8 @@ def check_fig4b_options(params: Params, name: str, ds: SequenceDataset, *, where
     key = "report.figures.fig4b"
     feature = cfg["feature"]
     if feature is not None and str(feature) not in ds.features:
-        shown = ", ".join(ds.features[:12]) + (f" and {len(ds.features) - 12} more" if len(ds.features) > 12 else "")
         raise ParamsError(f"{key}.feature: {str(feature)!r} is not a feature of {name} ({where}); expected one of "
-                          f"{shown}")
+                          f"{listed(ds.features, 12)}")
     wanted = cfg["trajectory"]
     scored = [i for i, t in enumerate(ds.test) if len(t) >= 2]   # the ones with a one-step prediction to draw
     if isinstance(wanted, str):
@@ -244,8 +244,7 @@ def check_fig4b_options(params: Params, name: str, ds: SequenceDataset, *, where
         ids = source_ids(ds, "test")
         known = [str(ids[i]) for i in scored] if ids is not None else []
         if wanted not in known:
-            shown = (", ".join(known[:12]) + (f" and {len(known) - 12} more" if len(known) > 12 else "")
-                     if known else "none: the data have no trajectory ids of their own")
+            shown = listed(known, 12) if known else "none: the data have no trajectory ids of their own"
             raise ParamsError(f"{key}.trajectory: {wanted!r} is not the id of a test trajectory of {name} ({where}; "
                               f"ids: {shown}); expected one of them, a test trajectory's number from 0, or null")
     elif wanted is not None and int(wanted) not in scored:

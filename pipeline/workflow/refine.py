@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from pipeline.config import Params
 from pipeline.io import sha256_file, write_json, write_text
+from pipeline.messages import listed
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
 from pipeline.workflow.paths import (
@@ -185,14 +186,13 @@ def _note_unlisted_runs(root: Path, dataset: str, variants: list[str], seeds: li
     folder = dataset_models_dir(root, dataset)
     if not folder.is_dir():
         return
-    listed = {(v, f"s{s}") for v in variants for s in seeds}
+    in_params = {(v, f"s{s}") for v in variants for s in seeds}
     unlisted = sorted(f"{v.name}/{r.name}" for v in folder.iterdir() if v.is_dir()
-                      for r in v.iterdir() if r.is_dir() and (r / "done").is_file() and (v.name, r.name) not in listed)
+                      for r in v.iterdir() if r.is_dir() and (r / "done").is_file() and (v.name, r.name) not in in_params)
     if unlisted:
-        shown = ", ".join(unlisted[:6]) + (f" and {len(unlisted) - 6} more" if len(unlisted) > 6 else "")
         print(f"refine {dataset}: {len(unlisted)} trained run{'s' if len(unlisted) > 1 else ''} not in params.yaml "
-              f"kept in {folder} ({shown}): not evaluated or reported; listed again, one trained with the same "
-              "configuration is reused; deleting its folder frees the space", file=sys.stderr)
+              f"kept in {folder} ({listed(unlisted)}): not evaluated or reported; listed again, one trained with the "
+              "same configuration is reused; deleting its folder frees the space", file=sys.stderr)
 
 
 def summary_line(history: dict[str, Any]) -> str:
