@@ -412,7 +412,8 @@ def _use_log(values: list[float], logy: Any) -> bool:
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
                 partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
-                values_in_legend: bool = True, dataset: str | None = None, show_params: bool = False) -> int:
+                values_in_legend: bool = True, dataset: str | None = None,
+                suffixes: Mapping[str, str] | None = None) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
     ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
@@ -422,9 +423,10 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     from matplotlib.ticker import MaxNLocator
 
     colors = _colors(variants, universe=list(by_variant))
-    rate = _rate_suffixes(by_variant, variants)
-    size = _param_suffixes(by_variant, variants) if show_params else {}
+    if suffixes is None:
+        suffixes = _legend_suffixes(by_variant, variants)
     drawn, extent, last_means = 0, [], []   # each curve's last finite mean
+    values_to_write: list[tuple[float, bool]] = []   # (value, below the line), written once the limits are known
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
         c = _curve(runs, split, metric)
@@ -433,7 +435,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         epochs, mean, lo, hi, count, ends, trained = c
         n = len(ends)
         full = count == n
-        label = f"{v} ({n} seed{'s' if n != 1 else ''}{rate.get(v, '')}{size.get(v, '')})"
+        label = f"{v} ({n} seed{'s' if n != 1 else ''}{suffixes.get(v, '')})"
         marker = "o" if len(epochs) <= 30 else None
         ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), marker=marker,
                 ms=3, label=label)
@@ -465,8 +467,6 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         if not values_in_legend:
             values_to_write.append((value, bool(last_means) and float(np.median(last_means)) > value))
         extent.append(value)
-
-    values_to_write: list[tuple[float, bool]] = []   # (value, below the line), written once the limits are known
 
     if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
         reference_line(optimal, "Bayes optimal", ls="--", lw=1.2)
@@ -520,17 +520,14 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
-    rates = _rate_suffixes(by_variant, variants)
-    if show_params:
-        sizes = _param_suffixes(by_variant, variants)
-        rates = {v: rates.get(v, "") + sizes.get(v, "") for v in variants}
-    legend_width = _legend_width(variants, "training mean (0.0001234)", rates)
+    suffixes = _legend_suffixes(by_variant, variants, show_params=show_params)
+    legend_width = _legend_width(variants, "training mean (0.0001234)", suffixes)
     with _style():
         fig, axes = _figure(1, len(metrics), (5.5 * len(metrics) + legend_width, 4.2))
         for ax, m in zip(axes[0], metrics):
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
                         logy=logy if m == "mse" else False, partial=partial, legend=False,
-                        values_in_legend=len(metrics) == 1, dataset=dataset, show_params=show_params)
+                        values_in_legend=len(metrics) == 1, dataset=dataset, suffixes=suffixes)
         _legend_beside(axes[0])   # (the Bayes optimum is drawn on BPC alone)
         fig.suptitle(_plain(title))
         _layout(fig, 1, len(metrics), right=0.2 + legend_width)
@@ -538,35 +535,34 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
 
 
-def _legend_width(variants: Iterable[str], longest_line: str, rates: Mapping[str, str] | None = None) -> float:
+def _legend_width(variants: Iterable[str], longest_line: str, suffixes: Mapping[str, str] | None = None) -> float:
     """Inches a legend beside the panels needs: the line sample, then "small" text (~0.068 in a character) of
-    the longest variant entry (with its learning rate, ``rates``: :func:`_rate_suffixes`) or ``longest_line`` (a
+    the longest variant entry (with what ``suffixes``, :func:`_legend_suffixes`, adds to it) or ``longest_line`` (a
     reference line's)."""
-    rates = rates or {}
-    return 0.75 + 0.068 * max([len(f"{v} (10 seeds{rates.get(v, '')})") for v in variants] + [len(longest_line)])
+    suffixes = suffixes or {}
+    return 0.75 + 0.068 * max([len(f"{v} (10 seeds{suffixes.get(v, '')})") for v in variants] + [len(longest_line)])
 
 
-def _param_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, str]:
-    """", 5,444 params" for each of ``variants`` whose runs record their parameter count (a range where seeds
-    differ, as results.md's params column)."""
+def _rates(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, list[float]] | None:
+    """Each of ``variants``' learning rates (its runs' ``lr``: ``train.lr``, or its ``train.overrides``), where they
+    trained at more than one rate among them; None where they share one (or none is known), which neither
+    results.md's lr column nor a legend then says."""
+    rates = {v: sorted(set(_finite(r.get("lr") for r in by_variant.get(v, []))[0])) for v in variants}
+    return rates if len({x for xs in rates.values() for x in xs}) > 1 else None
+
+
+def _legend_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], *,
+                     show_params: bool = False) -> dict[str, str]:
+    """What each of ``variants``' legend entries says after its seed count: ", lr 0.1" where they trained at more
+    than one learning rate among them (:func:`_rates`: a curve at another rate is another training), and with
+    ``show_params`` ", 5,444 params" (results.md's params column)."""
+    rates = _rates(by_variant, variants) or {}
     out = {}
     for v in variants:
-        counts = sorted({int(r["n_params"]) for r in by_variant.get(v, [])
-                         if isinstance(r.get("n_params"), (int, float)) and not isinstance(r.get("n_params"), bool)})
-        if counts:
-            shown = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}–{counts[-1]:,}"
-            out[v] = f", {shown} params"
+        text = ", lr " + "/".join(f"{x:g}" for x in rates[v]) if rates.get(v) else ""
+        size = _params(by_variant.get(v, [])) if show_params else "n/a"
+        out[v] = text + (f", {size} params" if size != "n/a" else "")
     return out
-
-
-def _rate_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, str]:
-    """", lr 0.1" for each of ``variants`` where they trained at more than one learning rate among them
-    (``train.overrides``): a curve at another rate is another training, which its legend entry says, as
-    results.md's lr column does; {} where they share one rate."""
-    rates = {v: sorted(set(_finite(r.get("lr") for r in by_variant.get(v, []))[0])) for v in variants}
-    if len({x for xs in rates.values() for x in xs}) <= 1:
-        return {}
-    return {v: ", lr " + "/".join(f"{x:g}" for x in xs) for v, xs in rates.items() if xs}
 
 
 def _legend_beside(axes: Sequence[Any]) -> None:
@@ -655,18 +651,17 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     path = out_fig / fname
     partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
     # one legend for the panels (each writes the values of its own reference lines on them)
-    rates: dict[str, str] = {}
-    for _, by_variant, present in panels:   # the longest entry of any panel (each says its own rates)
-        for v, text in _rate_suffixes(by_variant, present).items():
-            rates[v] = max(rates.get(v, ""), text, key=len)
-    legend_width = _legend_width([v for _, _, present in panels for v in present], "training mean", rates)
+    suffixes = [_legend_suffixes(by_variant, present) for _, by_variant, present in panels]   # each panel's rates
+    longest = {v: max((s.get(v, "") for s in suffixes), key=len) for _, _, present in panels for v in present}
+    legend_width = _legend_width(list(longest), "training mean", longest)
     with _style():
         fig, axes = _figure(1, len(panels), (5.0 * len(panels) + legend_width, 4.2))
-        for ax, (ds, by_variant, present) in zip(axes[0], panels):
+        for ax, (ds, by_variant, present), panel_suffixes in zip(axes[0], panels, suffixes):
             runs = [r for v in present for r in by_variant[v]]
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
                         optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
-                        partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False)
+                        partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False,
+                        suffixes=panel_suffixes)
         # one y label where the panels share it (the next panel's would run into this one's right edge)
         shared = len({ax.get_ylabel() for ax in axes[0]}) == 1
         if shared:
@@ -954,8 +949,8 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
     optimal = _bayes_optimal(all_runs, primary)
 
     # a learning-rate column only where the variants were trained at different rates (train.overrides)
-    rates = {v: sorted(set(_finite(r.get("lr") for r in rs)[0])) for v, rs in by_variant.items()}
-    show_lr = len({x for xs in rates.values() for x in xs}) > 1
+    rates = _rates(by_variant, list(by_variant))
+    show_lr = rates is not None
     # standardised data (evaluate adds mse_data_units): the test MSE in the data's units beside the standardised one
     units = [f"{m}_data_units" for m in metrics if any(f"{m}_data_units" in r["test"] for r in all_runs)]
     # the model's units are standardised where the data's are written beside them: say so in its column's name
