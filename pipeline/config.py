@@ -1168,9 +1168,8 @@ def parse_params(raw: dict[str, Any], *, source: str = "params.yaml") -> Params:
     if bad is not None:   # a newline or a tab in an MLflow experiment's name, which the UI and the search show as is
         raise ParamsError(f"tracking.experiment_prefix: {prefix!r} holds the control character {bad!r}; expected "
                           "printable characters")
-    if len(tracking.get("experiment_prefix", "")) > MAX_PREFIX:   # MLflow's names hold 500 characters
-        raise ParamsError(f"tracking.experiment_prefix: expected at most {MAX_PREFIX} characters, got "
-                          f"{len(tracking['experiment_prefix'])}")
+    if len(prefix) > MAX_PREFIX:   # MLflow's names hold 500 characters
+        raise ParamsError(f"tracking.experiment_prefix: expected at most {MAX_PREFIX} characters, got {len(prefix)}")
     report = _check_report(raw.get("report"))
 
     datasets: dict[str, DatasetParams] = {}

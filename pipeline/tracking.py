@@ -78,15 +78,13 @@ def tracking_uri(root: str | os.PathLike | None = None) -> str:
     deletes with the copy: every run of the experiment was lost)."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
-        db = sqlite_path(env)
-        raw = env[len("sqlite:///"):].partition("?")[0]
-        # not sqlite:/// or sqlite:///:memory: (in memory: refused where a store must hold runs)
-        if db is not None and raw and not raw.startswith(":") and not db.is_absolute():
+        db, mark, query = env[len("sqlite:///"):].partition("?")
+        # a relative path, not sqlite:/// or sqlite:///:memory: (in memory: refused where a store must hold runs)
+        if env.startswith("sqlite:///") and db and not db.startswith(":") and not Path(db).is_absolute():
             # from where SQLite opens it, the working directory (DVC_ROOT is the user's repo or the copy, by DVC
             # version), or in a copy the user's repo; absolute, so that a run's fingerprint, which holds the store,
             # is the same in the workspace and in a copy (else every unchanged run was "logged again")
-            query = env[len("sqlite:///"):].partition("?")[1:]
-            return f"sqlite:///{store_root(Path.cwd()) / db}" + "".join(query)
+            return f"sqlite:///{store_root(Path.cwd()) / db}{mark}{query}"
         return env
     base = store_root(os.environ.get("DVC_ROOT") or root or Path.cwd())
     return f"sqlite:///{base / 'mlflow.db'}"
