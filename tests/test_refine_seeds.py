@@ -391,6 +391,10 @@ def test_refine_and_evaluate_of_one_run_print_one_line_of_its_result(tmp_path, c
     assert m["test"]["bpc"] == pytest.approx(last, rel=1e-6)
     assert main(["--root", str(root), "evaluate", "hmm", "psrnn"]) == 0   # a variant alone: each seed's run
     assert capsys.readouterr().out == out
+    # the stage (every run of the dataset) writes the same lines to its log, stderr, as refine does
+    assert main(["--root", str(root), "evaluate", "hmm"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == out
     # psrnn predict's line: a file of one-step trajectories has predictions but nothing to score them against
     import pyarrow as pa
     import pyarrow.parquet as pq

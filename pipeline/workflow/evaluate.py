@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -156,7 +157,9 @@ def evaluate_dataset(params: Params, root: Path, dataset: str) -> dict[str, dict
     results = {}
     for v, s in progress(runs, desc=f"evaluate {dataset}", unit="run"):
         results[run_name(v, s)] = evaluate_run(params, root, dataset, v, s, ds=ds)
-        log.info("%s", summary_line(results[run_name(v, s)]))
+        # to the stage's log, as refine writes a line per run it trains: a stage that ends without a word left
+        # the user opening metrics/ to see whether anything was scored
+        print(summary_line(results[run_name(v, s)]), file=sys.stderr)
     return results
 
 
