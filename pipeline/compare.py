@@ -344,6 +344,10 @@ def format_comparison(result: SummaryComparison, ours: str, reference: str, *, s
         summary += (" (the two summaries share no dataset)" if not result.shared else
                     f" (the datasets they share, {', '.join(result.shared)}, have no numbers on both sides)")
     lines.append(summary)
+    if any(SEED_KEY in r.key and (r.ours_std is not None or r.reference_std is not None) for r in shown):
+        # one seed has no spread of its own: the ± there would read as that seed's
+        lines.append(f"note: ± beside one seed's number (a key ending in {SEED_KEY}<seed>) is the spread over the "
+                     "seeds of its row's mean, the yardstick of 'within spread', not the seed's own")
     # exactly, both known: 56110 against 56103 is 'close' to the tolerance, and still another model
     other = sorted({f"{r.dataset} {r.variant}" for r in result.rows if r.key == "n_params" and r.ours is not None
                     and r.reference is not None and r.ours != r.reference})

@@ -23,8 +23,9 @@ matplotlib's default style and without the ``Software`` metadata chunk, so the s
 
 Conventions: curves over seeds show the mean and shade the min–max band, solid where every seed has a value and
 dotted where fewer do (a seed stopped early; results.md names it); a variant has one colour in every figure of its
-dataset; the table reports mean ± sample standard deviation (``ddof=1``) over seeds (a single seed shows the value
-alone); non-finite values are left out of means and flagged in the table.
+dataset; a dataset with a Bayes optimum (the synthetic sets) gets a panel of each variant's gap to it, log scale,
+beside its primary metric; the table reports mean ± sample standard deviation (``ddof=1``) over seeds (a single
+seed shows the value alone); non-finite values are left out of means and flagged in the table.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ _FIXED_COLORS = {
     "kf": "tab:cyan", "rnn": "tab:orange", "gru": "tab:green", "lstm": "tab:blue", "psrnn": "tab:red",
     "psrnn_2layer": "tab:purple", "psrnn_2layer_skip": "tab:brown", "psrnn_random": "tab:pink",
 }
+#: the line styles of the naive predictors' reference lines, in pipeline.naive's order
+_NAIVE_STYLES = (":", "-.", (0, (1, 3)), (0, (5, 2, 1, 2)))
+#: the gap panel of a dataset with a Bayes optimum draws a gap below this fraction of the optimum (or below zero:
+#: a model can beat the true filter's expected loss on a finite test sample) on this floor, where a log axis has room
+GAP_FLOOR = 1e-3
 #: no greys: Figure 4b draws the test data in black under every prediction (the KF's grey was lost on it)
 _SPARE_COLORS = ["tab:olive", "tab:brown", "#17364f", "#8c6d31", "#637939", "#7b4173", "#3182bd", "#e6550d",
                  "#31a354", "#756bb1"]
@@ -474,7 +480,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         from pipeline.naive import NAIVE_LABELS
 
         for (name, value), ls in zip(_naive([r for rs in by_variant.values() for r in rs], metric).items(),
-                                     (":", "-.", (0, (1, 3)), (0, (5, 2, 1, 2)))):
+                                     _NAIVE_STYLES):
             reference_line(value, NAIVE_LABELS.get(name, name), ls=ls, lw=1.0)
     if drawn and _use_log(extent, logy):
         ax.set_yscale("log")
@@ -522,17 +528,70 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     # predictors covered the curves of a panel 5.5 inches wide
     suffixes = _legend_suffixes(by_variant, variants, show_params=show_params)
     legend_width = _legend_width(variants, "training mean (0.0001234)", suffixes)
+    # the curves of the models near the optimum crowd into a sliver above it on the metric's own axis (lgssm's
+    # five 2SR models within 5% of it, under an RNN starting at 2.7 times it): their gap to it, on a log axis,
+    # tells them apart
+    gap = metrics[0] if split == "test" and optimal.get(metrics[0]) is not None else None
+    panels = [(m, False) for m in metrics]
+    if gap is not None:
+        panels.insert(1, (gap, True))
     with _style():
-        fig, axes = _figure(1, len(metrics), (5.5 * len(metrics) + legend_width, 4.2))
-        for ax, m in zip(axes[0], metrics):
+        fig, axes = _figure(1, len(panels), (5.5 * len(panels) + legend_width, 4.2))
+        for ax, (m, is_gap) in zip(axes[0], panels):
+            if is_gap:
+                _gap_panel(ax, by_variant, variants, m, optimal[m], dataset=dataset, suffixes=suffixes)
+                continue
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
                         logy=logy if m == "mse" else False, partial=partial, legend=False,
-                        values_in_legend=len(metrics) == 1, dataset=dataset, suffixes=suffixes)
+                        values_in_legend=len(panels) == 1, dataset=dataset, suffixes=suffixes)
         _legend_beside(axes[0])   # (the Bayes optimum is drawn on BPC alone)
         fig.suptitle(_plain(title))
-        _layout(fig, 1, len(metrics), right=0.2 + legend_width)
+        _layout(fig, 1, len(panels), right=0.2 + legend_width)
         _save(fig, path)
     notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
+
+
+def _gap_runs(runs: Sequence[dict], metric: str, optimal: float, floor: float) -> list[dict]:
+    """Copies of ``runs`` whose test ``metric`` in every epoch is its excess over ``optimal``, at least ``floor``
+    (non-finite values kept as they are, for :func:`_curve` to leave out), without their naive predictors."""
+    out = []
+    for r in runs:
+        history = []
+        for entry in r["history"] or []:
+            if isinstance(entry, dict) and isinstance(entry.get("test"), dict):
+                vals, _ = _finite([entry["test"].get(metric)])
+                if vals:
+                    entry = {**entry, "test": {**entry["test"], metric: max(vals[0] - optimal, floor)}}
+            history.append(entry)
+        out.append({**r, "history": history, "naive": None})
+    return out
+
+
+def _gap_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str,
+               optimal: float, *, dataset: str | None, suffixes: Mapping[str, str]) -> None:
+    """The test ``metric`` of each variant minus the Bayes optimum, on a log axis: a gap below :data:`GAP_FLOOR` x
+    the optimum (or below zero) is drawn on the floor, the dashed line that stands for the optimum there; the
+    naive predictors' gaps as on the other panels."""
+    from pipeline.naive import NAIVE_LABELS
+
+    floor = GAP_FLOOR * abs(optimal) if optimal else GAP_FLOOR
+    shifted = {v: _gap_runs(by_variant.get(v, []), metric, optimal, floor) for v in variants}
+    _plot_panel(ax, shifted, variants, metric, split="test", show_train=False, optimal=None, logy=True, legend=False,
+                values_in_legend=False, dataset=dataset, suffixes=suffixes)
+    lines = [(floor, "Bayes optimal", "--", 1.2)]
+    naive = _naive([r for rs in by_variant.values() for r in rs], metric)
+    lines += [(max(value - optimal, floor), NAIVE_LABELS.get(name, name), ls, 1.0)
+              for (name, value), ls in zip(naive.items(), _NAIVE_STYLES)]
+    for value, name, ls, lw in lines:
+        ax.axhline(value, color="black", ls=ls, lw=lw, label=name)
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, floor / 2.0), max(hi, max(v for v, *_ in lines) * 2.0))   # room for the values written
+    for value, name, *_ in lines:
+        text = f"≤ {value:.2g}: within {GAP_FLOOR:.1%}" if name == "Bayes optimal" else f"{value:.4g}"
+        ax.annotate(text, xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize="x-small")
+    ax.set_ylabel(f"test {LABELS[metric]} above the Bayes optimum\n(log scale)")
 
 
 def _legend_width(variants: Iterable[str], longest_line: str, suffixes: Mapping[str, str] | None = None) -> float:

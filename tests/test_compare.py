@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -265,6 +266,12 @@ def test_a_one_seed_run_is_compared_seed_by_seed_where_both_summaries_keep_each_
     ours["hmm"]["psrnn"].update({"test_bpc@s0": 1.999, "init_test_bpc@s0": 2.41})
     v = _verdicts(compare_summaries(ours, ref))
     assert v["hmm", "psrnn", "test_bpc@s0"] == "within spread" and v["hmm", "psrnn", "init_test_bpc@s0"] == "differs"
+    # the ± shown beside that seed's number is the row's spread over seeds, and the table says so
+    text = format_comparison(compare_summaries(ours, ref), "a", "b")
+    assert re.search(r"test_bpc@s0 +1\.999 +1\.99 ± 0\.0\d+ ", text), text
+    assert text.splitlines()[-1] == ("note: ± beside one seed's number (a key ending in @s<seed>) is the spread over "
+                                     "the seeds of its row's mean, the yardstick of 'within spread', not the seed's "
+                                     "own")
     ours["hmm"]["psrnn"]["test_bpc@s0"] = 2.2
     assert _verdicts(compare_summaries(ours, ref))["hmm", "psrnn", "test_bpc@s0"] == "differs"
     # a seed the reference did not run: nothing to match, the means as before

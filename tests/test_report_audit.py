@@ -151,8 +151,46 @@ def test_the_bayes_optimal_line_is_drawn_on_the_test_split_only(tmp_path, figure
     # the BPC and accuracy panels share one legend, so the line's value is written on it
     bpc = figures["hmm_curves.png"].axes[0]
     assert "Bayes optimal" in _lines(bpc) and "1.6" in [t.get_text() for t in bpc.texts]
-    legend = [t.get_text() for t in figures["hmm_curves.png"].axes[1].get_legend().get_texts()]
+    legend = [t.get_text() for t in figures["hmm_curves.png"].axes[-1].get_legend().get_texts()]
     assert legend == ["psrnn (1 seed)", "Bayes optimal"]   # drawn on the BPC panel, listed beside the last
+
+
+def test_a_dataset_with_a_bayes_optimum_gets_a_panel_of_the_gap_to_it(tmp_path, figures):
+    """lgssm's 2SR models end within 5% of the optimum, under an RNN that starts at 2.7 times it: on the MSE axis
+    their curves were one line. A second panel draws each variant's gap to the optimum on a log axis: the mean
+    over seeds minus the optimum, a gap within GAP_FLOOR of it (or below it: a finite test sample) on the floor,
+    the naive predictors' gaps beside them; not on a split without the optimum."""
+    root = tmp_path / "project"
+    _write_run(root, "lgssm", "psrnn", 0, "continuous", [0.30, 0.25, 0.21], bayes={"mse": 0.2})
+    _write_run(root, "lgssm", "psrnn", 1, "continuous", [0.30, 0.23, 0.23], bayes={"mse": 0.2})
+    _write_run(root, "lgssm", "kf", 0, "continuous", [0.2001, 0.19999], bayes={"mse": 0.2},
+               extra={"naive": {"last_value": {"mse": 0.5}}})
+    write_report(root, tmp_path / "reports")
+    fig = figures["lgssm_curves.png"]
+    assert len(fig.axes) == 2
+    mse, gap = fig.axes
+    assert gap.get_yscale() == "log" and gap.get_ylabel() == "test MSE above the Bayes optimum\n(log scale)"
+    lines = _lines(gap)
+    assert np.asarray(lines["psrnn (2 seeds)"].get_ydata(), dtype=float) == pytest.approx([0.10, 0.04, 0.02])
+    # kf: 0.0001 above and 0.00001 below the optimum, both within 0.1% of it: on the floor, 0.0002
+    assert np.asarray(lines["kf (1 seed)"].get_ydata(), dtype=float) == pytest.approx([2e-4, 2e-4])
+    assert lines["Bayes optimal"].get_ydata()[0] == pytest.approx(2e-4)
+    assert lines["last value"].get_ydata()[0] == pytest.approx(0.3)
+    # the floor and the values written on the lines have room: half the floor, twice the highest line
+    assert gap.get_ylim() == pytest.approx((1e-4, 0.6))
+    assert [t.get_text() for t in gap.texts] == ["≤ 0.0002: within 0.1%", "0.3"]
+    assert set(_lines(mse)) == set(lines)   # the same entries, one legend beside the last panel
+    assert len(mse.get_legend_handles_labels()[0]) == len(gap.get_legend_handles_labels()[0])
+    # a discrete set: BPC, its gap, then accuracy
+    _write_run(root, "hmm", "psrnn", 0, "discrete", [2.0, 1.7], bayes={"bpc": 1.6})
+    write_report(root, tmp_path / "reports")
+    assert [ax.get_ylabel() for ax in figures["hmm_curves.png"].axes] == [
+        "test bits per symbol", "test BPC above the Bayes optimum\n(log scale)", "test one-step prediction accuracy"]
+    assert np.asarray(_lines(figures["hmm_curves.png"].axes[1])["psrnn (1 seed)"].get_ydata(),
+                      dtype=float) == pytest.approx([0.4, 0.1])
+    # the training split has no optimum: no gap panel
+    write_report(root, tmp_path / "train", figures={"per_dataset": {"split": "train"}})
+    assert len(figures["lgssm_curves.png"].axes) == 1 and len(figures["hmm_curves.png"].axes) == 2
 
 
 def test_a_seed_that_turned_non_finite_is_counted_not_hidden(tmp_path, figures):
