@@ -43,9 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, PTB_TRAIN_CHARS, RunConditions,  # noqa: E402
-                               add_busy_arguments, add_out_dir_argument, blas_threads, busy_footer, child_report,
-                               claim_reasons, claims_line, claims_record, code_state, default_ptb_dir, load_ptb,
+from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, PTB_TRAIN_CHARS, HelpFormatter,  # noqa: E402
+                               RunConditions, add_busy_arguments, int_at_least, positive_float, positive_int,
+                               positive_int_list, ptb_raw_dir, resolve_ptb_dir, add_out_dir_argument, blas_threads, busy_footer, child_report,
+                               claim_reasons, claims_line, claims_record, code_state, load_ptb,
                                machine_info, median, one_layer_model, peak_rss_mb, reset_peak_rss, rss_mb, run_child,
                                table, thread_env, usable_cpus, write_results)
 
@@ -61,6 +62,16 @@ CLAIM_A = {"--lines": 1001, "--train-chars": PTB_TRAIN_CHARS, "--test-chars": PT
 CLAIM_B = {"--scales": [1, 4, 16], "--base-chars": PTB_TRAIN_CHARS, "--n-features": 2000, "--state-dim": 20,
            "--past-window": 5, "--future-window": 5, "--svd": "randomized"}
 WARMUP_CHARS, WARMUP_FEATURES = 2000, 64   # the untimed first 2SR of every child
+PARTS = ("a", "b", "ab")
+
+
+def parts_value(text: str) -> str:
+    """--parts: 'a', 'b' or 'ab' ('ba' is 'ab'); anything else is refused when parsed, before anything runs (an
+    unknown part once ran nothing and still wrote, over the real record, one that held no measurement)."""
+    value = "".join(sorted(set(text)))
+    if not text or len(text) != len(value) or value not in PARTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(PARTS)}, got {text!r}")
+    return value
 
 
 # ------------------------------------------------------------------------------------------------- child
@@ -266,38 +277,46 @@ def _claim_settings(args) -> tuple[dict, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="smoke test: part A on 5000 chars, part B on 2000/8000/32000 chars, 200 RFF, 1 repeat")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="runs of each streaming figure (part A, and every scale of part B), median reported "
-                        "(default 3; --quick: 1)")
-    p.add_argument("--naive-repeats", type=int, default=None,
-                   help="runs of the naive 2SR, median reported (default 3; --quick: 1; each takes ~1.5 min and "
-                        "~10 GB at full size)")
-    p.add_argument("--raw-dir", type=Path, default=None, help="PTB raw dir holding full/ptb.*.txt")
-    p.add_argument("--lines", type=int, default=1001, help="PTB lines for part A (1001 = the paper's split)")
-    p.add_argument("--train-chars", type=int, default=None, help="part A: keep only the first N train chars")
-    p.add_argument("--test-chars", type=int, default=None, help="part A: keep only the first N test chars")
-    p.add_argument("--n-features", type=int, default=2000, help="RFF per family")
-    p.add_argument("--state-dim", type=int, default=20, help="state, observation and history projection size")
-    p.add_argument("--past-window", type=int, default=5, help="history window (observations)")
-    p.add_argument("--future-window", type=int, default=5, help="future window (observations)")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="runs of each streaming figure (part A, and every scale of part B), at least 1, median "
+                        "reported (default 3; --quick: 1 unless given)")
+    p.add_argument("--naive-repeats", type=positive_int, default=None,
+                   help="runs of the naive 2SR, at least 1, median reported (default 3; --quick: 1 unless given; "
+                        "each takes ~1.5 min and ~10 GB at full size; --skip-naive runs none)")
+    p.add_argument("--raw-dir", type=ptb_raw_dir, default=None,
+                   help="PTB raw dir holding full/ptb.*.txt (default: $PSRNN_PTB_DIR, data/raw/ptb, "
+                        "../shared/data/ptb)")
+    p.add_argument("--lines", type=positive_int, default=1001,
+                   help="PTB lines for part A (1001 = the paper's split)")
+    p.add_argument("--train-chars", type=positive_int, default=None,
+                   help="part A: keep only the first N train chars (default: all; --quick: 5000)")
+    p.add_argument("--test-chars", type=int_at_least(2, "an integer >= 2"), default=None,
+                   help="part A: keep only the first N test chars, at least 2 (default: all; --quick: 5000)")
+    p.add_argument("--n-features", type=positive_int, default=2000, help="RFF per family (--quick: at most 200)")
+    p.add_argument("--state-dim", type=positive_int, default=20,
+                   help="state, observation and history projection size")
+    p.add_argument("--past-window", type=positive_int, default=5, help="history window (observations)")
+    p.add_argument("--future-window", type=positive_int, default=5, help="future window (observations)")
     p.add_argument("--svd", choices=("randomized", "exact"), default="randomized", help="streaming projections")
-    p.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
+    p.add_argument("--scales", type=positive_int_list, default=[1, 4, 16],
                    help="part B: comma-separated multiples of --base-chars (default 1,4,16)")
-    p.add_argument("--base-chars", type=int, default=PTB_TRAIN_CHARS, help="part B: length of 1x")
-    p.add_argument("--parts", default="ab", help="'a' (naive vs streaming), 'b' (scaling) or 'ab'")
+    p.add_argument("--base-chars", type=positive_int, default=PTB_TRAIN_CHARS,
+                   help="part B: length of 1x (--quick: 2000 unless given)")
+    p.add_argument("--parts", type=parts_value, default="ab", metavar="{a,b,ab}",
+                   help="'a' (naive vs streaming), 'b' (scaling) or 'ab'")
     p.add_argument("--skip-naive", action="store_true", help="part A without the naive 2SR")
     p.add_argument("--no-bpc", action="store_true",
                    help="skip the epoch-0 test BPC evaluation (filter and decoder are still fitted and timed)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per child process")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds allowed per child process (default: no limit)")
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="BLAS/OpenMP threads of the children (OMP/OPENBLAS/MKL_NUM_THREADS; default: inherited)")
     p.add_argument("--tag", default=None,
                    help="suffix of the results file, e.g. a machine's name: results/two_stage_<tag>.json (and "
-                        "two_stage_scaling_<tag>.json for part b)")
+                        "two_stage_scaling_<tag>.json for part b; default: none)")
     add_out_dir_argument(p)
     add_busy_arguments(p)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -310,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         args.train_chars = args.train_chars or 5000
         args.test_chars = args.test_chars or 5000
         args.base_chars = 2000 if args.base_chars == PTB_TRAIN_CHARS else args.base_chars
-    args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.repeats is None:   # an explicit --repeats is kept, --quick or not
+        args.repeats = 1 if args.quick else 3
     if args.naive_repeats is None:
         args.naive_repeats = 1 if args.quick else 3
-    args.raw_dir = args.raw_dir or default_ptb_dir()
+    args.raw_dir = resolve_ptb_dir(p, args.raw_dir)
     cfg = {"state_dim": args.state_dim, "obs_dim": args.state_dim, "past_dim": args.state_dim,
            "n_features": args.n_features, "past_window": args.past_window, "future_window": args.future_window,
            "seed": 0}
@@ -332,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         payload["compare"] = part_compare(args, cfg)
     if "b" in args.parts:
         payload["scaling"] = part_scaling(args, cfg)
+    if "compare" not in payload and "scaling" not in payload:   # --parts is checked when parsed: never reached
+        raise SystemExit(f"--parts {args.parts!r}: no part ran; nothing is written")
     payload["total_seconds"] = time.perf_counter() - t0
     payload.update(conditions.finish())
     summaries = [s for k, s in payload.get("compare", {}).items() if k in ("naive", "streaming")]

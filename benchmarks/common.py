@@ -9,6 +9,7 @@ run can support the claims at all (``claims_valid``, with the reasons why not).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -563,6 +564,106 @@ def run_child(script: Path, args: Sequence[str], *, timeout: float | None = None
         raise RuntimeError(f"benchmark child failed (exit {proc.returncode}): {' '.join(cmd)}\n"
                            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1][len(CHILD_MARK):])
+
+
+# ------------------------------------------------------------------------------------------- arguments
+#
+# argparse ``type=`` functions: a bad value ends the script with argparse's usage and one line naming the flag, the
+# value and what was expected (``error: argument --repeats: expected a positive integer, got '0'``), exit status 2,
+# before anything is measured or written.
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The scripts' --help: the description as written, and every option's help ending with its default (store_true
+    flags: off) unless the help already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
+
+
+def int_at_least(low: int, what: str | None = None) -> Callable[[str], int]:
+    """A ``type=`` function accepting integers >= ``low`` (``what`` names them in the error)."""
+    what = what or ("a positive integer" if low == 1 else f"an integer >= {low}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = f"int_at_least_{low}"
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """A ``type=`` function accepting finite floats > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """A ``type=`` function for comma-separated positive integers (``1,4,16``)."""
+    items = [t.strip() for t in text.split(",")]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (e.g. 1,4,16), got {text!r}")
+    return values
+
+
+def existing_dir(text: str) -> Path:
+    """A ``type=`` function accepting an existing folder."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected an existing folder, got {text!r}"
+                                         + (" (a file)" if path.exists() else " (no such folder)"))
+    return path
+
+
+def ptb_raw_dir(text: str) -> Path:
+    """A ``type=`` function accepting a PTB raw folder: one holding ``full/ptb.train.txt``."""
+    path = Path(text)
+    if not (path / "full" / "ptb.train.txt").is_file():
+        raise argparse.ArgumentTypeError(f"expected a PTB raw folder holding full/ptb.train.txt, got {text!r} "
+                                         f"({'no such folder' if not path.is_dir() else 'no full/ptb.train.txt in it'})")
+    return path
+
+
+def resolve_ptb_dir(parser: argparse.ArgumentParser, raw_dir: Path | None) -> Path:
+    """``--raw-dir``, else :func:`default_ptb_dir`; ends the script with ``parser.error`` when the default holds no
+    PTB (``--raw-dir`` itself is checked by :func:`ptb_raw_dir`)."""
+    if raw_dir is not None:
+        return raw_dir
+    found = default_ptb_dir()
+    if not (found / "full" / "ptb.train.txt").is_file():
+        parser.error(f"--raw-dir: not given, and no PTB found (looked for full/ptb.train.txt in $PSRNN_PTB_DIR, "
+                     f"data/raw/ptb and ../shared/data/ptb); expected --raw-dir DIR")
+    return found
+
+
+def add_repeats_help(default: int, quick: int | None = 1) -> str:
+    """The help of a ``--repeats`` option whose default depends on ``--quick``."""
+    return (f"runs per figure, at least 1; the median is reported (default {default}"
+            + (f"; --quick: {quick} unless given" if quick is not None else "") + ")")
 
 
 # ------------------------------------------------------------------------------------------------ data
