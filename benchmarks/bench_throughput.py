@@ -44,9 +44,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (MIN_REPEATS, RunConditions, add_busy_arguments, add_out_dir_argument,  # noqa: E402
-                               busy_footer, claim_reasons, claims_line, claims_record, code_state, default_ptb_dir,
-                               load_ptb, machine_info, median, table, write_results)
+from benchmarks.common import (MIN_REPEATS, HelpFormatter, RunConditions, add_busy_arguments,  # noqa: E402
+                               add_out_dir_argument, busy_footer, claim_reasons, claims_line, claims_record,
+                               code_state, int_at_least, load_ptb, nonnegative_int, positive_float, positive_int,
+                               ptb_raw_dir, resolve_ptb_dir, machine_info, median, table, write_results)
 
 PSRNNS = ("psrnn", "factorized_psrnn")
 BASELINES = ("lstm", "gru", "rnn")
@@ -148,6 +149,14 @@ def train_run(model, train, args, device) -> dict:
             "chars_per_s": chars / seconds if seconds > 0 else float("nan"), "nonfinite_steps": nonfinite}
 
 
+def windows_per_epoch(train, args) -> int:
+    """The BPTT windows of one training epoch, as :func:`train_run` cuts them."""
+    from pipeline.batching import make_streams
+
+    streams = make_streams(train, args.batch, discrete=True, min_piece=args.bptt + 1)
+    return math.ceil(streams.length / args.bptt)
+
+
 def eval_run(model, test, device) -> dict:
     from pipeline.train import evaluate
 
@@ -196,8 +205,7 @@ def _claim_reasons(args, device, models: list[str], paths: dict[str, dict[str, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke test: 4 timed windows, 5000 test chars, 1 repeat")
     p.add_argument("--models", default="psrnn,factorized_psrnn,lstm,gru,rnn",
                    help="comma-separated; <model>/torch-ops (psrnn, factorized_psrnn, gru, rnn) runs the "
@@ -206,29 +214,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-ops", action="store_true",
                    help="add the /torch-ops row of every model in --models that has kernels: their speed-up "
                         "measured side by side")
-    p.add_argument("--rank", type=int, default=60, help="rank of factorized_psrnn")
-    p.add_argument("--hidden", type=int, default=20, help="state / hidden size")
-    p.add_argument("--obs-dim", type=int, default=None, help="observation (embedding) size; default = --hidden")
-    p.add_argument("--batch", type=int, default=20, help="parallel training streams (default 20)")
-    p.add_argument("--bptt", type=int, default=35, help="truncated-BPTT window length (default 35)")
-    p.add_argument("--lr", type=float, default=1.0, help="SGD learning rate (default 1)")
-    p.add_argument("--clip", type=float, default=0.25, help="gradient-norm clipping, > 0 (default 0.25)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    p.add_argument("--windows", type=int, default=None, help="timed BPTT windows per run (default: one epoch)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed windows at the start of each training run")
-    p.add_argument("--test-chars", type=int, default=None, help="evaluate on the first N test characters only")
+    p.add_argument("--rank", type=positive_int, default=60, help="rank of factorized_psrnn")
+    p.add_argument("--hidden", type=positive_int, default=20, help="state / hidden size")
+    p.add_argument("--obs-dim", type=positive_int, default=None,
+                   help="observation (embedding) size (default: --hidden)")
+    p.add_argument("--batch", type=positive_int, default=20, help="parallel training streams")
+    p.add_argument("--bptt", type=positive_int, default=35, help="truncated-BPTT window length")
+    p.add_argument("--lr", type=float, default=1.0, help="SGD learning rate")
+    p.add_argument("--clip", type=positive_float, default=0.25,
+                   help="gradient-norm clipping, > 0 (fit's unclipped path is not measured here)")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads")
+    p.add_argument("--windows", type=positive_int, default=None,
+                   help="timed BPTT windows per run (default: one epoch; --quick: 4 unless given)")
+    p.add_argument("--warmup", type=nonnegative_int, default=2,
+                   help="untimed windows at the start of each training run (fewer than one epoch's windows)")
+    p.add_argument("--test-chars", type=int_at_least(2, "an integer >= 2"), default=None,
+                   help="evaluate on the first N test characters only, at least 2 (default: all; --quick: 5000 "
+                        "unless given)")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluation throughput")
-    p.add_argument("--repeats", type=int, default=None, help="runs per figure, median reported (default 3; quick 1)")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="runs per figure, at least 1, median reported (default 3; --quick: 1 unless given)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--raw-dir", type=Path, default=None, help="PTB raw dir holding full/ptb.*.txt")
+    p.add_argument("--raw-dir", type=ptb_raw_dir, default=None,
+                   help="PTB raw dir holding full/ptb.*.txt (default: $PSRNN_PTB_DIR, data/raw/ptb, "
+                        "../shared/data/ptb)")
     p.add_argument("--tag", default=None,
                    help="results file benchmarks/results/throughput_<tag>.json (default: none on the CPU, the "
                         "device type otherwise, so a GPU run never overwrites the CPU figures)")
     add_out_dir_argument(p)
     add_busy_arguments(p)
     args = p.parse_args(argv)
-    if not args.clip > 0:
-        p.error(f"--clip: expected > 0, got {args.clip} (fit's unclipped path is not measured here)")
+    raw_dir = resolve_ptb_dir(p, args.raw_dir)
 
     import torch
 
@@ -237,13 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.windows = args.windows or 4
         args.test_chars = args.test_chars or 5000
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    device = resolve_device(args.device, "--device")  # a clear error when cuda is asked for and absent
-    code = code_state()   # the code measured: taken before the run, compared with the tree after it
-    # on a GPU too: the host CPU launches every kernel of these small models
-    conditions = RunConditions(args.threads, args)
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
+    if args.repeats is None:   # an explicit --repeats is kept, --quick or not
+        args.repeats = 1 if args.quick else 3
+    try:   # one line when cuda is asked for and absent, or the name is not a device
+        device = resolve_device(args.device, "--device")
+    except ValueError as exc:
+        p.error(str(exc))
+    ds = load_ptb(raw_dir)
+    V = len(ds.vocab)
+    train = ds.train
+    test = ds.test[0][: args.test_chars] if args.test_chars else ds.test[0]
+    epoch_windows = windows_per_epoch(train, args)
+    if args.warmup >= epoch_windows:   # no window would be timed: chars/s would be nan
+        p.error(f"--warmup {args.warmup}: expected fewer than the {epoch_windows} BPTT windows of one epoch "
+                f"(--batch {args.batch}, --bptt {args.bptt})")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     # the GRU and RNN have kernels of ours on the CPU only: on CUDA they are cuDNN's either way, so a /torch-ops
     # row of theirs would time the same code as their own row
@@ -259,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     if same:
         p.error(f"--models: {', '.join(same)} on {device.type}: the recurrence is cuDNN's with or without {TORCH_OPS} "
                 f"there; expected {TORCH_OPS} only after psrnn or factorized_psrnn on CUDA")
-    ds = load_ptb(args.raw_dir or default_ptb_dir())
-    V = len(ds.vocab)
-    train = ds.train
-    test = ds.test[0][: args.test_chars] if args.test_chars else ds.test[0]
+    code = code_state()   # the code measured: taken before the run, compared with the tree after it
+    # on a GPU too: the host CPU launches every kernel of these small models
+    conditions = RunConditions(args.threads, args)
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
     print(f"PTB train {len(train[0]):,d} chars, test {len(test):,d} chars, vocab {V}; device {device}, "
           f"torch threads {torch.get_num_threads()}; hidden {args.hidden}, batch {args.batch}, bptt {args.bptt}; "
           f"{'one epoch' if not args.windows else f'{args.windows} windows'} per run (+{args.warmup} untimed), "
