@@ -655,15 +655,9 @@ def resolve_ptb_dir(parser: argparse.ArgumentParser, raw_dir: Path | None) -> Pa
         return raw_dir
     found = default_ptb_dir()
     if not (found / "full" / "ptb.train.txt").is_file():
-        parser.error(f"--raw-dir: not given, and no PTB found (looked for full/ptb.train.txt in $PSRNN_PTB_DIR, "
-                     f"data/raw/ptb and ../shared/data/ptb); expected --raw-dir DIR")
+        parser.error(f"--raw-dir: not given, and no PTB found (no full/ptb.train.txt in $PSRNN_PTB_DIR, "
+                     f"data/raw/ptb or ../shared/data/ptb: {found}); expected --raw-dir DIR")
     return found
-
-
-def add_repeats_help(default: int, quick: int | None = 1) -> str:
-    """The help of a ``--repeats`` option whose default depends on ``--quick``."""
-    return (f"runs per figure, at least 1; the median is reported (default {default}"
-            + (f"; --quick: {quick} unless given" if quick is not None else "") + ")")
 
 
 # ------------------------------------------------------------------------------------------------ data

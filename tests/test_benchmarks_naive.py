@@ -78,3 +78,38 @@ def test_naive_and_streaming_two_stage_agree(kind, obs_inverse):
     sn = filter_states(naive, trajs[:1])[0]
     ss = filter_states(stream, trajs[:1])[0]
     assert _rel(sn, ss) < 1e-6
+
+
+def test_naive_predict_writes_what_predict_file_writes(tmp_path):
+    """benchmarks/naive_predict.py (every output of the whole input in memory: bench_predict's baseline) writes the
+    rows, predictions and bits that pipeline.inference.predict_file writes, streamed in blocks of a few rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.naive_predict import agree, compare_outputs, naive_predict_file
+    from pipeline.api import fit_model
+    from pipeline.inference import TrainedRun, predict_file
+
+    vocab = list("abcdef")
+    trajs = _discrete_data()
+    fitted = fit_model(trajs, model="psrnn", n_features=32, state_dim=4, horizon=1, epochs=0, device="cpu")
+    run = TrainedRun.from_units(fitted.model, {"kind": "discrete", "vocab": vocab}, dataset="t", variant="psrnn",
+                                seed=0, epoch=0)
+    # three trajectories of unequal lengths, one longer than a block, ids not starting at 0
+    lengths = [150, 37, 90]
+    codes = np.concatenate([t[:n] for t, n in zip(trajs, lengths)])
+    ids = np.repeat([7, 8, 9], lengths)
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"trajectory": ids, "symbol": np.array(vocab, dtype=object)[codes]}), src)
+    streamed, naive = tmp_path / "streamed.parquet", tmp_path / "naive.parquet"
+    summary = predict_file(run, src, streamed, probabilities=True, block_rows=64)
+    got = naive_predict_file(fitted.model, vocab, src, naive, probabilities=True)
+    assert got["rows"] == summary["rows"] == sum(lengths) and got["trajectories"] == 3
+    assert got["predicted_steps"] == summary["predicted_steps"]
+    assert got["metrics"]["bpc"] == pytest.approx(summary["metrics"]["bpc"], rel=1e-9)
+    comparison = compare_outputs(streamed, naive)
+    assert comparison["same_rows"] and comparison["predicted_mismatches"] == 0, comparison
+    assert comparison["max_next_bits_difference"] < 1e-9 and agree(comparison)
+    a, b = pq.read_table(streamed), pq.read_table(naive)
+    np.testing.assert_allclose(np.array(a.column("probabilities").to_pylist()),
+                               np.array(b.column("probabilities").to_pylist()), rtol=1e-6)

@@ -208,10 +208,13 @@ def test_bench_predict_smoke(tmp_path):
     rows = {(r["layout"], r["chars"]): r for r in d["results"]}
     assert set(rows) == {("lines", 400), ("lines", 800)}
     both, streamed = rows[("lines", 400)], rows[("lines", 800)]
-    assert both["streamed"]["bpc"] == pytest.approx(both["one_block"]["bpc"], rel=1e-6)
+    assert both["streamed"]["bpc"] == pytest.approx(both["in_memory"]["bpc"], rel=1e-6)
     assert both["trajectories"] > 1 and "time_ratio" in both
-    assert isinstance(both["streamed"]["peak_reset"], bool) and "peak_reset" in both["one_block"]
-    assert "one_block" not in streamed and streamed["streamed"]["seconds"] > 0
+    assert isinstance(both["streamed"]["peak_reset"], bool) and "peak_reset" in both["in_memory"]
+    # the two files were compared row by row: same rows, same predictions
+    assert both["agreement"]["same_rows"] is True and both["agreement"]["rows"] == [400, 400]
+    assert both["agreement"]["predicted_mismatches"] == 0
+    assert "in_memory" not in streamed and "agreement" not in streamed and streamed["streamed"]["seconds"] > 0
 
 
 @pytest.mark.skipif(shutil.which("dvc") is None or not MIRROR.is_dir(),
