@@ -17,7 +17,8 @@ load at the start and the CPU time other processes took during the run.
 Options: ``--set KEY=VALUE`` (repeated; a dotted key of params.yaml, a YAML value: ``--set 'seeds=[0]'``) edits
 the copy's params.yaml before the run; ``--target STAGE`` (repeated) runs ``dvc repro STAGE`` (its ancestors
 only); ``--quick`` is a smoke run (hmm only, seed 0, psrnn and lstm, 1 epoch, the report's ancestors); ``--keep``
-keeps the copy (it is kept anyway when ``dvc repro`` fails). The timing supports the README's figure only with
+keeps the copy (without it the copy is removed, on a failure too: ``dvc repro`` failing, an error, Ctrl-C; the
+``--set`` values are checked on this project's params.yaml before anything is copied). The timing supports the README's figure only with
 the default params and every stage (no --set, --target or --quick), on an idle machine
 ("claims_valid", "claims_invalid_reasons" as in the other scripts).
 
@@ -41,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (EXCLUDED_FROM_DIFF, ROOT, RunConditions, add_busy_arguments,  # noqa: E402
+from benchmarks.common import (EXCLUDED_FROM_DIFF, ROOT, HelpFormatter, RunConditions, add_busy_arguments,  # noqa: E402
                                add_out_dir_argument, busy_footer, claim_reasons, claims_line, claims_record,
                                code_state, machine_info, table, usable_cpus, write_results)
 
@@ -84,28 +85,43 @@ def copy_project(dest: Path, mirror: Path) -> int:
     return n
 
 
-def apply_settings(params_path: Path, settings: list[str]) -> None:
-    """``KEY=VALUE`` overrides written into params.yaml (dotted keys; values read as YAML, as DVC reads them); the
-    parent of each key must exist. The edited params are validated, so a typo fails now, not minutes into the run."""
+def edited_params(params_text: str, settings: list[str]) -> str:
+    """params.yaml's text with the ``KEY=VALUE`` overrides (dotted keys; values read as YAML, as DVC reads them); the
+    parent of each key must exist. The edited params are validated, so a typo fails now, not minutes into the run:
+    ValueError naming the ``--set`` item and what was expected."""
     from pipeline.config import ParamsError, dump_yaml, parse_params, read_yaml
 
-    raw = read_yaml(params_path.read_text())
+    raw = read_yaml(params_text)
     for item in settings:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--set {item}: expected KEY=VALUE, e.g. --set 'seeds=[0]'")
+            raise ValueError(f"--set {item}: expected KEY=VALUE, e.g. --set 'seeds=[0]'")
         *parents, leaf = key.split(".")
         node = raw
         for i, part in enumerate(parents):
             node = node.get(part) if isinstance(node, dict) else None
             if not isinstance(node, dict):
-                raise SystemExit(f"--set {item}: params.yaml has no section {'.'.join(parents[:i + 1])}")
-        node[leaf] = read_yaml(value)
+                raise ValueError(f"--set {item}: params.yaml has no section {'.'.join(parents[:i + 1])}; expected "
+                                 "a dotted key under an existing section")
+        try:
+            node[leaf] = read_yaml(value)
+        except Exception as exc:   # the YAML reader's own error, whatever its type
+            why = " ".join(str(exc).split())   # one line: the reader's message spans several
+            raise ValueError(f"--set {item}: expected a YAML value ({type(exc).__name__}: {why})") from None
     try:
         parse_params(raw)
     except ParamsError as exc:
-        raise SystemExit(f"--set: the params are not valid: {exc}") from None
-    params_path.write_text(dump_yaml(raw))
+        raise ValueError(f"--set: the params are not valid: {exc}") from None
+    return dump_yaml(raw)
+
+
+def apply_settings(params_path: Path, settings: list[str]) -> None:
+    """:func:`edited_params` written into ``params_path``; SystemExit with its message when a setting is refused."""
+    try:
+        text = edited_params(params_path.read_text(), settings)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    params_path.write_text(text)
 
 
 def expected_runs(params_path: Path) -> int:
@@ -179,42 +195,13 @@ def _mib(n_bytes: int) -> float:
     return n_bytes / 2**20
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a params.yaml override of the copy, e.g. --set 'seeds=[0]' --set ptb.train.epochs=2 "
-                        "(repeated; the timing then no longer supports the README's figure)")
-    p.add_argument("--target", action="append", default=[], metavar="STAGE",
-                   help="run `dvc repro STAGE` (its ancestors only) instead of every stage (repeated)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: " + ", ".join(QUICK_SETTINGS) + "; target " + ", ".join(QUICK_TARGETS))
-    p.add_argument("--keep", action="store_true", help="keep the copy (its path is printed)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="folder in which the copy is made (default: the system's temporary folder)")
-    p.add_argument("--mirror", type=Path, default=None,
-                   help="the raw-data mirror (default: $PSRNN_DATA_MIRROR, else ../shared/data of this project)")
-    add_out_dir_argument(p)
-    add_busy_arguments(p)
-    args = p.parse_args(argv)
-    if shutil.which("dvc") is None:
-        p.error("dvc is not installed (pip install dvc)")
-    mirror = args.mirror or default_mirror()
-    if not mirror.is_dir():
-        p.error(f"--mirror: {mirror} is not a folder (the raw-data mirror; set PSRNN_DATA_MIRROR or pass --mirror)")
-    if args.workdir is not None and not args.workdir.is_dir():
-        p.error(f"--workdir: {args.workdir} is not a folder (the copy is made in an existing folder)")
-    settings = [*(QUICK_SETTINGS if args.quick else ()), *args.set]
-    targets = args.target or (list(QUICK_TARGETS) if args.quick else [])
-    reasons = claim_reasons(args.quick, {"--set": args.set, "--target": args.target}, CLAIM)
-
-    code = code_state()   # the code measured: taken before the copy, compared with the tree after the run
-    work = Path(tempfile.mkdtemp(prefix="psrnn_repro_", dir=args.workdir))
-    project = work / "project"
+def _run_in_copy(args, work: Path, project: Path, mirror: Path, settings: list[str], params_text: str | None,
+                 targets: list[str], reasons: list[str], code: dict, argv: list[str] | None) -> Path:
+    """Copy the project into ``work``, run ``dvc repro`` there and write the record; returns its path."""
     t0 = time.perf_counter()
     n_files = copy_project(work, mirror)
-    if settings:
-        apply_settings(project / "params.yaml", settings)
+    if params_text is not None:
+        (project / "params.yaml").write_text(params_text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env.update(GIT_IDENTITY, DVC_NO_ANALYTICS="1")
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "-c", "commit.gpgsign=false", "commit", "-qm",
@@ -231,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024   # KiB on Linux
     if status != 0:
         tail = "\n".join(lines[-40:])
-        raise SystemExit(f"{tail}\ndvc repro failed (exit {status}) after {total:.0f} s; the copy is kept: {project}")
+        raise SystemExit(f"{tail}\ndvc repro failed (exit {status}) after {total:.0f} s")
     runs = mlflow_runs(project / "mlflow.db")
     expected = expected_runs(project / "params.yaml")
     if runs["total"] != expected:
@@ -258,6 +245,58 @@ def main(argv: list[str] | None = None) -> int:
     reasons += conditions.reasons
     payload.update(claims_record(reasons), machine=machine_info(code=code))
     path = write_results("repro", payload, quick=args.quick, out_dir=args.out_dir)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a params.yaml override of the copy, e.g. --set 'seeds=[0]' --set ptb.train.epochs=2 "
+                        "(repeated; the timing then no longer supports the README's figure; default: none)")
+    p.add_argument("--target", action="append", default=[], metavar="STAGE",
+                   help="run `dvc repro STAGE` (its ancestors only) instead of every stage (repeated; default: every "
+                        "stage)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: " + ", ".join(QUICK_SETTINGS) + "; target " + ", ".join(QUICK_TARGETS))
+    p.add_argument("--keep", action="store_true",
+                   help="keep the copy, also when the run fails (its path is printed; without it the copy is removed)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="folder in which the copy is made (default: the system's temporary folder)")
+    p.add_argument("--mirror", type=Path, default=None,
+                   help="the raw-data mirror (default: $PSRNN_DATA_MIRROR, else ../shared/data of this project)")
+    add_out_dir_argument(p)
+    add_busy_arguments(p)
+    args = p.parse_args(argv)
+    if shutil.which("dvc") is None:
+        p.error("dvc is not installed (pip install dvc)")
+    mirror = args.mirror or default_mirror()
+    if not mirror.is_dir():
+        p.error(f"--mirror: {mirror} is not a folder (the raw-data mirror; set PSRNN_DATA_MIRROR or pass --mirror)")
+    if args.workdir is not None and not args.workdir.is_dir():
+        p.error(f"--workdir: {args.workdir} is not a folder (the copy is made in an existing folder)")
+    settings = [*(QUICK_SETTINGS if args.quick else ()), *args.set]
+    targets = args.target or (list(QUICK_TARGETS) if args.quick else [])
+    try:   # checked on this project's params.yaml before anything is copied: a typo leaves nothing behind
+        params_text = edited_params((ROOT / "params.yaml").read_text(), settings) if settings else None
+    except ValueError as exc:
+        p.error(str(exc))
+    reasons = claim_reasons(args.quick, {"--set": args.set, "--target": args.target}, CLAIM)
+
+    code = code_state()   # the code measured: taken before the copy, compared with the tree after the run
+    work = Path(tempfile.mkdtemp(prefix="psrnn_repro_", dir=args.workdir))
+    project = work / "project"
+    try:
+        path = _run_in_copy(args, work, project, mirror, settings, params_text, targets, reasons, code, argv)
+    except BaseException as exc:   # a failure, Ctrl-C included: the copy goes unless --keep asked for it
+        if args.keep:
+            note = f"the copy is kept (--keep): {project}"
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+            note = f"the copy in {work} is removed (--keep keeps it)"
+        if isinstance(exc, SystemExit) and isinstance(exc.code, str):
+            raise SystemExit(f"{exc.code}\n{note}") from None
+        print(note, file=sys.stderr)
+        raise
     if args.keep:
         print(f"the copy is kept: {project}")
     else:
