@@ -38,7 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_out_dir_argument, code_state, machine_info, table, write_results  # noqa: E402
+from benchmarks.common import (HelpFormatter, add_out_dir_argument, code_state, machine_info,  # noqa: E402
+                               positive_int, table, workspace, write_results)
 
 CONTINUOUS = ("swimmer", "handwriting", "mocap", "lgssm")
 DECODER_RUNS = ("ptb:factorized_psrnn_r60", "ptb:factorized_psrnn_r10", "hmm:factorized_psrnn_r10", "hmm:psrnn",
@@ -200,10 +201,9 @@ def kalman_init(params, root: Path, datasets, seeds, train: bool) -> list[dict[s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, required=True,
-                    help="a workspace where the default dvc repro has run (read only)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--root", type=workspace, required=True,
+                    help="a workspace where the default dvc repro has run (read only; required)")
     ap.add_argument("--parts", default="inverse,encoder,decoder,kf",
                     help="comma-separated: inverse, encoder, decoder, kf (default: all four)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: params.yaml seeds)")
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
                     help="inverse and kf: epoch 0 only, skip the default training")
     ap.add_argument("--decoder-runs", default=",".join(DECODER_RUNS),
                     help="comma-separated dataset:variant runs of the decoder part (default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     add_out_dir_argument(ap)
     args = ap.parse_args(argv)
 
@@ -229,7 +229,10 @@ def main(argv=None) -> int:
     root = args.root.resolve()
     raw = read_yaml((root / "params.yaml").read_text())
     params = parse_params(raw)
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else params.seeds
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else params.seeds
+    except ValueError:
+        ap.error(f"--seeds {args.seeds}: expected comma-separated integers, e.g. 0,1")
     datasets = [d for d in args.datasets.split(",") if d]
     decoder_runs = [r for r in args.decoder_runs.split(",") if r]
     if any(r.count(":") != 1 for r in decoder_runs):

@@ -630,13 +630,13 @@ def positive_int_list(text: str) -> list[int]:
     return values
 
 
-def existing_dir(text: str) -> Path:
-    """A ``type=`` function accepting an existing folder."""
-    path = Path(text)
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"expected an existing folder, got {text!r}"
-                                         + (" (a file)" if path.exists() else " (no such folder)"))
-    return path
+def workspace(text: str) -> Path:
+    """A ``type=`` function for ``--root``: a folder holding params.yaml (the workspace's outputs are looked up as each part needs them)."""
+    root = Path(text)
+    if not (root / "params.yaml").is_file():
+        raise argparse.ArgumentTypeError(f"expected a workspace where the default dvc repro has run, got {text!r} "
+                                         f"({'no such folder' if not root.is_dir() else 'no params.yaml in it'})")
+    return root
 
 
 def ptb_raw_dir(text: str) -> Path:

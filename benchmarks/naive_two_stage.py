@@ -105,3 +105,9 @@ def naive_two_stage_regression(
                          diagnostics={"n_windows": int(n), "lambda": float(lam), "implementation": "naive",
                                       "singular_values": {k: v.tolist() for k, v in sv.items()},
                                       "widths": {k: getattr(maps, k).width for k in ("obs", "past", "future")}})
+
+
+if __name__ == "__main__":
+    print("benchmarks/naive_two_stage.py is a library module, not a script: bench_two_stage.py runs its "
+          "naive_two_stage_regression (the materialised 2SR) as the baseline of the streaming 2SR. Run: "
+          "python -m benchmarks.bench_two_stage --help")

@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_out_dir_argument, code_state, machine_info, table, write_results  # noqa: E402
+from benchmarks.common import (HelpFormatter, add_out_dir_argument, code_state, machine_info,  # noqa: E402
+                               positive_int, table, workspace, write_results)
 
 RIDGES = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 DATASETS = ("swimmer", "handwriting", "mocap")
@@ -105,17 +106,17 @@ def sine_part(ridges, seeds, setting: dict[str, Any] = SINE) -> list[dict[str, A
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=None,
-                    help="a workspace where the default dvc repro has run (read only); needed by the datasets part")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--root", type=workspace, default=None,
+                    help="a workspace where the default dvc repro has run (read only); needed by the datasets part "
+                         "(default: none)")
     ap.add_argument("--parts", default=None,
                     help="comma-separated: datasets, sine (default: both with --root, else sine)")
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds (default: %(default)s)")
     ap.add_argument("--ridges", default=",".join(f"{r:g}" for r in RIDGES),
                     help="comma-separated ridge ratios (default: %(default)s)")
     ap.add_argument("--datasets", default=",".join(DATASETS), help="datasets part (default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: small sines (4 + 2 trajectories of 120 steps, 100 features); writes *_quick.json")
     add_out_dir_argument(ap)
