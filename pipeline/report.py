@@ -1115,11 +1115,16 @@ def _worse_than_start(by_variant: Mapping[str, Sequence[dict]], order: Sequence[
     return out
 
 
+#: the naive predictors remember the last observation at most (last value, bigram) or nothing (training mean,
+#: unigram): a model of hidden state has to beat them
+NAIVE_HEADING = "Naive predictors (no state beyond the last observation)"
+
+
 def _naive_text(runs: Sequence[dict], metrics: Sequence[str], *, standardised: bool = False) -> str | None:
-    """The line of :mod:`pipeline.naive`'s predictors under a dataset's heading, e.g. "Naive predictors (no
-    dynamics learned), test MSE (standardised): last value 4.451e-03, training mean 1.908" (``standardised``: in
-    the units of the table's standardised column), or with two metrics "..., test: unigram BPC 4.317 and accuracy
-    0.183"."""
+    """The line of :mod:`pipeline.naive`'s predictors under a dataset's heading, e.g. "Naive predictors (no state
+    beyond the last observation), test MSE (standardised): last value 4.451e-03, training mean 1.908"
+    (``standardised``: in the units of the table's standardised column), or with two metrics "..., test: unigram
+    BPC 4.317 and accuracy 0.183; bigram BPC ..."."""
     from pipeline.naive import NAIVE_LABELS
 
     values = {m: _naive(runs, m) for m in metrics}
@@ -1129,11 +1134,10 @@ def _naive_text(runs: Sequence[dict], metrics: Sequence[str], *, standardised: b
     if len(metrics) == 1:
         m = metrics[0]
         shown = ", ".join(f"{NAIVE_LABELS.get(n, n)} {_fmt(values[m][n])}" for n in names)
-        return (f"Naive predictors (no dynamics learned), test {LABELS[m]}{' (standardised)' if standardised else ''}: "
-                f"{shown}")
+        return (f"{NAIVE_HEADING}, test {LABELS[m]}{' (standardised)' if standardised else ''}: {shown}")
     shown = "; ".join(f"{NAIVE_LABELS.get(n, n)} " + " and ".join(f"{LABELS[m]} {_fmt(values[m][n])}" for m in metrics
                                                                  if n in values[m]) for n in names)
-    return f"Naive predictors (no dynamics learned), test: {shown}"
+    return f"{NAIVE_HEADING}, test: {shown}"
 
 
 def _beaten_by_naive(by_variant: Mapping[str, Sequence[dict]], order: Sequence[str], runs: Sequence[dict],

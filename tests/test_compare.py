@@ -37,6 +37,23 @@ def test_a_summary_against_itself_is_the_same_number_for_number():
     assert result.counts()["same"] == 5 + 4 + 1 + 4
 
 
+def test_a_naive_predictor_on_one_side_only_is_a_newer_yardstick_not_a_lost_variant():
+    """The bigram joined the naive predictors after the Xeon snapshots: its row in a new summary is the data's
+    yardstick, not a variant the reference lacks, so it is said and --check still passes; a model variant on one
+    side only still fails it."""
+    ours = copy.deepcopy(BASE)
+    ours["hmm"]["naive_bigram"] = {"test_bpc": 2.1, "test_accuracy": 0.4}
+    for a, b in ((ours, BASE), (BASE, ours)):
+        result = compare_summaries(a, b)
+        assert result.agrees and result.one_sided_naive == ["hmm naive_bigram"]
+        assert not any(r.variant == "naive_bigram" for r in result.rows)
+        assert format_comparison(result, "a", "b").splitlines()[-1] == (
+            "note: 1 naive predictor row(s) on one side only (hmm naive_bigram): a yardstick the other summary "
+            "predates, not compared")
+    ours["hmm"]["gru"] = ours["hmm"]["lstm"]
+    assert not compare_summaries(ours, BASE).agrees
+
+
 def test_each_verdict_at_its_bound():
     ours = copy.deepcopy(BASE)
     ours["hmm"]["psrnn"]["init_test_bpc"] = 2.5 * (1 + 5e-7)           # same (<= 1e-6 relative)

@@ -42,6 +42,43 @@ def test_unigram_by_hand_with_add_half_smoothing() -> None:
             naive_metrics(train_, test_, discrete=True, vocab_size=3)
 
 
+def test_bigram_by_hand_smoothed_toward_the_unigram() -> None:
+    train = [np.array([0, 0, 0, 1]), np.array([2])]           # pairs (0, 0) twice and (0, 1); counts 3, 1, 1
+    test = [np.array([1, 0, 2, 0]), np.array([1])]            # pairs (1, 0), (0, 2), (2, 0); the second: none
+    out = naive_metrics(train, test, discrete=True, vocab_size=3)["bigram"]
+    unigram = np.array([3.5, 1.5, 1.5]) / 6.5
+    # P(b | a) = (C(a, b) + P_uni(b)) / (C(a) + 1): after 1 and 2, never contexts in training, the unigram
+    p = [unigram[0], unigram[2] / (3 + 1), unigram[0]]
+    assert out["bpc"] == pytest.approx(-np.mean(np.log2(p)), rel=1e-14)
+    # after 0: 0 (seen twice); after 1 and 2: the most frequent symbol, 0; targets 0, 2, 0
+    assert out["accuracy"] == pytest.approx(2 / 3)
+    assert naive_metrics(train, [np.array([1])], discrete=True, vocab_size=3) == {}   # nothing to score
+
+
+def test_bigram_approaches_the_entropy_rate_of_a_markov_chain() -> None:
+    """On a first-order Markov chain the bigram is the Bayes-optimal predictor: with enough training pairs its BPC
+    is the chain's entropy rate, and the unigram's is far above it."""
+    rng = np.random.default_rng(3)
+    V = 6
+    P = rng.dirichlet(np.full(V, 0.3), size=V)
+
+    def chain(n: int, T: int) -> list[np.ndarray]:
+        out = []
+        for _ in range(n):
+            x = [int(rng.integers(V))]
+            for _ in range(T - 1):
+                x.append(int(rng.choice(V, p=P[x[-1]])))
+            out.append(np.array(x))
+        return out
+
+    train, test = chain(40, 250), chain(40, 250)
+    pi = np.linalg.matrix_power(P.T, 500)[:, 0]              # the stationary distribution
+    rate = float(-(pi[:, None] * P * np.log2(P)).sum())
+    out = naive_metrics(train, test, discrete=True, vocab_size=V)
+    assert out["bigram"]["bpc"] == pytest.approx(rate, abs=0.03)
+    assert out["unigram"]["bpc"] > rate + 0.3
+
+
 @pytest.mark.parametrize("discrete", [False, True])
 def test_scored_on_the_steps_the_models_are_scored_on(discrete: bool) -> None:
     """A 'model' whose outputs are the naive predictions, scored by the evaluation's own streams and MetricSums,
@@ -63,6 +100,17 @@ def test_scored_on_the_steps_the_models_are_scored_on(discrete: bool) -> None:
         got = sums.result()
         assert got["bpc"] == pytest.approx(naive["unigram"]["bpc"], rel=1e-12)
         assert got["accuracy"] == pytest.approx(naive["unigram"]["accuracy"], rel=1e-12)
+        # the bigram: a 'model' whose logits after symbol a are log P(· | a), as a dense V x V table
+        C = np.zeros((5, 5))
+        for t in train:
+            np.add.at(C, (t[:-1], t[1:]), 1)
+        unigram = (counts + 0.5) / (counts.sum() + 2.5)
+        table = torch.tensor(np.log((C + unigram) / (C.sum(axis=1, keepdims=True) + 1)))
+        sums = MetricSums(discrete)
+        sums.add(table[s.x.long()], s.y, s.mask)
+        got = sums.result()
+        assert got["bpc"] == pytest.approx(naive["bigram"]["bpc"], rel=1e-12)
+        assert got["accuracy"] == pytest.approx(naive["bigram"]["accuracy"], rel=1e-12)
     else:
         sums.add(s.x, s.y, s.mask)                             # ô_{t+1} = o_t
         assert sums.result()["mse"] == pytest.approx(naive["last_value"]["mse"], rel=1e-12)
@@ -94,15 +142,19 @@ def test_the_report_shows_them(tmp_path: Path) -> None:
     for seed in (0, 1):
         _metrics_file(root, "mocap", "kf", seed, "continuous", 0.2,
                       {"last_value": {"mse": 0.004451}, "train_mean": {"mse": 1.908}})
-        _metrics_file(root, "ptb", "lstm", seed, "discrete", 2.9, {"unigram": {"bpc": 4.4, "accuracy": 0.17}})
+        _metrics_file(root, "ptb", "lstm", seed, "discrete", 2.9, {"unigram": {"bpc": 4.4, "accuracy": 0.17},
+                                                                   "bigram": {"bpc": 3.3, "accuracy": 0.31}})
     write_report(root, tmp_path / "out")
     text = (tmp_path / "out" / "results.md").read_text()
-    assert "Naive predictors (no dynamics learned), test MSE: last value 4.451e-03, training mean 1.908" in text
-    assert "Naive predictors (no dynamics learned), test: unigram BPC 4.400 and accuracy 0.170" in text
+    assert ("Naive predictors (no state beyond the last observation), test MSE: last value 4.451e-03, training mean "
+            "1.908") in text
+    assert ("Naive predictors (no state beyond the last observation), test: unigram BPC 4.400 and accuracy 0.170; "
+            "bigram BPC 3.300 and accuracy 0.310") in text
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["mocap"]["naive_last_value"] == {"test_mse": 0.004451}
     assert summary["mocap"]["naive_train_mean"] == {"test_mse": 1.908}
     assert summary["ptb"]["naive_unigram"] == {"test_bpc": 4.4, "test_accuracy": 0.17}
+    assert summary["ptb"]["naive_bigram"] == {"test_bpc": 3.3, "test_accuracy": 0.31}
     assert summary["mocap"]["kf"]["test_mse"] == pytest.approx(0.2)
 
 

@@ -125,7 +125,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
         assert m["test"][key] == pytest.approx(history["history"][scored]["test"][key], rel=1e-6)
         assert m["run_id"] == history["run_id"]
         assert (root / "predictions" / ds / f"{v}_s{s}.parquet").is_file()
-        assert set(m["naive"]) == ({"unigram"} if key == "bpc" else {"last_value", "train_mean"})
+        assert set(m["naive"]) == ({"unigram", "bigram"} if key == "bpc" else {"last_value", "train_mean"})
     assert json.loads((root / "metrics" / "hmm" / "psrnn_s0.json").read_text())["bayes_optimal"]["bpc"] > 0
     from pipeline.io import load_npz
 
@@ -144,7 +144,7 @@ def test_repro_produces_metrics_report_and_mlflow_runs(project):
     results = (root / "reports" / "results.md").read_text()
     assert "## ptb" in results and "## swimmer" in results and "## custom" in results
     assert "gap to optimal" in results
-    assert "Naive predictors (no dynamics learned), test MSE: last value" in results
+    assert "Naive predictors (no state beyond the last observation), test MSE: last value" in results
     summary = json.loads((root / "reports" / "summary.json").read_text())
     assert summary["swimmer"]["naive_last_value"]["test_mse"] == pytest.approx(
         json.loads((root / "metrics" / "swimmer" / "kf_s0.json").read_text())["naive"]["last_value"]["mse"])

@@ -352,11 +352,12 @@ def test_the_mse_in_data_units_is_in_the_table_and_summary_of_the_datasets_that_
     # the model's column says its units where the data's are beside it, and so does the naive predictors' line
     assert "| variant | seeds | params | test MSE (standardised) | test MSE (data units) | init MSE (mean) |" in custom
     assert "| `kf` | 2 | 1,000 | 0.500 ± 0.000 | 3.000 ± 1.414 |" in custom
-    assert "Naive predictors (no dynamics learned), test MSE (standardised): last value 0.250, training mean " \
-           "1.000" in custom
+    assert "Naive predictors (no state beyond the last observation), test MSE (standardised): last value 0.250, " \
+           "training mean 1.000" in custom
     assert "data units" not in lgssm and "standardised" not in lgssm
     assert "| variant | seeds | params | test MSE | init MSE (mean) |" in lgssm
-    assert "Naive predictors (no dynamics learned), test MSE: last value 0.250, training mean 1.000" in lgssm
+    assert ("Naive predictors (no state beyond the last observation), test MSE: last value 0.250, training mean "
+            "1.000") in lgssm
     # a model worse than a naive predictor is named under its table (0.5 against the last value's 0.25); one that
     # is not (lgssm's 0.25: no worse) is not
     assert "Worse on test than the last value predictor (MSE 0.250, mean over seeds): `kf`." in custom
