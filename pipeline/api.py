@@ -1212,7 +1212,7 @@ class FittedModel:
         discrete one, the bits per symbol of the next symbol and the fraction predicted most likely, with
         ``unigram_bpc`` and ``unigram_accuracy``, what train's symbol frequencies (add-½ smoothed, so that a symbol
         never seen in train costs finite bits) score on the same steps."""
-        from pipeline.inference import check_finite_outputs
+        from pipeline.inference import check_finite_outputs, warn_if_worse_than_naive
         from pipeline.naive import last_value_mse
         from pipeline.train import check_scorable, evaluate, evaluate_and_predict
 
@@ -1221,6 +1221,7 @@ class FittedModel:
         if self.model.config.discrete:
             metrics = evaluate(self.model, inputs)
             metrics.update(self._run()._unigram(np.concatenate([t[1:] for t in inputs])))
+            warn_if_worse_than_naive(metrics)
             return metrics
         self._warn_far(inputs)
         metrics, outputs = evaluate_and_predict(self.model, inputs)
@@ -1228,6 +1229,7 @@ class FittedModel:
         metrics["last_value_mse"] = last_value_mse(inputs)
         if self._units() is not None:   # the same one-step errors in the data's units
             metrics["mse_data_units"] = self._run()._mse_data_units(outputs, inputs)
+        warn_if_worse_than_naive(metrics)
         return metrics
 
     def forecast(self, trajectories: Sequence[Any], steps: int, *, sample: bool = False, seed: int = 0

@@ -158,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "the most likely symbol)")
             d.add_argument("--sample-seed", type=int, default=None,
                            help="seed of --sample's draws, 0 <= seed < 2**32 (default 0); only with --sample")
+            d.add_argument("--score", action="store_true",
+                           help="hold out the last --steps rows of every trajectory, forecast them from the rows "
+                                "before, and score the forecasts against them and against repeating the last "
+                                "observation (the output: the held-out rows, observed_* beside each forecast); "
+                                "trajectories of --steps rows or fewer are left out")
         else:
             d.add_argument("--block-rows", type=int, default=65536,
                            help="rows filtered and written at a time (one Parquet row group each; default 65536): "
@@ -623,12 +628,18 @@ def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     run = _load_run(args, root, params)
     _warn_if_stale(args, root, params)
     summary = forecast_file(run, Path(args.input), Path(args.output), steps=args.steps, sample=args.sample,
-                            seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device)
+                            seed=args.sample_seed or 0, **_discrete_options(args, run), device=args.device,
+                            score=args.score)
     _warn_far(args, summary)
     n = summary["trajectories"]
     dropped = _dropped(summary["dropped"], summary["emptied"])
-    print(f"{args.output}: {summary['steps']}-step forecasts of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
-          f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})")
+    what = "forecasts of the held-out last steps" if args.score else "forecasts"
+    print(f"{args.output}: {summary['steps']}-step {what} of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
+          f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})" + _forecast_scores_text(summary))
+    if summary.get("too_short"):
+        k = summary["too_short"]
+        print(f"note: {k} trajector{'y' if k == 1 else 'ies'} of {args.steps} rows or fewer left out: nothing "
+              "before the held-out rows to forecast them from", file=sys.stderr)
     single = summary.get("single_row")
     if single:
         k = single["trajectories"]
@@ -636,6 +647,19 @@ def _forecast(args: argparse.Namespace, root: Path, params) -> None:
                   "no trajectory has two rows to measure it from")
         print(f"note: {k} single-row trajector{'y' if k == 1 else 'ies'}, whose step spacing is unknown, "
               f"continued at spacing {single['spacing']} ({source})", file=sys.stderr)
+
+
+def _forecast_scores_text(summary: dict) -> str:
+    """'; scored: mse ... (repeating the last value: ...), by horizon 1 ..., 30 ...' for ``forecast --score``."""
+    m = summary.get("metrics")
+    if not m:
+        return ""
+    if "mse" in m:
+        h = m["mse_by_horizon"]
+        horizons = ", ".join(f"{i} {h[i - 1]:.4g}" for i in dict.fromkeys((1, (len(h) + 1) // 2, len(h))))
+        return (f"; scored: mse {m['mse']:.4g} (repeating the last value: {m['last_value_mse']:.4g}), by horizon "
+                f"{horizons}")
+    return f"; scored: accuracy {m['accuracy']:.4g} (repeating the last symbol: {m['last_value_accuracy']:.4g})"
 
 
 def _check(args: argparse.Namespace, params, root: Path) -> None:

@@ -345,8 +345,10 @@ class TrainedRun:
             if unknown == "error":
                 options = ("unknown 'drop' or 'map' (psrnn predict / forecast: --unknown drop or --unknown map)"
                            if UNK_SYMBOL in lookup else "unknown 'drop' (psrnn predict / forecast: --unknown drop)")
-                raise ValueError(f"{int((~keep).sum())} observations have symbols not in the vocabulary of "
-                                 f"{self.dataset}: {shown}; {_float_symbols_hint(unseen, lookup) or 'use ' + options}")
+                n = int((~keep).sum())
+                raise ValueError(f"{n} observation{'s have symbols' if n > 1 else ' has a symbol'} not in the "
+                                 f"vocabulary of {self.dataset}: {shown}; "
+                                 f"{_float_symbols_hint(unseen, lookup) or 'use ' + options}")
             if unknown == "map":
                 if UNK_SYMBOL not in lookup:
                     raise ValueError(f"unknown='map': the vocabulary of {self.dataset} has no {UNK_SYMBOL!r} symbol "
@@ -404,12 +406,14 @@ class TrainedRun:
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
             metrics = evaluate(self.model, encoded)
             metrics.update(self._unigram(np.concatenate([e[1:] for e in encoded])))
+            warn_if_worse_than_naive(metrics)
             return metrics
         warn_far_from_training(encoded, self.features)
         metrics, outputs = evaluate_and_predict(self.model, encoded)
         check_finite_outputs(outputs, encoded, _indexed)   # else NaN metrics
         metrics["mse_data_units"] = self._mse_data_units(outputs, encoded)
         metrics["last_value_mse"] = last_value_mse(encoded)
+        warn_if_worse_than_naive(metrics)
         return metrics
 
     def _unigram(self, targets: np.ndarray | None = None, *, target_counts: np.ndarray | None = None
@@ -766,8 +770,10 @@ def load_run(root: str | Path, dataset: str, variant: str, seed: int, *, initial
                     f"{', '.join(map(str, seeds))}"
         else:
             found = "have none: has `dvc repro` run?"
-        raise FileNotFoundError(f"{init}: initial weights not found: no variant {variant!r} of {dataset} with seed "
-                                f"{seed} ({found}; `psrnn runs {dataset}` lists the runs)")
+        # said as a missing dataset is (no run of ...), the file looked for after it
+        raise FileNotFoundError(f"no run of {dataset} {variant} seed {seed} in {root}: no variant {variant!r} of "
+                                f"{dataset} with seed {seed} ({found}; `psrnn runs {dataset}` lists the runs; "
+                                f"looked for its initial weights {init})")
     arrays, meta = load_npz(init)
     _check_variant(init, meta.get("model_config"), wanted)
     model = model_from_config(meta["model_config"], arrays, str(init))
@@ -1194,7 +1200,9 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
 
     Output columns, one row per input row (in trajectory and step order; rows of dropped unknown symbols have
     none): ``trajectory`` (the input's ids), ``step`` (the input's, or the row's 0-based position in its
-    trajectory when the input has none), then
+    trajectory when the input has none: the last observation the row's prediction has read), ``next_step`` (the
+    step of the observation it predicts, the next row's; null on each trajectory's last row, whose next
+    observation is beyond the input: ``forecast_file`` with one step gives it), then
 
     * continuous: ``predicted_<feature>`` for every feature, in the input's units;
     * discrete: ``predicted`` (the most likely next symbol, typed like the input column), ``probability`` (its
@@ -1224,7 +1232,9 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     run.model.to(dev)
     dtype = next(run.model.parameters()).dtype
     ids = _arrow_values(data.ids)   # one per kept trajectory, taken once per row; typed like the input column
-    fields = [pa.field("trajectory", ids.type), pa.field("step", pa.int64())]
+    # next_step: the step whose observation a row predicts. Joined on step, the prediction of o_{t+1} stood beside
+    # o_t, and scored there it read as no better than repeating the last value
+    fields = [pa.field("trajectory", ids.type), pa.field("step", pa.int64()), pa.field("next_step", pa.int64())]
     if run.discrete:
         symbols = _arrow_values(_symbol_values(run.vocab, data.rows.values))   # typed like the input column
         fields += [pa.field("predicted", symbols.type), pa.field("probability", pa.float64()),
@@ -1256,15 +1266,17 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         target = np.zeros((n, *encoded[0].shape[1:]), dtype=encoded[0].dtype)
         current = None if run.discrete else np.concatenate([encoded[k][start:start + len(o)] for k, start, o in pieces])
         scored = np.zeros(n, dtype=bool)
+        next_steps = np.zeros(n, dtype=np.int64)
         row = 0
         for k, start, o in pieces:
             m = min(len(o), len(encoded[k]) - 1 - start)
             target[row:row + m] = encoded[k][start + 1:start + 1 + m]
+            next_steps[row:row + m] = data.steps[k][start + 1:start + 1 + m]
             scored[row:row + m] = True
             row += len(o)
         # the metrics in the pipeline's arithmetic (pipeline.train.evaluate: float64 log-softmax of the outputs)
         t, mask = torch.as_tensor(target), torch.as_tensor(scored)
-        columns = [ids.take(pa.array(traj)), pa.array(steps)]
+        columns = [ids.take(pa.array(traj)), pa.array(steps), pa.array(next_steps, mask=~scored)]
         if run.discrete:
             logp = torch.log_softmax(torch.as_tensor(out).double(), dim=-1)
             rows = torch.arange(n)
@@ -1320,6 +1332,16 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     return summary
 
 
+def warn_if_worse_than_naive(metrics: dict[str, float]) -> None:
+    """:func:`worse_than_naive` as a ``UserWarning`` from an ``evaluate`` of Python, as ``psrnn predict`` says it
+    on stderr: the numbers returned hold the yardstick, and a caller reading ``mse`` alone missed it."""
+    text = worse_than_naive(metrics)
+    if text:
+        import warnings
+
+        warnings.warn(f"evaluate: {text}", UserWarning, stacklevel=3)
+
+
 def _float_symbols_hint(unseen: Sequence[str], lookup: dict[str, int]) -> str | None:
     """When the unseen symbols are integer symbols written as floats ("3.0" for the vocabulary's "3": a column of
     integers read as float, as pandas does to one with a gap), what to do instead of dropping them all."""
@@ -1353,6 +1375,56 @@ def worse_than_naive(metrics: dict[str, float]) -> str | None:
                     "model that learnt less than that (does it beat it on its test set? psrnn runs, results.md), "
                     f"or data unlike the training data ({unlike})")
     return None
+
+
+def _hold_out(data: _Input, steps: int, input_path: Path) -> tuple[_Input, list[tuple[np.ndarray, np.ndarray]], int]:
+    """``data`` without the last ``steps`` rows of each trajectory, those rows (model units) and their steps, and
+    how many trajectories had no row before them (left out; all of them: refused)."""
+    from dataclasses import replace
+
+    keep = [k for k, e in enumerate(data.encoded) if len(e) > steps]
+    if not keep:
+        longest = max((len(e) for e in data.encoded), default=0)
+        raise ValueError(f"{input_path}: scoring {steps}-step forecasts holds out the last {steps} rows of each "
+                         f"trajectory and forecasts them from the rows before, and the longest has {longest}; "
+                         f"expected fewer --steps (at most {max(longest - 1, 1)}) or longer trajectories")
+    held = [(data.encoded[k][-steps:], np.asarray(data.steps[k][-steps:], dtype=np.int64)) for k in keep]
+    kept = replace(data, ids=data.ids[keep], steps=[data.steps[k][:-steps] for k in keep],
+                   encoded=[data.encoded[k][:-steps] for k in keep])
+    return kept, held, len(data.encoded) - len(keep)
+
+
+def _forecast_scores(run: TrainedRun, context: list[np.ndarray], forecasts: list[np.ndarray],
+                     held: list[np.ndarray]) -> dict[str, Any]:
+    """The scores of :func:`forecast_file` with ``score``: forecasts (data units, or vocabulary indices) against
+    the held-out rows (model units), and the last row of each context repeated, as one-step predictions are
+    scored against the last value (:mod:`pipeline.naive`)."""
+    truth = np.stack(held)                                      # (B, steps[, m]) in model units
+    last = np.stack([c[-1] for c in context])[:, None]          # (B, 1[, m])
+    if run.discrete:
+        return {"accuracy": float((np.stack(forecasts) == truth).mean()),
+                "last_value_accuracy": float((last == truth).mean())}
+    predicted = (np.stack(forecasts) - run.mean) / run.std      # model units, as the report's MSE
+    err, err_last = (predicted - truth) ** 2, (last - truth) ** 2
+    return {"mse": float(err.mean()), "mse_data_units": float((err * np.asarray(run.std) ** 2).mean()),
+            "last_value_mse": float(err_last.mean()),
+            "mse_by_horizon": err.mean(axis=(0, 2)).tolist(),
+            "last_value_mse_by_horizon": err_last.mean(axis=(0, 2)).tolist()}
+
+
+def _forecasts_worse(metrics: dict[str, Any]) -> str | None:
+    """What to say when scored forecasts do worse than repeating the last observation before them."""
+    if "mse" in metrics:
+        metric, ours, theirs = "mse", metrics["mse"], metrics["last_value_mse"]
+        worse = ours > theirs > 0   # a series that stands still (0) is beaten by nothing: not worth a word
+    else:
+        metric, ours, theirs = "accuracy", metrics["accuracy"], metrics["last_value_accuracy"]
+        worse = ours < theirs
+    if not (np.isfinite(ours) and np.isfinite(theirs) and worse):
+        return None
+    return (f"the forecasts score {metric} {ours:.4g}, worse than repeating the last observation before them "
+            f"({theirs:.4g}): errors compound over the horizon, and a model that predicts one step well need not "
+            "forecast (README, 'Using a trained model on new data')")
 
 
 def _step_spacing(steps: np.ndarray) -> int | None:
@@ -1401,7 +1473,7 @@ def _check_forecast_steps(input_path: Path, data: _Input, steps: int) -> tuple[l
 
 def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Path, *, steps: int,
                   sample: bool = False, seed: int = 0, symbol_column: str | None = None, unknown: str = "error",
-                  probabilities: bool = False, device: str = "cpu") -> dict[str, Any]:
+                  probabilities: bool = False, device: str = "cpu", score: bool = False) -> dict[str, Any]:
     """Write the free-running forecasts (:meth:`TrainedRun.forecast`) of the ``steps`` observations after the end
     of every trajectory of ``input_path`` (the input schema of :func:`predict_file`) to ``output_path``.
 
@@ -1413,7 +1485,16 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     (continuous, in the input's units) or ``predicted`` (the symbol fed back, typed like the input column) and
     ``probability`` (its predicted probability), with ``probabilities`` the whole distribution (discrete).
     ``sample`` (discrete runs only) draws as :meth:`TrainedRun.forecast` does, a trajectory's index being its
-    position among the file's trajectories in id order."""
+    position among the file's trajectories in id order.
+
+    ``score``: hold out the last ``steps`` rows of every trajectory, forecast them from the rows before, and score
+    the forecasts against them (a good one-step model can forecast badly: errors compound). The rows are then those
+    held out, ``step`` each one's own, with ``observed_<feature>`` (or ``observed``) beside the forecast; the
+    summary's ``metrics`` hold, continuous: ``mse`` (model units, as the report's), ``mse_data_units``,
+    ``last_value_mse`` (repeating the last row before the held-out ones, the yardstick) and ``mse_by_horizon`` /
+    ``last_value_mse_by_horizon`` (one value per h); discrete: ``accuracy`` and ``last_value_accuracy`` (the last
+    symbol repeated). A trajectory of ``steps`` rows or fewer has nothing to forecast from: left out
+    (``too_short``: how many; every one of them: an error)."""
     import pyarrow as pa
 
     from pipeline.train import resolve_device
@@ -1427,7 +1508,11 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     _check_csv_probabilities(output_path, run, probabilities)   # before the input is read
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
-    spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
+    held = too_short = None
+    if score:
+        data, held, too_short = _hold_out(data, steps, input_path)
+    else:
+        spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device,
                                   name=lambda k: f"{input_path}: trajectory {brief(data.ids[k])}",
                                   distributions=probabilities)
@@ -1435,25 +1520,39 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     columns: dict[str, Any] = {
         "trajectory": _arrow_values(np.repeat(data.ids, steps)),
         "horizon": pa.array(np.tile(horizon, len(result))),
-        # in range (checked above); a product past int64 for a very negative last step wraps back exactly
-        "step": pa.array(np.concatenate([np.int64(st[-1]) + horizon * np.int64(spacing)
+        # the held-out rows' own steps; else in range (checked above), and a product past int64 for a very
+        # negative last step wraps back exactly
+        "step": pa.array(np.concatenate([st for _, st in held] if held is not None else
+                                        [np.int64(st[-1]) + horizon * np.int64(spacing)
                                          for st, spacing in zip(data.steps, spacings)])),
     }
     if run.discrete:
         chosen = np.concatenate([values for values, _ in result])
         probs = np.concatenate([p for _, p in result])
-        columns["predicted"] = _arrow_values(_symbol_values(run.vocab, data.rows.values)[chosen])
+        symbols = _symbol_values(run.vocab, data.rows.values)
+        columns["predicted"] = _arrow_values(symbols[chosen])
         columns["probability"] = pa.array(probs[np.arange(len(chosen)), chosen] if probabilities else probs)
         if probabilities:
             columns["probabilities"] = _probability_lists(probs)
+        if held is not None:
+            columns["observed"] = _arrow_values(symbols[np.concatenate([h for h, _ in held])])
     else:
         columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
+        if held is not None:
+            observed = np.concatenate([run.decode(h) for h, _ in held])
+            columns.update({f"observed_{name}": pa.array(observed[:, j]) for j, name in enumerate(run.features)})
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
                "dropped": data.dropped, "emptied": data.emptied, "sample": bool(sample), "seed": int(seed)}
+    if held is not None:
+        summary["too_short"] = too_short
+        summary["metrics"] = _forecast_scores(run, data.encoded, [v for v, _ in result], [h for h, _ in held])
+        worse = _forecasts_worse(summary["metrics"])
+        if worse:   # psrnn forecast says so on stderr
+            summary["worse_than_naive"] = worse
     far = far_from_training(data.encoded, run.features)   # None for symbols
     if far:   # psrnn forecast says so on stderr
         summary["far_from_training"] = far
-    if single:
+    if held is None and single:
         # measured_from: the trajectories whose median spacing they took (0: none had two rows, spacing 1)
         summary["single_row"] = {"trajectories": single, "spacing": int(fallback),
                                  "measured_from": len(spacings) - single}

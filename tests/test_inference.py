@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +96,11 @@ def test_continuous_predictions_are_in_data_units_and_match_the_model(continuous
                                              "a": x[perm, 0], "note": np.zeros(len(x))[perm]})
     summary = predict_file(run, src, tmp_path / "out" / "pred.parquet")
     out = pq.read_table(tmp_path / "out" / "pred.parquet")
-    assert out.column_names == ["trajectory", "step", "predicted_a", "predicted_b"]
+    assert out.column_names == ["trajectory", "step", "next_step", "predicted_a", "predicted_b"]
     assert out.column("trajectory").to_pylist() == ids.tolist() and out.column("step").to_pylist() == steps.tolist()
+    # the step each row's prediction is of: the next row's, none after a trajectory's last row
+    assert out.column("next_step").to_pylist() == [
+        None if i == len(t) - 1 else 100 + 5 * (i + 1) for t in raw for i in range(len(t))]
     want = np.concatenate([o * run.std + run.mean for o in predict(run.model, test)])
     got = np.column_stack([out.column("predicted_a").to_numpy(), out.column("predicted_b").to_numpy()])
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -119,6 +123,21 @@ def test_continuous_predictions_are_in_data_units_and_match_the_model(continuous
     last = naive_metrics(test, test, discrete=False)["last_value"]["mse"]
     assert summary["metrics"]["last_value_mse"] == pytest.approx(last, rel=1e-9)
     assert run.evaluate(raw)["last_value_mse"] == pytest.approx(last, rel=1e-9)
+
+
+def test_evaluate_from_python_warns_when_worse_than_the_naive_yardstick(continuous_run):
+    """psrnn predict says on stderr that its predictions score worse than repeating the last observation; the
+    Python evaluate returned the same numbers and said nothing, and a caller reading mse alone missed it."""
+    run, test = continuous_run
+    slow = [np.column_stack([np.linspace(10.0, 10.1, 50), np.linspace(-3.0, -3.02, 50)])]   # nearly constant
+    with pytest.warns(UserWarning, match=r"^evaluate: the one-step predictions score mse [0-9.e-]+, worse than "
+                                         r"repeating the last observation \([0-9.e-]+\)"):
+        metrics = run.evaluate(slow)
+    assert metrics["mse"] > metrics["last_value_mse"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        good = run.evaluate([z * run.std + run.mean for z in test])
+    assert good["mse"] < good["last_value_mse"]
 
 
 def test_continuous_input_errors_name_the_file_and_column(continuous_run, tmp_path):
@@ -155,6 +174,8 @@ def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
     bits = out.column("next_bits")
     last = np.cumsum([len(t) for t in test]) - 1
     assert bits.null_count == len(test) and all(bits[int(i)].as_py() is None for i in last)
+    assert out.column("next_step").to_pylist() == [None if i == len(t) - 1 else i + 1   # positions: no step column
+                                                   for t in test for i in range(len(t))]
     # the mean of next_bits is the pipeline's BPC
     want = evaluate(run.model, test)
     assert np.nanmean(bits.to_numpy(zero_copy_only=False)) == pytest.approx(want["bpc"], rel=1e-9)
@@ -369,6 +390,90 @@ def test_forecast_file_rows_continue_each_trajectory(discrete_run, tmp_path):
     src = _write(tmp_path / "in.parquet", {"trajectory": ["x"] * 4 + ["y"] * 3 + ["z"] * 2,
                                           "step": [0, 2, 4, 6, 0, 3, 6, 0, 10], "symbol": [10] * 9})
     assert "single_row" not in forecast_file(run, src, tmp_path / "fc.parquet", steps=1)
+
+
+def test_scored_forecasts_hold_out_the_last_steps_and_beat_or_not_the_last_value(continuous_run, discrete_run,
+                                                                                  tmp_path, capsys):
+    """The README says to score forecasts against repeating the last value before trusting them; --score does it:
+    the last --steps rows of each trajectory are held out, forecast from the rows before, and scored, in the
+    report's units and the data's, per horizon, beside the last value repeated."""
+    from pipeline import cli
+    from pipeline.inference import _forecasts_worse, forecast_file
+
+    run, test = continuous_run
+    raw = [z * run.std + run.mean for z in test]
+    raw.append(raw[0][:3])                             # three rows: none before the three held out
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(raw)])
+    steps = np.concatenate([np.arange(len(t)) * 5 + 100 for t in raw])
+    x = np.concatenate(raw)
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "step": steps, "a": x[:, 0], "b": x[:, 1]})
+    summary = forecast_file(run, src, tmp_path / "fc.parquet", steps=3, score=True)
+    out = pq.read_table(tmp_path / "fc.parquet")
+    assert out.column_names == ["trajectory", "horizon", "step", "predicted_a", "predicted_b", "observed_a",
+                                "observed_b"]
+    assert summary["trajectories"] == len(test) and summary["too_short"] == 1 and out.num_rows == 3 * len(test)
+    # the held-out rows, each at its own step, with the values given
+    assert out.column("step").to_pylist() == [100 + 5 * i for t in test for i in range(len(t) - 3, len(t))]
+    held = np.concatenate([t[-3:] for t in raw[:-1]])
+    np.testing.assert_allclose(np.column_stack([out.column("observed_a"), out.column("observed_b")]), held,
+                               rtol=1e-12)
+    # the forecasts are those of the rows before: forecast_file without --score on the cut trajectories
+    want = np.stack([f for f, _ in run.forecast([t[:-3] for t in raw[:-1]], 3)])   # (B, 3, 2), data units
+    got = np.column_stack([out.column("predicted_a"), out.column("predicted_b")]).reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    truth = np.stack([t[-3:] for t in test])           # model units
+    err = ((want - run.mean) / run.std - truth) ** 2
+    last = (np.stack([t[-4] for t in test])[:, None] - truth) ** 2
+    m = summary["metrics"]
+    assert m["mse"] == pytest.approx(err.mean(), rel=1e-9)
+    assert m["mse_data_units"] == pytest.approx(((want - np.stack([t[-3:] for t in raw[:-1]])) ** 2).mean(), rel=1e-9)
+    assert m["last_value_mse"] == pytest.approx(last.mean(), rel=1e-9)
+    assert m["mse_by_horizon"] == pytest.approx(err.mean(axis=(0, 2)).tolist(), rel=1e-9)
+    assert m["last_value_mse_by_horizon"] == pytest.approx(last.mean(axis=(0, 2)).tolist(), rel=1e-9)
+    # psrnn forecast --score prints the scores on its line, and a note on the trajectories left out
+    project = tmp_path / "project"
+    _project(project, run, test)
+    capsys.readouterr()
+    assert cli.main(["--params", str(REPO / "params.yaml"), "--root", str(project), "forecast", "lgssm", "psrnn",
+                     "0", str(src), str(tmp_path / "fc2.parquet"), "--steps", "3", "--score", "--initial"]) == 0
+    printed = capsys.readouterr()
+    initial = forecast_file(load_run(project, "lgssm", "psrnn", 0, initial=True), src, tmp_path / "fc3.parquet",
+                            steps=3, score=True)["metrics"]
+    h = initial["mse_by_horizon"]
+    assert printed.out == (f"{tmp_path / 'fc2.parquet'}: 3-step forecasts of the held-out last steps of {len(test)} "
+                           f"trajectories (lgssm psrnn seed 0, epoch 0); scored: mse {initial['mse']:.4g} (repeating "
+                           f"the last value: {initial['last_value_mse']:.4g}), by horizon 1 {h[0]:.4g}, 2 "
+                           f"{h[1]:.4g}, 3 {h[2]:.4g}\n")
+    assert printed.err.startswith("note: 1 trajectory of 3 rows or fewer left out: nothing before the held-out rows")
+    # too few rows everywhere: refused, nothing written
+    short = _write(tmp_path / "short.parquet", {"trajectory": [0, 0, 1], "a": [1.0, 2.0, 3.0], "b": [0.0] * 3})
+    with pytest.raises(ValueError, match=r"short\.parquet: scoring 3-step forecasts holds out the last 3 rows of "
+                                         r"each trajectory and forecasts them from the rows before, and the longest "
+                                         r"has 2; expected fewer --steps \(at most 1\) or longer trajectories$"):
+        forecast_file(run, short, tmp_path / "none.parquet", steps=3, score=True)
+    assert not (tmp_path / "none.parquet").exists()
+    # symbols: the accuracy of the symbols fed back, against the last symbol repeated
+    drun, dtest = discrete_run
+    dsrc = _write(tmp_path / "sym.parquet", {"trajectory": np.concatenate([np.full(len(t), i)
+                                                                          for i, t in enumerate(dtest)]),
+                                             "symbol": np.array([10, 20, 30, 40])[np.concatenate(dtest)]})
+    dsum = forecast_file(drun, dsrc, tmp_path / "dfc.parquet", steps=4, score=True)
+    dout = pq.read_table(tmp_path / "dfc.parquet")
+    assert dout.column_names == ["trajectory", "horizon", "step", "predicted", "probability", "observed"]
+    symbols = np.array([10, 20, 30, 40])
+    forecast = np.searchsorted(symbols, np.stack([f for f, _ in drun.forecast([symbols[t[:-4]] for t in dtest], 4)]))
+    truth = np.stack([t[-4:] for t in dtest])
+    assert dout.column("observed").to_pylist() == np.array([10, 20, 30, 40])[truth].ravel().tolist()
+    assert dsum["metrics"] == {"accuracy": pytest.approx((forecast == truth).mean()),
+                               "last_value_accuracy": pytest.approx(
+                                   (np.stack([t[-5] for t in dtest])[:, None] == truth).mean())}
+    # worse than the last value: said (psrnn forecast writes it as a warning)
+    assert _forecasts_worse({"mse": 2.0, "last_value_mse": 1.0}).startswith(
+        "the forecasts score mse 2, worse than repeating the last observation before them (1): errors compound")
+    assert _forecasts_worse({"mse": 0.5, "last_value_mse": 1.0}) is None
+    assert _forecasts_worse({"mse": 0.5, "last_value_mse": 0.0}) is None      # a series standing still
+    assert _forecasts_worse({"accuracy": 0.2, "last_value_accuracy": 0.3}) is not None
+    assert _forecasts_worse({"accuracy": 0.3, "last_value_accuracy": 0.3}) is None
 
 
 def test_forecasts_that_keep_no_distributions_keep_the_chosen_probabilities(discrete_run, tmp_path):
@@ -666,12 +771,14 @@ def test_discrete_options_are_refused_for_a_continuous_run(capsys, tmp_path, con
 def test_load_run_names_the_variants_a_dataset_has(tmp_path, continuous_run):
     run, test = continuous_run
     _project(tmp_path, run, test)
-    with pytest.raises(FileNotFoundError, match=r"init/lstm\.npz: initial weights not found: no variant 'lstm' of "
-                                                r"lgssm with seed 0 \(have psrnn; `psrnn runs lgssm` lists the runs\)$"):
+    with pytest.raises(FileNotFoundError, match=r"^no run of lgssm lstm seed 0 in .+: no variant 'lstm' of lgssm with "
+                                                r"seed 0 \(have psrnn; `psrnn runs lgssm` lists the runs; looked for "
+                                                r"its initial weights .+init/lstm\.npz\)$"):
         load_run(tmp_path, "lgssm", "lstm", 0, initial=True)
     # a seed that was not run: the seeds that were (it said 'have none: has `dvc repro` run?')
     with pytest.raises(FileNotFoundError, match=r"no variant 'psrnn' of lgssm with seed 1 \(no variant of seed 1; "
-                                                r"psrnn has seed 0; `psrnn runs lgssm` lists the runs\)$"):
+                                                r"psrnn has seed 0; `psrnn runs lgssm` lists the runs; looked for "
+                                                r"its initial weights .+\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     (tmp_path / "artifacts" / "lgssm" / "s0" / "init" / "psrnn.npz").rename(tmp_path / "psrnn.npz")
     for seed in (3, 12):
@@ -679,18 +786,18 @@ def test_load_run_names_the_variants_a_dataset_has(tmp_path, continuous_run):
         target.parent.mkdir(parents=True)
         shutil.copy(tmp_path / "psrnn.npz", target)
     with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12; "
-                                                r"`psrnn runs lgssm` lists the runs\)$"):
+                                                r"`psrnn runs lgssm` lists the runs; looked for .+\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     for odd in ("s01", "s\u00b2", "sx", "s-1", "s"):   # folders artifact_dir never names: not seeds (s01 read as 1)
         target = tmp_path / "artifacts" / "lgssm" / odd / "init" / "psrnn.npz"
         target.parent.mkdir(parents=True)
         shutil.copy(tmp_path / "psrnn.npz", target)
     with pytest.raises(FileNotFoundError, match=r"with seed 1 \(no variant of seed 1; psrnn has seeds 3, 12; "
-                                                r"`psrnn runs lgssm` lists the runs\)$"):
+                                                r"`psrnn runs lgssm` lists the runs; looked for .+\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
     shutil.rmtree(tmp_path / "artifacts")
     with pytest.raises(FileNotFoundError, match=r"with seed 1 \(have none: has `dvc repro` run\?; `psrnn runs lgssm` lists "
-                                                r"the runs\)$"):
+                                                r"the runs; looked for .+\)$"):
         load_run(tmp_path, "lgssm", "psrnn", 1, initial=True)
 
 
@@ -1187,7 +1294,8 @@ def test_predict_and_forecast_warn_when_the_run_is_not_current(capsys, tmp_path,
         got, want = pacsv.read_csv(csv), pq.read_table(parquet)
         assert got.column_names == want.column_names and got.num_rows == want.num_rows
         for name in want.column_names:
-            assert np.allclose(got.column(name).to_numpy(), want.column(name).to_numpy(), rtol=1e-15), name
+            assert np.allclose(got.column(name).to_numpy(), want.column(name).to_numpy(), rtol=1e-15,
+                               equal_nan=True), name   # next_step is null on each trajectory's last row
     # what the comparison reads is gone (the prepared data; the run keeps its own units): said, and the run used
     (mdir / "history.json").write_text(json.dumps({"data_units": {"kind": "continuous", "features": run.features,
                                                                   "mean": run.mean.tolist(),

@@ -286,7 +286,7 @@ def test_cli_predict_refuses_unknown_symbols_unless_told(capsys, hmm_project):
     _write(root / "odd.parquet", {"trajectory": [0, 0, 0], "symbol": ["a", "zz", "b"]})
     status, _, err = _cli(capsys, root, "predict", "hmm", "psrnn", "0", str(root / "odd.parquet"),
                           str(root / "p.parquet"), "--initial", "--device", "cpu")
-    assert status == 1 and "1 observations have symbols not in the vocabulary of hmm: 'zz'" in err
+    assert status == 1 and "1 observation has a symbol not in the vocabulary of hmm: 'zz'" in err
     assert not (root / "p.parquet").exists()
     status, _, _ = _cli(capsys, root, "predict", "hmm", "psrnn", "0", str(root / "odd.parquet"),
                         str(root / "p.parquet"), "--initial", "--device", "cpu", "--unknown", "drop")

@@ -299,7 +299,7 @@ def test_predict_on_new_data_in_original_units_reproduces_the_test_metrics(proje
                 str(tmp_path / "swim_pred.parquet")], root, env)
     pred = pq.read_table(tmp_path / "swim_pred.parquet")
     assert pred.num_rows == sum(len(t) for t in raw)
-    assert pred.column_names == ["trajectory", "step"] + [f"predicted_{f}" for f in sw.features]
+    assert pred.column_names == ["trajectory", "step", "next_step"] + [f"predicted_{f}" for f in sw.features]
     want = json.loads((root / "metrics" / "swimmer" / "psrnn_s0.json").read_text())["test"]["mse"]
     got = float(re.search(r"one-step mse (\S+),", out).group(1))
     assert got == pytest.approx(want, rel=1e-3), out
