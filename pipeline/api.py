@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.decompose import MAX_RANK_FACTOR, CPFactors, cp_decompose
 from pipeline.features import window_count
 from pipeline.io import plain_values as _plain
-from pipeline.messages import brief, brief_list, unlikely_measurements
+from pipeline.messages import brief, brief_list, odd_units, unlikely_measurements
 from pipeline.naive import worse_than_start
 from pipeline.models.common import DECODER_INPUTS, ModelConfig, SequenceModel
 from pipeline.two_stage import MAX_SIZE, UPPER_LAYER_FIELDS, LinearStateSpace, TwoStageConfig, TwoStageModel, \
@@ -679,33 +679,22 @@ class _FitPlan:
     standardize: dict[str, list[float]] | None = None   # standardize=True: train's mean and std per feature
 
 
-#: a training feature whose mean or standard deviation exceeds this in absolute value gets a warning
-UNSTANDARDISED_SCALE = 10.0
-#: and one whose standard deviation is below this (but not a constant column, which is left alone)
-SMALL_SCALE = 0.01
-
-
 def _warn_unstandardised(train: Sequence[np.ndarray], columns: Sequence[str] | None = None) -> None:
-    """Warn (once, naming the features) when continuous training features are in large units or small ones: the
-    pipeline standardises each feature, :func:`fit_model` takes the arrays as they are, and SGD at the paper's
-    learning rate 1 on a feature near 1013 (a pressure in hPa) diverges or wanders where the standardised one
-    trains, while on lgssm data scaled by 0.01 an LSTM's test MSE moves 0.3104 → 0.3103 in 3 epochs (0.310 →
-    0.302 standardised): the gradients shrink with the square of the units. Features are named by ``columns``
-    (frames, dicts of columns), else by position."""
+    """Warn (once, naming the features) when continuous training features are in large units or small ones
+    (:func:`pipeline.messages.odd_units`): the pipeline standardises each feature, :func:`fit_model` takes the
+    arrays as they are, and on lgssm data scaled by 0.01 an LSTM's test MSE moves 0.3104 → 0.3103 in 3 epochs
+    (0.310 → 0.302 standardised). Features are named by ``columns`` (frames, dicts of columns), else by
+    position."""
     import warnings
 
-    x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
-    mean, std = x.mean(axis=0), x.std(axis=0)
-    large = np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))
-    if large.size:
-        warnings.warn(f"train: {_features_shown(large, mean, std, columns)} in large units; fit_model takes features "
+    large, small = odd_units(np.concatenate([t.reshape(len(t), -1) for t in train]), columns)
+    if large:
+        warnings.warn(f"train: {large} in large units; fit_model takes features "
                       "as they are (the pipeline standardises them): pass standardize=True, or subtract the training "
                       "mean and divide by the std first and scale predictions back, or SGD may diverge", UserWarning,
                       stacklevel=4)
-    constant = x.max(axis=0) == x.min(axis=0)   # its std is the rounding of its mean (0.3: 1e-15), not 0
-    small = np.flatnonzero(~constant & (std < SMALL_SCALE))
-    if small.size:
-        warnings.warn(f"train: {_features_shown(small, mean, std, columns)} in small units; fit_model takes features "
+    if small:
+        warnings.warn(f"train: {small} in small units; fit_model takes features "
                       "as they are (the pipeline standardises them): the loss and its gradients scale with the square "
                       "of the units, so SGD barely moves (an LSTM at std 0.01 ends 3 epochs where it started): pass "
                       "standardize=True, or divide by the training std first and scale predictions back", UserWarning,
@@ -736,14 +725,6 @@ def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] 
                  f"leave out the columns {names}")
         warnings.warn(f"train: features that look like no measurement: {shown}; the model reads them as "
                       f"observations to predict: {leave} unless they are", UserWarning, stacklevel=4)
-
-
-def _features_shown(which: np.ndarray, mean: np.ndarray, std: np.ndarray, names: Sequence[str] | None) -> str:
-    def name(j: int) -> str:
-        return f"feature {j}" if names is None else f"feature {brief(names[j])}"
-
-    shown = ", ".join(f"{name(j)} (mean {mean[j]:.4g}, std {std[j]:.4g})" for j in which[:3])
-    return shown + (f" and {which.size - 3} more" if which.size > 3 else "")
 
 
 def _standardisation(train: Sequence[np.ndarray]) -> dict[str, list[float]]:

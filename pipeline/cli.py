@@ -468,7 +468,7 @@ def _dispatch(args: argparse.Namespace, params, root: Path) -> int:
     wf = importlib.import_module(f"pipeline.workflow.{module}") if module else None
     calls: dict[str, Callable[[], object]] = {
         "check": lambda: _check(args, params, root),
-        "check_params": lambda: _params_checked(root),
+        "check_params": lambda: _params_checked(root, params),
         "download": lambda: wf.download(params, root, args.source),
         "preprocess": lambda: wf.prepare(params, root, args.dataset),
         "features": lambda: wf.features(params, root, args.dataset, args.seed),
@@ -708,12 +708,28 @@ def _check(args: argparse.Namespace, params, root: Path) -> None:
 PARAMS_CHECKED = Path("artifacts") / "params_checked"
 
 
-def _params_checked(root: Path) -> None:
+def _params_checked(root: Path, params) -> None:
     """``psrnn check_params``: params.yaml was validated as a whole before dispatch (every key, known or not, of
     every section); say so in :data:`PARAMS_CHECKED`. The stage of that name depends on the whole file, so an
     edit that no other stage reads (``hmm.overrides`` for ``hmm.train.overrides``, a key at the top) reruns it
-    and fails there, instead of changing nothing under a successful ``dvc repro``."""
+    and fails there, instead of changing nothing under a successful ``dvc repro``. Two checks of ``psrnn check``
+    that need no data come first, since DVC's own messages name a stage rather than the key: what dvc.yaml reads
+    of params.yaml (:func:`_check_dvc_yaml`: a custom section without ``model:`` stopped ``initialise``), and
+    that each custom section's ``source.path`` names a file (a typo stopped its preprocess stage on a missing
+    dependency; a section that ``datasets`` leaves out is not read by ``dvc repro report``, and not checked)."""
+    from pipeline.config import is_custom
     from pipeline.io import write_text
+
+    _check_dvc_yaml(root, params)
+    for name in params.selected:
+        if not is_custom(name):
+            continue
+        path = Path(params.dataset(name).source["path"])
+        full = path if path.is_absolute() else root / path
+        if not full.is_file():
+            what = "is a directory; expected a single Parquet file" if full.is_dir() else "file not found"
+            raise FileNotFoundError(f"{name}.source.path: {path}: {what} (relative paths are read from the project "
+                                    f"root {root})")
 
     write_text(root / PARAMS_CHECKED, "params.yaml: valid (psrnn check_params)\n")
 

@@ -96,3 +96,35 @@ def unlikely_measurements(values: Any, lengths: Any) -> list[tuple[int, str]]:
         elif lengths.size >= 2 and (d[same] == 0).all() and np.unique(values[starts, j]).size > 1:
             found.append((j, "constant within each trajectory, like a label"))
     return found
+
+
+#: a training feature whose mean or standard deviation exceeds this in absolute value is in large units
+UNSTANDARDISED_SCALE = 10.0
+#: and one whose standard deviation is below this (but not a constant column, which is left alone) in small ones
+SMALL_SCALE = 0.01
+
+
+def odd_units(values: Any, names: Any = None) -> tuple[str | None, str | None]:
+    """The features of ``values`` (rows, features) in large units and in small ones, each shown as "feature 'pos'
+    (mean 1013, std 9.134), ..." (at most three, then how many more; by position without ``names``), or None:
+    SGD at the paper's learning rate 1 on a feature near 1013 (a pressure in hPa) diverges or wanders where the
+    standardised one trains, and on one of std 0.01 barely moves, the gradients scaling with the square of the
+    units. For the warnings of ``fit_model`` (arrays taken as they are) and of a custom source with
+    ``normalize: false``."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=np.float64)
+    x = x.reshape(len(x), -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = x.mean(axis=0), x.std(axis=0)
+
+    def shown(which: Any) -> str | None:
+        if not which.size:
+            return None
+        text = ", ".join(f"feature {j if names is None else brief(names[j])} (mean {mean[j]:.4g}, std {std[j]:.4g})"
+                         for j in which[:3])
+        return text + (f" and {which.size - 3} more" if which.size > 3 else "")
+
+    constant = x.max(axis=0) == x.min(axis=0)   # its std is the rounding of its mean (0.3: 1e-15), not 0
+    return (shown(np.flatnonzero((np.abs(mean) > UNSTANDARDISED_SCALE) | (std > UNSTANDARDISED_SCALE))),
+            shown(np.flatnonzero(~constant & (std < SMALL_SCALE))))

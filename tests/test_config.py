@@ -1015,14 +1015,51 @@ def test_check_wants_every_param_dvc_yaml_reads(defaults, tmp_path, capsys, monk
         section = section[part]
     del section[last]
     (tmp_path / "params.yaml").write_text(dump_yaml(raw))
-    code = cli.main(["--root", str(tmp_path), "check"])
-    err = capsys.readouterr().err.strip().splitlines()
-    if message is None:
-        assert code == 0 and err == []
-    else:
-        none = " (`kf: null` for no Kalman filter)" if removed.endswith(".kf") else ""
-        assert code == 1 and err == [f"psrnn check: error: {message.format(dvc=tmp_path / 'dvc.yaml')}; expected it "
-                                     f"in params.yaml{none} (the shipped params.yaml has every key dvc.yaml reads)"]
+    # the check_params stage, which `dvc repro` runs first, stops on it as psrnn check does (DVC named the stage)
+    for command in ("check", "check_params"):
+        code = cli.main(["--root", str(tmp_path), command])
+        err = capsys.readouterr().err.strip().splitlines()
+        if message is None:
+            assert code == 0 and err == []
+        else:
+            none = " (`kf: null` for no Kalman filter)" if removed.endswith(".kf") else ""
+            assert code == 1 and err == [f"psrnn {command}: error: {message.format(dvc=tmp_path / 'dvc.yaml')}; "
+                                         f"expected it in params.yaml{none} (the shipped params.yaml has every key "
+                                         "dvc.yaml reads)"]
+    assert (tmp_path / "artifacts" / "params_checked").is_file() == (message is None)
+
+
+def test_the_check_params_stage_wants_each_custom_source_file(defaults, tmp_path, capsys, monkeypatch):
+    """A typo in custom.source.path stopped `dvc repro` on the preprocess stage's missing dependency, in DVC's
+    words, after check_params had passed; the stage names the key, as psrnn check does (without reading the file)."""
+    import shutil
+
+    from pipeline import cli
+
+    monkeypatch.delenv("PSRNN_DEBUG", raising=False)
+    shutil.copy2(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    raw = copy.deepcopy(defaults)
+    raw["custom"]["source"]["path"] = "data/lng.parquet"
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    # custom not in datasets: `dvc repro report` does not read its file
+    assert cli.main(["--root", str(tmp_path), "check_params"]) == 0
+    (tmp_path / "artifacts" / "params_checked").unlink()
+    raw["datasets"] = ["hmm", "custom"]
+    (tmp_path / "params.yaml").write_text(dump_yaml(raw))
+    assert cli.main(["--root", str(tmp_path), "check_params"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"psrnn check_params: error: custom.source.path: data/lng.parquet: file not found (relative paths are read "
+        f"from the project root {tmp_path})"]
+    (tmp_path / "data" / "lng.parquet").mkdir(parents=True)
+    assert cli.main(["--root", str(tmp_path), "check_params"]) == 1
+    assert capsys.readouterr().err.strip().endswith(
+        "custom.source.path: data/lng.parquet: is a directory; expected a single Parquet file (relative paths are "
+        f"read from the project root {tmp_path})")
+    assert not (tmp_path / "artifacts" / "params_checked").exists()
+    (tmp_path / "data" / "lng.parquet").rmdir()
+    shutil.copy2(ROOT / "examples" / "custom_series.parquet", tmp_path / "data" / "lng.parquet")
+    assert cli.main(["--root", str(tmp_path), "check_params"]) == 0
+    assert (tmp_path / "artifacts" / "params_checked").is_file()
 
 
 @pytest.mark.parametrize("entry, files, message", [

@@ -284,6 +284,33 @@ def test_duplicate_steps(tmp_path: Path) -> None:
     assert "duplicate" in msg and "trajectory 101" in msg and "step 1" in msg
 
 
+def test_features_in_odd_units_warn_only_when_left_unnormalised(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """normalize: false trains on the values as they are: a pressure near 1013 hPa made the PSRNN's test MSE go
+    0.38 -> 72 and an LSTM's stay at 3.4e5, with no word on the units (fit_model warns of the same arrays)."""
+    cols = _continuous()
+    cols["a"] = cols["a"] + 1010.0
+    cols["b"] = cols["b"] * 1e-4
+    path = _write(tmp_path, cols)
+    load_custom(path, kind="continuous", features=["a", "b"])   # standardised: nothing to say
+    assert not caplog.records
+    data = load_custom(path, kind="continuous", features=["a", "b", "c"], normalize=False)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+    large, small = (r.getMessage() for r in caplog.records)
+    train = np.concatenate(data.train)
+    assert large == (f"{path}: train feature 'a' (mean {train[:, 0].mean():.4g}, std {train[:, 0].std():.4g}) in "
+                     "large units: SGD at the paper's learning rate 1 may diverge, and normalize is false, so the "
+                     "models read them as they are; expected normalize: true (the default: standardised with "
+                     "train's mean and std, predictions in your units) or features near unit scale")
+    # the constant column c (std 0) is no feature in small units
+    assert small.startswith(f"{path}: train feature 'b' (mean ") and "small units: SGD barely moves them" in small
+    caplog.clear()
+    cols["a"], cols["b"] = cols["a"] - 1010.0, cols["b"] * 1e4
+    load_custom(_write(tmp_path, cols, "unit.parquet"), kind="continuous", features=["a", "b", "c"],
+                normalize=False)
+    assert not caplog.records
+
+
 def test_uneven_steps_warn_and_evenly_spaced_steps_do_not(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cols = _continuous()
     cols["step"] = cols["step"] * 10                   # 0, 10, 20, ...: time stamps every 10 units

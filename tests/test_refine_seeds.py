@@ -6,6 +6,7 @@ refuses a run that did not finish or was trained on other inputs; stages run by 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -323,6 +324,24 @@ def test_evaluate_refuses_a_run_trained_on_other_inputs(tmp_path, clean_env, cap
     with pytest.raises(RuntimeError, match=want):
         evaluate.evaluate_run(params, root, "hmm", "psrnn", 0)
     assert not (root / "metrics").exists()
+    # the data prepared again too (another split): said beside the settings, and alone where they are the same
+    # (it said only the train settings, and a run trained on other data read as one trained longer)
+    from pipeline.workflow.paths import prepared_path
+
+    from pipeline.data.schema import read_dataset, write_dataset
+
+    prepared = prepared_path(root, "hmm")
+    kept = prepared.read_bytes()
+    again = read_dataset(prepared)
+    write_dataset(prepared, dataclasses.replace(again, test=again.test[1:]))
+    with pytest.raises(RuntimeError, match=r"\(hmm\.train\.epochs was 2, now 3\), and with other prepared data; run "
+                                           r"refine first"):
+        evaluate.evaluate_run(params, root, "hmm", "psrnn", 0)
+    with pytest.raises(RuntimeError, match=r"psrnn/s0: trained with other prepared data than the current ones \(the "
+                                           r"same train settings\); run refine first"):
+        evaluate.evaluate_run(_params(root, [0]), root, "hmm", "psrnn", 0)
+    prepared.write_bytes(kept)
+    params = _params(root, [0], epochs=3)
     # from the command line with another params file: the command it suggests reads that file too
     from pipeline.cli import main
 

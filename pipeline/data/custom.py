@@ -95,7 +95,7 @@ import numpy as np
 
 from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, unscorable, utf8_error
 from pipeline.io import sha256_file
-from pipeline.messages import brief, brief_list, unlikely_measurements
+from pipeline.messages import brief, brief_list, odd_units, unlikely_measurements
 from pipeline.train_config import SEED_LIMIT
 
 log = logging.getLogger(__name__)
@@ -693,6 +693,15 @@ def load_custom(
     trajs = {s: [values[groups[k]] for k in members[s]] for s in SPLITS}
     if normalize:
         trajs, meta["normalization"] = _standardise(trajs, value_columns, path)
+    else:   # the models train on the values as they are: say where that goes wrong before hours of training do
+        large, small = odd_units(np.concatenate(trajs["train"]), value_columns)
+        for found, what in ((large, "large units: SGD at the paper's learning rate 1 may diverge"),
+                            (small, "small units: SGD barely moves them (the gradients scale with the square of the "
+                                    "units)")):
+            if found:
+                log.warning("%s: train %s in %s, and normalize is false, so the models read them as they are; "
+                            "expected normalize: true (the default: standardised with train's mean and std, "
+                            "predictions in your units) or features near unit scale", path, found, what)
     return SequenceDataset(kind="continuous", features=list(value_columns), meta=meta, **trajs)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import Params
-from pipeline.io import sha256_file, write_json, write_text
+from pipeline.io import read_json, sha256_file, write_json, write_text
 from pipeline.messages import listed
 from pipeline.naive import naive_metrics
 from pipeline.workflow.initialise import load_initial
@@ -424,7 +424,8 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "git_commit": tracker.tags.get("mlflow.source.git.commit"), "git_dirty": tracker.tags.get("git_dirty"),
                # the units the model takes and gives data in: pipeline.inference.load_run reads them here, not from
                # the prepared file, which a later preprocess may change without retraining the run
-               "data_units": units_to_keep(ds), "history": result.history}
+               "data_units": units_to_keep(ds), "digests": run_digests(root, dataset, variant_name, seed),
+               "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
     _log_outcome(tracker, params, ds, model, mdir, history)
@@ -435,9 +436,22 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     return history
 
 
+#: what a run's fingerprint holds besides its train settings, as :func:`what_changed` names each
+DIGEST_NAMES = {"data": "prepared data", "init": "initial weights (its 2SR or random start)", "code": "training code"}
+
+
+def run_digests(root: Path, dataset: str, variant_name: str, seed: int) -> dict[str, str]:
+    """The digests of what a run's fingerprint holds besides its train settings, kept in its history.json, so
+    that a stale run can say which of them changed (the fingerprint, one hash, cannot)."""
+    init_path = artifact_dir(root, dataset, seed) / "init" / f"{variant_name}.npz"
+    return {"data": _fingerprint(prepared_path(root, dataset)), "init": _fingerprint(init_path), "code": code_hash()}
+
+
 def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, seed: int) -> str:
-    """Why a finished run is not current, as far as its checkpoint tells: the train settings that differ (the
-    checkpoint keeps those it trained with), each by its key; else the rest of what the fingerprint holds."""
+    """Why a finished run is not current, as far as its checkpoint and history.json tell: the train settings that
+    differ (the checkpoint keeps those it trained with), each by its key, and which of the prepared data, initial
+    weights and training code differ (:func:`run_digests`, kept by runs trained since they were); where a run
+    kept no digests, the rest of what the fingerprint holds."""
     from dataclasses import asdict, replace
 
     from pipeline.train import TrainConfig, load_checkpoint
@@ -452,12 +466,31 @@ def what_changed(params: Params, mdir: Path, dataset: str, variant_name: str, se
     then = {**asdict(TrainConfig()), **then} if isinstance(then, dict) and then else {}
     changed = [f"{dp.setting_key(variant_name, k)} was {then[k]!r}, now {now[k]!r}"
                for k in sorted(now) if k in then and then[k] != now[k]]
+    others = _other_digests(mdir, params, dataset, variant_name, seed)
     if changed:
-        return f"trained with other train settings than the current ones ({'; '.join(changed)})"
+        also = f", and with other {listed(others)}" if others else ""
+        return f"trained with other train settings than the current ones ({'; '.join(changed)}){also}"
+    if others:
+        return f"trained with other {listed(others)} than the current ones" + (" (the same train settings)"
+                                                                               if then else "")
     if not then:   # a checkpoint that does not say: any of them
         return "trained with other params, data, initial weights or training code than the current ones"
     return ("trained with other data, initial weights or training code than the current ones (the same train "
             "settings)")
+
+
+def _other_digests(mdir: Path, params: Params, dataset: str, variant_name: str, seed: int) -> list[str]:
+    """The names (:data:`DIGEST_NAMES`) of the run's digests in its history.json that differ from the current
+    ones; none where it kept none (trained before runs did) or they cannot be computed now."""
+    root = mdir.parents[3]   # mdir is model_dir(root, ...): <root>/models/<dataset>/<variant>/s<seed>
+    try:
+        kept = read_json(mdir / "history.json").get("digests")
+        if not isinstance(kept, dict) or model_dir(root, dataset, variant_name, seed) != mdir:
+            return []
+        now = run_digests(root, dataset, variant_name, seed)
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [name for key, name in DIGEST_NAMES.items() if key in kept and kept[key] != now[key]]
 
 
 def checkpoint_and_problem(path: Path) -> tuple[dict[str, Any] | None, str | None]:
