@@ -10,7 +10,8 @@ symbol; optionally every probability) and write them as one Parquet table. Memor
 outputs (about 1.1 kB a row for 44 symbols), which is what the streamed path avoids.
 
 It writes the columns ``predict_file`` writes for a symbol input (``trajectory``, ``step``, ``predicted``,
-``probability``, ``next_bits``, ``probabilities``), for inputs of the layout ``bench_predict.py`` writes: a
+``probability``, ``next_bits``, ``probabilities``; not ``next_step``, which :func:`compare_outputs` does not read),
+for inputs of the layout ``bench_predict.py`` writes: a
 ``trajectory`` column whose rows of one trajectory are contiguous, a ``symbol`` column, no ``step`` column (the
 step is the row's position in its trajectory) and no unknown symbol. :func:`compare_outputs` checks that two
 output files hold the same predictions.

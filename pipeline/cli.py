@@ -160,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seed of --sample's draws, 0 <= seed < 2**32 (default 0); only with --sample")
             d.add_argument("--score", action="store_true",
                            help="hold out the last --steps rows of every trajectory, forecast them from the rows "
-                                "before, and score the forecasts against them and against repeating the last "
-                                "observation (the output: the held-out rows, observed_* beside each forecast); "
+                                "before, and score the forecasts against them and against forecasts of no dynamics "
+                                "(the last value repeated; the training mean, or the most frequent symbol); the "
+                                "output: the held-out rows, observed_<feature> (or observed) beside each forecast; "
                                 "trajectories of --steps rows or fewer are left out")
         else:
             d.add_argument("--block-rows", type=int, default=65536,
@@ -637,9 +638,11 @@ def _forecast(args: argparse.Namespace, root: Path, params) -> None:
     print(f"{args.output}: {summary['steps']}-step {what} of {n} trajector{'y' if n == 1 else 'ies'}{dropped} "
           f"({args.dataset} {args.variant} seed {args.run_seed}, epoch {run.epoch})" + _forecast_scores_text(summary))
     if summary.get("too_short"):
-        k = summary["too_short"]
-        print(f"note: {k} trajector{'y' if k == 1 else 'ies'} of {args.steps} rows or fewer left out: nothing "
-              "before the held-out rows to forecast them from", file=sys.stderr)
+        from pipeline.messages import listed
+
+        short = summary["too_short"]
+        print(f"note: {len(short)} trajector{'y' if len(short) == 1 else 'ies'} of {args.steps} rows or fewer left "
+              f"out ({listed(short)}): nothing before the held-out rows to forecast them from", file=sys.stderr)
     single = summary.get("single_row")
     if single:
         k = single["trajectories"]
@@ -654,12 +657,16 @@ def _forecast_scores_text(summary: dict) -> str:
     m = summary.get("metrics")
     if not m:
         return ""
-    if "mse" in m:
-        h = m["mse_by_horizon"]
-        horizons = ", ".join(f"{i} {h[i - 1]:.4g}" for i in dict.fromkeys((1, (len(h) + 1) // 2, len(h))))
-        return (f"; scored: mse {m['mse']:.4g} (repeating the last value: {m['last_value_mse']:.4g}), by horizon "
-                f"{horizons}")
-    return f"; scored: accuracy {m['accuracy']:.4g} (repeating the last symbol: {m['last_value_accuracy']:.4g})"
+    key = "mse" if "mse" in m else "accuracy"
+    h = m[f"{key}_by_horizon"]
+    horizons = ", ".join(f"{i} {h[i - 1]:.4g}" for i in dict.fromkeys((1, (len(h) + 1) // 2, len(h))))
+    last = "the last value repeated" if key == "mse" else "the last symbol repeated"
+    naive = [f"{what} {m[k]:.4g}" for k, what in (("last_value_" + key, last),
+                                                  ("train_mean_mse", "the training mean"),
+                                                  ("unigram_accuracy", "the most frequent training symbol"))
+             if k in m]
+    units = f" (data units {m['mse_data_units']:.4g})" if key == "mse" and m["mse_data_units"] != m["mse"] else ""
+    return f"; scored: {key} {m[key]:.4g}{units} against {', '.join(naive)}; by horizon {horizons}"
 
 
 def _check(args: argparse.Namespace, params, root: Path) -> None:

@@ -1377,54 +1377,85 @@ def worse_than_naive(metrics: dict[str, float]) -> str | None:
     return None
 
 
-def _hold_out(data: _Input, steps: int, input_path: Path) -> tuple[_Input, list[tuple[np.ndarray, np.ndarray]], int]:
+def _hold_out(data: _Input, steps: int, input_path: Path) -> tuple[_Input, list[tuple[np.ndarray, np.ndarray]],
+                                                                    list[Any]]:
     """``data`` without the last ``steps`` rows of each trajectory, those rows (model units) and their steps, and
-    how many trajectories had no row before them (left out; all of them: refused)."""
+    the ids of the trajectories with no row before them (left out; all of them: refused)."""
     from dataclasses import replace
 
     keep = [k for k, e in enumerate(data.encoded) if len(e) > steps]
     if not keep:
         longest = max((len(e) for e in data.encoded), default=0)
-        raise ValueError(f"{input_path}: scoring {steps}-step forecasts holds out the last {steps} rows of each "
-                         f"trajectory and forecasts them from the rows before, and the longest has {longest}; "
-                         f"expected fewer --steps (at most {max(longest - 1, 1)}) or longer trajectories")
+        rows = f"the last {steps} rows" if steps > 1 else "the last row"
+        fix = (f"fewer --steps (at most {longest - 1}) or longer trajectories" if longest > 1 else
+               f"trajectories of at least {steps + 1} rows")
+        after = (f", counted after --unknown drop left out {data.dropped} row{'s' if data.dropped > 1 else ''}"
+                 if data.dropped else "")
+        raise ValueError(f"{input_path}: scoring {steps}-step forecasts holds out {rows} of each trajectory and "
+                         f"forecasts {'them' if steps > 1 else 'it'} from the rows before, and the longest has "
+                         f"{longest}{after}; expected {fix}")
     held = [(data.encoded[k][-steps:], np.asarray(data.steps[k][-steps:], dtype=np.int64)) for k in keep]
     kept = replace(data, ids=data.ids[keep], steps=[data.steps[k][:-steps] for k in keep],
                    encoded=[data.encoded[k][:-steps] for k in keep])
-    return kept, held, len(data.encoded) - len(keep)
+    short = sorted(set(range(len(data.encoded))) - set(keep))
+    return kept, held, [_py_value(data.ids[k]) for k in short]
+
+
+def _py_value(value: Any) -> Any:
+    """A trajectory id as a plain Python value, for the summary (JSON metadata)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _forecast_scores(run: TrainedRun, context: list[np.ndarray], forecasts: list[np.ndarray],
                      held: list[np.ndarray]) -> dict[str, Any]:
     """The scores of :func:`forecast_file` with ``score``: forecasts (data units, or vocabulary indices) against
-    the held-out rows (model units), and the last row of each context repeated, as one-step predictions are
-    scored against the last value (:mod:`pipeline.naive`)."""
+    the held-out rows (model units), beside forecasts that learn nothing of the dynamics, as the report's naive
+    predictors (:mod:`pipeline.naive`): the last row of each context repeated, and the training mean (continuous,
+    where the run's data were standardised, so that it is 0 in model units; unknown otherwise) or the most
+    frequent training symbol (discrete, where the run kept its training counts)."""
     truth = np.stack(held)                                      # (B, steps[, m]) in model units
     last = np.stack([c[-1] for c in context])[:, None]          # (B, 1[, m])
     if run.discrete:
-        return {"accuracy": float((np.stack(forecasts) == truth).mean()),
-                "last_value_accuracy": float((last == truth).mean())}
+        hits = np.stack(forecasts) == truth
+        out = {"accuracy": float(hits.mean()), "last_value_accuracy": float((last == truth).mean()),
+               "accuracy_by_horizon": hits.mean(axis=0).tolist()}
+        if run.train_counts is not None:
+            out["unigram_accuracy"] = float((truth == int(np.argmax(run.train_counts))).mean())
+        return out
     predicted = (np.stack(forecasts) - run.mean) / run.std      # model units, as the report's MSE
     err, err_last = (predicted - truth) ** 2, (last - truth) ** 2
-    return {"mse": float(err.mean()), "mse_data_units": float((err * np.asarray(run.std) ** 2).mean()),
-            "last_value_mse": float(err_last.mean()),
-            "mse_by_horizon": err.mean(axis=(0, 2)).tolist(),
-            "last_value_mse_by_horizon": err_last.mean(axis=(0, 2)).tolist()}
+    out = {"mse": float(err.mean()), "mse_data_units": float((err * np.asarray(run.std) ** 2).mean()),
+           "last_value_mse": float(err_last.mean())}
+    if np.any(run.mean != 0) or np.any(run.std != 1):           # standardised: the training mean is 0
+        out["train_mean_mse"] = float((truth ** 2).mean())
+    out.update({"mse_by_horizon": err.mean(axis=(0, 2)).tolist(),
+                "last_value_mse_by_horizon": err_last.mean(axis=(0, 2)).tolist()})
+    return out
+
+
+#: the yardsticks of scored forecasts, as the report names the naive predictors
+_FORECAST_YARDSTICKS = {"last_value": "repeating the last observation before them",
+                        "train_mean": "forecasting the training mean",
+                        "unigram": "forecasting the most frequent training symbol"}
 
 
 def _forecasts_worse(metrics: dict[str, Any]) -> str | None:
-    """What to say when scored forecasts do worse than repeating the last observation before them."""
-    if "mse" in metrics:
-        metric, ours, theirs = "mse", metrics["mse"], metrics["last_value_mse"]
-        worse = ours > theirs > 0   # a series that stands still (0) is beaten by nothing: not worth a word
-    else:
-        metric, ours, theirs = "accuracy", metrics["accuracy"], metrics["last_value_accuracy"]
-        worse = ours < theirs
-    if not (np.isfinite(ours) and np.isfinite(theirs) and worse):
+    """What to say when scored forecasts do worse than the best forecast that learns no dynamics (the last value
+    repeated, the training mean or the most frequent symbol)."""
+    continuous = "mse" in metrics
+    metric = "mse" if continuous else "accuracy"
+    ours = metrics[metric]
+    naive = {name: metrics[f"{name}_{metric}"] for name in _FORECAST_YARDSTICKS
+             if isinstance(metrics.get(f"{name}_{metric}"), float) and np.isfinite(metrics[f"{name}_{metric}"])}
+    if not naive or not np.isfinite(ours):
         return None
-    return (f"the forecasts score {metric} {ours:.4g}, worse than repeating the last observation before them "
-            f"({theirs:.4g}): errors compound over the horizon, and a model that predicts one step well need not "
-            "forecast (README, 'Using a trained model on new data')")
+    name, best = (min if continuous else max)(naive.items(), key=lambda kv: kv[1])
+    # a yardstick of 0 (a series that stands still) is beaten by nothing that learnt dynamics: not worth a word
+    if not (ours > best > 0 if continuous else ours < best):
+        return None
+    return (f"the forecasts score {metric} {ours:.4g}, worse than {_FORECAST_YARDSTICKS[name]} ({best:.4g}): "
+            "errors compound over the horizon, and a model that predicts one step well need not forecast (README, "
+            "'Using a trained model on new data')")
 
 
 def _step_spacing(steps: np.ndarray) -> int | None:
@@ -1493,8 +1524,11 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     summary's ``metrics`` hold, continuous: ``mse`` (model units, as the report's), ``mse_data_units``,
     ``last_value_mse`` (repeating the last row before the held-out ones, the yardstick) and ``mse_by_horizon`` /
     ``last_value_mse_by_horizon`` (one value per h); discrete: ``accuracy`` and ``last_value_accuracy`` (the last
-    symbol repeated). A trajectory of ``steps`` rows or fewer has nothing to forecast from: left out
-    (``too_short``: how many; every one of them: an error)."""
+    symbol repeated), ``accuracy_by_horizon``, and ``unigram_accuracy`` (the most frequent training symbol, where the
+    run kept its training counts); continuous data standardised by the pipeline also ``train_mean_mse`` (the
+    training mean forecast). Forecasts worse than the best of these yardsticks are said in ``worse_than_naive``
+    (``psrnn forecast`` writes it as a warning). A trajectory of ``steps`` rows or fewer has nothing to forecast
+    from: left out (``too_short``: their ids; every one of them: an error)."""
     import pyarrow as pa
 
     from pipeline.train import resolve_device

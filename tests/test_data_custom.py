@@ -299,9 +299,9 @@ def test_features_in_odd_units_warn_only_when_left_unnormalised(tmp_path: Path,
     large, small = (r.getMessage() for r in caplog.records)
     train = np.concatenate(data.train)
     assert large == (f"{path}: train feature 'a' (mean {train[:, 0].mean():.4g}, std {train[:, 0].std():.4g}) in "
-                     "large units: SGD at the paper's learning rate 1 may diverge, and normalize is false, so the "
-                     "models read them as they are; expected normalize: true (the default: standardised with "
-                     "train's mean and std, predictions in your units) or features near unit scale")
+                     "large units: SGD at the paper's learning rate 1 may diverge; normalize is false, so the "
+                     "models read them as they are: expected it true (the default: standardised with train's mean "
+                     "and std) or features near unit scale")
     # the constant column c (std 0) is no feature in small units
     assert small.startswith(f"{path}: train feature 'b' (mean ") and "small units: SGD barely moves them" in small
     caplog.clear()

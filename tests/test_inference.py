@@ -411,7 +411,8 @@ def test_scored_forecasts_hold_out_the_last_steps_and_beat_or_not_the_last_value
     out = pq.read_table(tmp_path / "fc.parquet")
     assert out.column_names == ["trajectory", "horizon", "step", "predicted_a", "predicted_b", "observed_a",
                                 "observed_b"]
-    assert summary["trajectories"] == len(test) and summary["too_short"] == 1 and out.num_rows == 3 * len(test)
+    assert summary["trajectories"] == len(test) and summary["too_short"] == [len(test)]
+    assert out.num_rows == 3 * len(test)
     # the held-out rows, each at its own step, with the values given
     assert out.column("step").to_pylist() == [100 + 5 * i for t in test for i in range(len(t) - 3, len(t))]
     held = np.concatenate([t[-3:] for t in raw[:-1]])
@@ -430,6 +431,8 @@ def test_scored_forecasts_hold_out_the_last_steps_and_beat_or_not_the_last_value
     assert m["last_value_mse"] == pytest.approx(last.mean(), rel=1e-9)
     assert m["mse_by_horizon"] == pytest.approx(err.mean(axis=(0, 2)).tolist(), rel=1e-9)
     assert m["last_value_mse_by_horizon"] == pytest.approx(last.mean(axis=(0, 2)).tolist(), rel=1e-9)
+    # standardised data: the training mean is 0 in model units, a yardstick as in the report
+    assert m["train_mean_mse"] == pytest.approx((truth ** 2).mean(), rel=1e-9)
     # psrnn forecast --score prints the scores on its line, and a note on the trajectories left out
     project = tmp_path / "project"
     _project(project, run, test)
@@ -441,10 +444,12 @@ def test_scored_forecasts_hold_out_the_last_steps_and_beat_or_not_the_last_value
                             steps=3, score=True)["metrics"]
     h = initial["mse_by_horizon"]
     assert printed.out == (f"{tmp_path / 'fc2.parquet'}: 3-step forecasts of the held-out last steps of {len(test)} "
-                           f"trajectories (lgssm psrnn seed 0, epoch 0); scored: mse {initial['mse']:.4g} (repeating "
-                           f"the last value: {initial['last_value_mse']:.4g}), by horizon 1 {h[0]:.4g}, 2 "
-                           f"{h[1]:.4g}, 3 {h[2]:.4g}\n")
-    assert printed.err.startswith("note: 1 trajectory of 3 rows or fewer left out: nothing before the held-out rows")
+                           f"trajectories (lgssm psrnn seed 0, epoch 0); scored: mse {initial['mse']:.4g} (data units "
+                           f"{initial['mse_data_units']:.4g}) against the last value repeated "
+                           f"{initial['last_value_mse']:.4g}, the training mean {initial['train_mean_mse']:.4g}; by "
+                           f"horizon 1 {h[0]:.4g}, 2 {h[1]:.4g}, 3 {h[2]:.4g}\n")
+    assert f"note: 1 trajectory of 3 rows or fewer left out ({len(test)}): nothing before the held-out rows" \
+        in printed.err
     # too few rows everywhere: refused, nothing written
     short = _write(tmp_path / "short.parquet", {"trajectory": [0, 0, 1], "a": [1.0, 2.0, 3.0], "b": [0.0] * 3})
     with pytest.raises(ValueError, match=r"short\.parquet: scoring 3-step forecasts holds out the last 3 rows of "
@@ -466,7 +471,12 @@ def test_scored_forecasts_hold_out_the_last_steps_and_beat_or_not_the_last_value
     assert dout.column("observed").to_pylist() == np.array([10, 20, 30, 40])[truth].ravel().tolist()
     assert dsum["metrics"] == {"accuracy": pytest.approx((forecast == truth).mean()),
                                "last_value_accuracy": pytest.approx(
-                                   (np.stack([t[-5] for t in dtest])[:, None] == truth).mean())}
+                                   (np.stack([t[-5] for t in dtest])[:, None] == truth).mean()),
+                               "accuracy_by_horizon": pytest.approx((forecast == truth).mean(axis=0).tolist())}
+    # a run that kept its training counts: the most frequent training symbol, forecast at every step, too
+    counted = dataclasses.replace(drun, train_counts=[1, 9, 2, 3])
+    dsum = forecast_file(counted, dsrc, tmp_path / "dfc.parquet", steps=4, score=True)
+    assert dsum["metrics"]["unigram_accuracy"] == pytest.approx((truth == 1).mean())
     # worse than the last value: said (psrnn forecast writes it as a warning)
     assert _forecasts_worse({"mse": 2.0, "last_value_mse": 1.0}).startswith(
         "the forecasts score mse 2, worse than repeating the last observation before them (1): errors compound")
@@ -474,6 +484,16 @@ def test_scored_forecasts_hold_out_the_last_steps_and_beat_or_not_the_last_value
     assert _forecasts_worse({"mse": 0.5, "last_value_mse": 0.0}) is None      # a series standing still
     assert _forecasts_worse({"accuracy": 0.2, "last_value_accuracy": 0.3}) is not None
     assert _forecasts_worse({"accuracy": 0.3, "last_value_accuracy": 0.3}) is None
+    # the best of the yardsticks: beating the last value is not enough where the training mean does better
+    assert "worse than forecasting the training mean (0.9)" in _forecasts_worse(
+        {"mse": 1.5, "last_value_mse": 1.75, "train_mean_mse": 0.9})
+    assert "worse than forecasting the most frequent training symbol (0.18)" in _forecasts_worse(
+        {"accuracy": 0.13, "last_value_accuracy": 0.06, "unigram_accuracy": 0.18})
+    # single rows: no --steps scores them
+    ones = _write(tmp_path / "ones.parquet", {"trajectory": [0, 1], "a": [1.0, 2.0], "b": [0.0, 0.0]})
+    with pytest.raises(ValueError, match=r"holds out the last row of each trajectory and forecasts it from the rows "
+                                         r"before, and the longest has 1; expected trajectories of at least 2 rows$"):
+        forecast_file(run, ones, tmp_path / "none.parquet", steps=1, score=True)
 
 
 def test_forecasts_that_keep_no_distributions_keep_the_chosen_probabilities(discrete_run, tmp_path):

@@ -583,11 +583,13 @@ def load_custom(
     symbol_column_is: str = "set symbol_column to its name",
     min_length_is: str = "min_length",
     segment_length_is: str = "segment_length",
+    normalize_is: str = "normalize",
 ) -> SequenceDataset:
     """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring).
     ``symbol_column_is``: how the caller names the symbol column, for the error when the file lacks it;
     ``min_length_is``, ``segment_length_is``: how it names ``min_length`` and ``segment_length``, for the errors
-    on a valid/test split of single steps and on a file of a single trajectory."""
+    on a valid/test split of single steps and on a file of a single trajectory; ``normalize_is``: how it names
+    ``normalize``, for the warning on features in odd units left unstandardised."""
     _check_path(path)
     _check_options(test_fraction, valid_fraction, seed, normalize)
     _check_segment_length(segment_length, min_length)
@@ -699,9 +701,9 @@ def load_custom(
                             (small, "small units: SGD barely moves them (the gradients scale with the square of the "
                                     "units)")):
             if found:
-                log.warning("%s: train %s in %s, and normalize is false, so the models read them as they are; "
-                            "expected normalize: true (the default: standardised with train's mean and std, "
-                            "predictions in your units) or features near unit scale", path, found, what)
+                log.warning("%s: train %s in %s; %s is false, so the models read them as they are: expected it "
+                            "true (the default: standardised with train's mean and std) or features near unit "
+                            "scale", path, found, what, normalize_is)
     return SequenceDataset(kind="continuous", features=list(value_columns), meta=meta, **trajs)
 
 
