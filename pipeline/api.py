@@ -710,6 +710,17 @@ def _train_counts(cfg: ModelConfig, train: Sequence[np.ndarray]) -> list[int] | 
     return unigram_counts(train, cfg.input_dim)
 
 
+def _train_pairs(cfg: ModelConfig, train: Sequence[np.ndarray]) -> dict[str, list[int]] | None:
+    """Train's pairs of consecutive symbols (discrete models; :func:`pipeline.naive.pair_counts`): the bigram
+    yardstick of evaluate. None for features, or over :data:`pipeline.naive.MAX_KEPT_PAIRS`."""
+    if not cfg.discrete:
+        return None
+    from pipeline.naive import MAX_KEPT_PAIRS, pair_counts
+
+    codes, counts = pair_counts(train, cfg.input_dim)
+    return {"codes": codes.tolist(), "counts": counts.tolist()} if codes.size <= MAX_KEPT_PAIRS else None
+
+
 def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] | None) -> None:
     """Warn about features that look like no measurement, as the pipeline's custom source does
     (:func:`pipeline.messages.unlikely_measurements`: a time stamp or row counter, an id or a label). A frame of
@@ -1123,15 +1134,16 @@ class FittedModel:
         standardised features): its ``decode`` brings continuous outputs back to the data's units with the fit's
         standardisation (the identity without ``standardize=True``)."""
         from pipeline.config import Variant
-        from pipeline.inference import TrainedRun
+        from pipeline.inference import TrainedRun, checked_pairs
 
         c = self.model.config
         mean, std = self._units() or (np.zeros(c.input_dim), np.ones(c.input_dim))
         counts = self.extras.get("train_counts")   # None in files saved before fits kept them
+        ok = c.discrete and isinstance(counts, list) and len(counts) == c.input_dim
         return TrainedRun(model=self.model, dataset="", variant=Variant.of_model_config(c.to_dict()).name, seed=0,
                           epoch=self.epoch, kind="discrete" if c.discrete else "continuous", mean=mean, std=std,
-                          train_counts=list(counts) if c.discrete and isinstance(counts, list) and
-                          len(counts) == c.input_dim else None)
+                          train_counts=list(counts) if ok else None,
+                          train_pairs=checked_pairs(self.extras.get("train_pairs"), c.input_dim) if ok else None)
 
     def _in_data_units(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
         if self._units() is None:
@@ -1200,8 +1212,12 @@ class FittedModel:
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
         if self.model.config.discrete:
+            from pipeline.naive import symbol_pairs
+
             metrics = evaluate(self.model, inputs)
-            metrics.update(self._run()._unigram(np.concatenate([t[1:] for t in inputs])))
+            run = self._run()
+            metrics.update(run._unigram(np.concatenate([t[1:] for t in inputs])))
+            metrics.update(run._bigram(*symbol_pairs(inputs)))
             warn_if_worse_than_naive(metrics)
             return metrics
         self._warn_far(inputs)
@@ -1582,6 +1598,7 @@ def fit_model(
                                      "stopped_early": result.stopped_early,
                                      "columns": plan.columns, "vocab": plan.vocab, "standardize": plan.standardize,
                                      "train_counts": _train_counts(cfg, train),
+                                     "train_pairs": _train_pairs(cfg, train),
                                      # continuous data used as given: how far new inputs are from train's
                                      "train_spread": (_standardisation(train) if not cfg.discrete and
                                                       plan.standardize is None else None),

@@ -201,6 +201,8 @@ class TrainedRun:
     root: Path | None = None
     symbol_column: str = "symbol"   # discrete: the column of the training file's symbols, new files' default
     train_counts: list[int] | None = None   # discrete: each symbol's count in train (the unigram yardstick)
+    # discrete: train's pairs of consecutive symbols, {"codes": [a·V + b, ...], "counts": [...]} (the bigram's)
+    train_pairs: dict[str, list[int]] | None = None
 
     @classmethod
     def from_units(cls, model: Any, units: dict[str, Any], *, dataset: str, variant: str, seed: int, epoch: int,
@@ -214,7 +216,8 @@ class TrainedRun:
                   and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts))
             return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="discrete",
                        vocab=list(units["vocab"]), root=root,
-                       symbol_column=str(units.get("symbol_column", "symbol")), train_counts=counts if ok else None)
+                       symbol_column=str(units.get("symbol_column", "symbol")), train_counts=counts if ok else None,
+                       train_pairs=checked_pairs(units.get("train_pairs"), len(units["vocab"])) if ok else None)
         return cls(model=model, dataset=dataset, variant=variant, seed=seed, epoch=epoch, kind="continuous",
                    features=list(units["features"]), mean=np.asarray(units["mean"], dtype=np.float64),
                    std=np.asarray(units["std"], dtype=np.float64), root=root)
@@ -404,8 +407,11 @@ class TrainedRun:
                 from None
         self.model.to(resolve_device(device, "device="))
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
+            from pipeline.naive import symbol_pairs
+
             metrics = evaluate(self.model, encoded)
             metrics.update(self._unigram(np.concatenate([e[1:] for e in encoded])))
+            metrics.update(self._bigram(*symbol_pairs(encoded)))
             warn_if_worse_than_naive(metrics)
             return metrics
         warn_far_from_training(encoded, self.features)
@@ -427,6 +433,17 @@ class TrainedRun:
 
         scores = unigram_metrics(self.train_counts, targets, target_counts=target_counts)
         return {f"unigram_{k}": v for k, v in scores.items()}
+
+    def _bigram(self, a: np.ndarray, b: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+        """``bigram_bpc`` and ``bigram_accuracy`` on the pairs (context a, next symbol b), each counted ``weights``
+        times: the report's bigram yardstick (:class:`pipeline.naive.Bigram`), from the training counts and pairs
+        the run kept; {} without them."""
+        if self.train_counts is None or self.train_pairs is None:
+            return {}
+        from pipeline.naive import Bigram
+
+        model = Bigram(np.asarray(self.train_counts), self.train_pairs["codes"], self.train_pairs["counts"])
+        return {f"bigram_{k}": v for k, v in model.metrics(a, b, weights).items()}
 
     def _mse_data_units(self, outputs: Sequence[np.ndarray], encoded: Sequence[np.ndarray]) -> float:
         """The mean squared one-step error per feature and step, as the pipeline's MSE but in the data's units."""
@@ -1248,8 +1265,10 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     sq_data_units, n_data_units = 0.0, 0   # continuous: the one-step errors in the data's units
     sq_last = 0.0                           # continuous: the errors of repeating the last observation (pipeline.naive)
     bits_sum, correct = 0.0, 0              # discrete: the BPC and accuracy, from the log-probabilities written
-    # discrete: how often each symbol is a scored target, for the unigram yardstick (memory flat in the input)
+    # discrete: how often each symbol is a scored target, for the unigram yardstick (memory flat in the input), and
+    # each pair (symbol, next symbol), for the bigram's (memory: the distinct pairs)
     target_counts = np.zeros(len(run.vocab), dtype=np.int64) if run.discrete else None
+    scored_pairs: dict[int, int] = {}
 
     def block_table(pieces: list[tuple[int, int, np.ndarray]]) -> Any:
         """The output rows of filtered pieces (k, start, outputs): rows start … of trajectory k, as one table."""
@@ -1285,6 +1304,11 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             bits_sum += float(bits[scored].sum())
             correct += int((best == t)[mask].sum())
             target_counts[:] += np.bincount(target[scored], minlength=len(run.vocab))   # in place: no rebinding
+            if run.train_pairs is not None:
+                symbols_read = np.concatenate([encoded[k][start:start + len(o)] for k, start, o in pieces])
+                codes, times = np.unique(symbols_read[scored] * len(run.vocab) + target[scored], return_counts=True)
+                for code, n in zip(codes.tolist(), times.tolist()):
+                    scored_pairs[code] = scored_pairs.get(code, 0) + n
             columns += [symbols.take(pa.array(best.numpy())), pa.array(logp[rows, best].exp().numpy()),
                         pa.array(bits, mask=~scored)]
             if probabilities:
@@ -1320,6 +1344,9 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             metrics = ({"bpc": bits_sum / scored_rows, "accuracy": correct / scored_rows} if scored_rows
                        else {"bpc": float("nan"), "accuracy": float("nan")})
             metrics.update(run._unigram(target_counts=target_counts))
+            codes = np.fromiter(scored_pairs, dtype=np.int64, count=len(scored_pairs))
+            metrics.update(run._bigram(codes // len(run.vocab), codes % len(run.vocab),
+                                       np.fromiter(scored_pairs.values(), dtype=np.float64, count=len(scored_pairs))))
         else:
             metrics = sums.result()
             metrics["mse_data_units"] = sq_data_units / n_data_units if n_data_units else float("nan")
@@ -1330,6 +1357,22 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             summary["worse_than_naive"] = worse
         _add_output_meta(writer, run, input_path, summary)   # the metrics, known only now
     return summary
+
+
+def checked_pairs(pairs: Any, vocab_size: int) -> dict[str, list[int]] | None:
+    """A run's kept ``train_pairs`` if well formed (sorted distinct codes below V², positive counts), else None:
+    runs trained before they were kept, or over :data:`pipeline.naive.MAX_KEPT_PAIRS`, have none, and new data get no bigram."""
+    if not isinstance(pairs, dict):
+        return None
+    codes, counts = pairs.get("codes"), pairs.get("counts")
+    if not (isinstance(codes, list) and isinstance(counts, list) and len(codes) == len(counts)):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in [*codes, *counts]):
+        return None
+    c = np.asarray(codes, dtype=np.int64)
+    if c.size and (c[0] < 0 or c[-1] >= vocab_size ** 2 or (np.diff(c) <= 0).any() or min(counts) <= 0):
+        return None
+    return {"codes": list(codes), "counts": list(counts)}
 
 
 def warn_if_worse_than_naive(metrics: dict[str, float]) -> None:
@@ -1364,9 +1407,12 @@ def worse_than_naive(metrics: dict[str, float]) -> str | None:
     otherwise. Data sampled at another rate than the training data, or unlike it, do that (a run trained on steps
     10 apart, given steps 2 apart: ten times worse than repeating the last value), and the numbers alone do not
     say it."""
+    bpc_naive = min((k for k in ("unigram_bpc", "bigram_bpc") if isinstance(metrics.get(k), float)
+                     and np.isfinite(metrics[k])), key=lambda k: metrics[k], default="unigram_bpc")
     for metric, naive, what, unlike in (
             ("mse", "last_value_mse", "repeating the last observation", "sampled at another rate?"),
-            ("bpc", "unigram_bpc", "the training symbol frequencies, the unigram", "another text or source?")):
+            ("bpc", bpc_naive, "the training symbol frequencies, the unigram" if bpc_naive == "unigram_bpc" else
+             "the training frequencies of each symbol's successor, the bigram", "another text or source?")):
         ours, theirs = metrics.get(metric), metrics.get(naive)
         # a yardstick of 0 (a series that stands still) is beaten by nothing that learnt dynamics: not worth a word
         if ours is not None and theirs is not None and np.isfinite(ours) and np.isfinite(theirs) \

@@ -19,6 +19,7 @@ prints these numbers beside every table so that no curve is read without them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -82,47 +83,81 @@ def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray | No
             "accuracy": float(hist[int(np.argmax(counts))] / n)}
 
 
+def symbol_pairs(trajectories: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) of every pair of consecutive symbols within a trajectory: the contexts and the symbols after them."""
+    kept = [np.asarray(t, dtype=np.int64).ravel() for t in trajectories if len(t) > 1]
+    if not kept:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate([t[:-1] for t in kept]), np.concatenate([t[1:] for t in kept])
+
+
+def pair_counts(trajectories: Sequence[np.ndarray], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct pairs of consecutive symbols of ``trajectories`` as sorted codes a·V + b, and how often each
+    occurs: what :class:`Bigram` needs of train, kept with a trained run (its ``data_units``, ``train_pairs``) so
+    that new data are scored against the same yardstick. Never a V x V table: memory grows with the data, not
+    with the square of the vocabulary."""
+    a, b = symbol_pairs(trajectories)
+    return np.unique(a * vocab_size + b, return_counts=True)
+
+
+#: the most pairs of consecutive training symbols a run keeps for the bigram yardstick of new data (a vocabulary of
+#: event ids could have millions: history.json and the MLflow run's data_units.json stay small)
+MAX_KEPT_PAIRS = 2 ** 20
+
+
+@dataclass
+class Bigram:
+    """The bigram predictor (module docstring) from the training symbol ``counts`` (V of them) and the training
+    pairs ``codes`` / ``code_counts`` (:func:`pair_counts`)."""
+    counts: np.ndarray
+    codes: np.ndarray
+    code_counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        V = len(self.counts)
+        counts = np.asarray(self.counts, dtype=np.float64)
+        self.codes = np.asarray(self.codes, dtype=np.int64)
+        self.code_counts = np.asarray(self.code_counts, dtype=np.float64)
+        self.unigram = (counts + 0.5) / (counts.sum() + 0.5 * V)
+        self.context_counts = np.bincount(self.codes // V, weights=self.code_counts, minlength=V)
+        # the most probable next symbol after each context: the unigram's most frequent one unless a symbol seen
+        # after it scores more (its count plus its unigram probability; an unseen one its unigram probability)
+        self.best = np.full(V, int(np.argmax(self.unigram)), dtype=np.int64)
+        if self.codes.size:
+            ca, cb = self.codes // V, self.codes % V
+            score = self.code_counts + self.unigram[cb]
+            order = np.lexsort((-score, ca))             # per context, the highest score first
+            top = order[np.r_[True, ca[order][1:] != ca[order][:-1]]]
+            better = score[top] > self.unigram.max()
+            self.best[ca[top][better]] = cb[top][better]
+
+    def scores(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair (context a, next symbol b): -log2 P(b | a), and whether b is the most probable symbol after a."""
+        V = len(self.counts)
+        seen = np.zeros(len(a))   # C(a, b) of each pair
+        if self.codes.size and len(a):
+            wanted = a * V + b
+            at = np.minimum(np.searchsorted(self.codes, wanted), self.codes.size - 1)
+            seen = np.where(self.codes[at] == wanted, self.code_counts[at], 0.0)
+        p = (seen + self.unigram[b]) / (self.context_counts[a] + 1.0)
+        return -np.log2(p), self.best[a] == b
+
+    def metrics(self, a: np.ndarray, b: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+        """``bpc`` and ``accuracy`` over the pairs (a, b), each counted ``weights`` times (default once); NaN for
+        none."""
+        w = np.ones(len(a)) if weights is None else np.asarray(weights, dtype=np.float64)
+        if not w.sum():
+            return {"bpc": float("nan"), "accuracy": float("nan")}
+        bits, hits = self.scores(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        return {"bpc": float((w * bits).sum() / w.sum()), "accuracy": float((w * hits).sum() / w.sum())}
+
+
 def bigram_metrics(counts: Sequence[int] | np.ndarray, train: Sequence[np.ndarray],
                    test: Sequence[np.ndarray]) -> dict[str, float]:
     """The bigram predictor (module docstring) on the one-step targets of ``test``: ``bpc``, and ``accuracy``, that
     of predicting the most probable next symbol. ``counts``: the training symbol counts (V of them); ``train`` and
-    ``test``: int symbol trajectories. Pairs are counted as sorted codes a·V + b, never a V x V table: memory
-    grows with the data, not with the square of the vocabulary. NaN for no target."""
-    V = len(counts)
-    counts = np.asarray(counts, dtype=np.float64)
-    unigram = (counts + 0.5) / (counts.sum() + 0.5 * V)
-
-    def pairs(trajectories: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        kept = [t for t in trajectories if len(t) > 1]
-        if not kept:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate([t[:-1] for t in kept]), np.concatenate([t[1:] for t in kept])
-
-    a, b = pairs(train)
-    codes, pair_counts = np.unique(a * V + b, return_counts=True)
-    context_counts = np.bincount(a, minlength=V).astype(np.float64)
-    ta, tb = pairs(test)
-    if not ta.size:
-        return {"bpc": float("nan"), "accuracy": float("nan")}
-    seen = np.zeros(ta.size)   # C(a, b) of each test pair
-    if codes.size:
-        wanted = ta * V + tb
-        at = np.minimum(np.searchsorted(codes, wanted), codes.size - 1)
-        seen = np.where(codes[at] == wanted, pair_counts[at], 0)
-    p = (seen + unigram[tb]) / (context_counts[ta] + 1.0)
-    # the most probable next symbol after each context: the unigram's most frequent one unless a symbol seen after
-    # it scores more (its count plus its unigram probability; an unseen one scores its unigram probability alone)
-    best = np.full(V, int(np.argmax(unigram)), dtype=np.int64)
-    best_score = np.full(V, float(unigram.max()))
-    if codes.size:
-        ca, cb = codes // V, codes % V
-        score = pair_counts + unigram[cb]
-        order = np.lexsort((-score, ca))             # per context, the highest score first
-        first = np.r_[True, ca[order][1:] != ca[order][:-1]]
-        top = order[first]
-        better = score[top] > best_score[ca[top]]
-        best[ca[top][better]] = cb[top][better]
-    return {"bpc": float(-np.log2(p).mean()), "accuracy": float((best[ta] == tb).mean())}
+    ``test``: int symbol trajectories. NaN for no target."""
+    return Bigram(np.asarray(counts), *pair_counts(train, len(counts))).metrics(*symbol_pairs(test))
 
 
 #: a 2SR-initialised model whose final metric is this much worse (relative) than its epoch-0 one is called out:

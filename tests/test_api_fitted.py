@@ -267,15 +267,20 @@ def test_strings_are_symbols(tmp_path, quiet):
     assert _same(fitted.predict(["the rat"]), pipeline.train.predict(fitted.model, indices))
     from pipeline.naive import naive_metrics
 
-    unigram = naive_metrics([np.searchsorted(vocab, list(t)) for t in train], indices, discrete=True,
-                            vocab_size=len(vocab))["unigram"]   # train's frequencies on the same steps
-    assert fitted.evaluate(["the rat"]) == {**pipeline.train.evaluate(fitted.model, indices),
-                                            "unigram_bpc": unigram["bpc"], "unigram_accuracy": unigram["accuracy"]}
+    naive = naive_metrics([np.searchsorted(vocab, list(t)) for t in train], indices, discrete=True,
+                          vocab_size=len(vocab))   # train's frequencies (and of each symbol's successor), same steps
+    unigram, bigram = naive["unigram"], naive["bigram"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # worse than a yardstick, or not: the numbers are the test
+        assert fitted.evaluate(["the rat"]) == {**pipeline.train.evaluate(fitted.model, indices),
+                                                "unigram_bpc": unigram["bpc"], "unigram_accuracy": unigram["accuracy"],
+                                                "bigram_bpc": bigram["bpc"], "bigram_accuracy": bigram["accuracy"]}
     (forecast,) = fitted.forecast(["the c"], 4)
     assert forecast.dtype.kind == "U" and len(forecast) == 4 and set(forecast) <= set(vocab)
     fitted.save(tmp_path / "m.pt")
     again = load_fitted(tmp_path / "m.pt")
     assert again.extras["vocab"] == vocab and list(again.forecast(["the c"], 4)[0]) == list(forecast)
+    assert again.extras["train_pairs"] == fitted.extras["train_pairs"]   # saved: the yardstick of a loaded model
 
     refused("trajectories[1]: symbol 'z' at step 2 is not in the model's vocabulary (' ', 'a', 'b', 'c', 'd', "
              "'e', 'h', 'm', 'n', 'o', ... (13 in all)); expected symbols seen when fitting (in train, valid or "

@@ -227,6 +227,45 @@ def test_a_discrete_run_with_its_training_counts_scores_the_unigram_yardstick(di
     assert "unigram_bpc" not in dataclasses.replace(with_counts, train_counts=None).evaluate(raw)
 
 
+def test_a_discrete_run_with_its_training_pairs_scores_the_bigram_yardstick(discrete_run, tmp_path):
+    """The report's stronger yardstick for symbols, the bigram, on new data too: a run that kept train's pairs of
+    consecutive symbols (refine keeps them in data_units) reports bigram_bpc and bigram_accuracy, pipeline.naive's
+    bigram on the same steps, from evaluate and from predict_file, whose blocks split the trajectories; pairs that
+    do not fit the vocabulary are ignored, and a run without them reports the unigram alone."""
+    from pipeline.naive import naive_metrics, pair_counts, unigram_counts
+    from pipeline.workflow.refine import units_to_keep
+
+    run, test = discrete_run
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=20, n_test=4, length=60, seed=0)
+    codes, counts = pair_counts(ds.train, 4)
+    units = {"kind": "discrete", "vocab": run.vocab, "train_counts": unigram_counts(ds.train, 4),
+             "train_pairs": {"codes": codes.tolist(), "counts": counts.tolist()}}
+    assert units_to_keep(ds)["train_pairs"] == units["train_pairs"]   # what refine keeps
+    with_pairs = TrainedRun.from_units(run.model, units, dataset="hmm", variant="psrnn", seed=0, epoch=1)
+    want = naive_metrics(ds.train, test, discrete=True, vocab_size=4)["bigram"]
+    raw = [[run.vocab[i] for i in t] for t in test]
+    scores = with_pairs.evaluate(raw)
+    assert (scores["bigram_bpc"], scores["bigram_accuracy"]) == pytest.approx((want["bpc"], want["accuracy"]),
+                                                                             rel=1e-12)
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "symbol": np.array(run.vocab)[np.concatenate(test)]})
+    for block_rows in (7, 65536):
+        summary = predict_file(with_pairs, src, tmp_path / "pred.parquet", block_rows=block_rows)
+        assert summary["metrics"]["bigram_bpc"] == pytest.approx(want["bpc"], rel=1e-12)
+        assert summary["metrics"]["bigram_accuracy"] == pytest.approx(want["accuracy"], rel=1e-12)
+    for bad in ({"codes": codes.tolist()[::-1], "counts": counts.tolist()}, {"codes": [16], "counts": [1]},
+                {"codes": codes.tolist(), "counts": counts.tolist()[:-1]}, "pairs", None):
+        odd = TrainedRun.from_units(run.model, {**units, "train_pairs": bad}, dataset="hmm", variant="psrnn", seed=0,
+                                    epoch=1)
+        assert odd.train_pairs is None and "bigram_bpc" not in odd.evaluate(raw) and "unigram_bpc" in scores
+    # predict's warning reads the better of the two yardsticks
+    from pipeline.inference import worse_than_naive
+
+    assert "than the training frequencies of each symbol's successor, the bigram (1.5)" in worse_than_naive(
+        {"bpc": 1.7, "unigram_bpc": 2.0, "bigram_bpc": 1.5})
+    assert worse_than_naive({"bpc": 1.4, "unigram_bpc": 2.0, "bigram_bpc": 1.5}) is None
+
+
 def test_a_custom_runs_symbol_column_is_the_default_for_new_files(discrete_run, tmp_path):
     """A custom discrete file with its symbols in column `event` gives runs that read new files' `event` column
     (psrnn predict / forecast without --symbol-column); an explicit column still wins."""

@@ -525,12 +525,22 @@ def test_a_run_marked_done_by_the_previous_fingerprint_is_kept(tmp_path, clean_e
     history = json.loads((mdir / "history.json").read_text())
     ds = load_prepared(root, "hmm")   # the units load_run reads, with train's symbol counts (the unigram yardstick)
     counts = np.bincount(np.concatenate(ds.train), minlength=len(ds.vocab)).tolist()
-    assert history["data_units"] == {**ds.units(), "train_counts": counts}
+    from pipeline.naive import pair_counts
+
+    codes, times = pair_counts(ds.train, len(ds.vocab))   # the bigram yardstick's
+    kept = {**ds.units(), "train_counts": counts, "train_pairs": {"codes": codes.tolist(), "counts": times.tolist()}}
+    assert history["data_units"] == kept
     del history["data_units"]   # and a run trained before runs kept their units gets them
     (mdir / "history.json").write_text(json.dumps(history))
     refine.refine(params, root, "hmm")
     assert _mtime(root, "psrnn", 0) == mtime and _runs(root) == runs
-    assert json.loads((mdir / "history.json").read_text())["data_units"] == {**ds.units(), "train_counts": counts}
+    assert json.loads((mdir / "history.json").read_text())["data_units"] == kept
+    # one trained before runs kept the pairs gets them too
+    history = json.loads((mdir / "history.json").read_text())
+    del history["data_units"]["train_pairs"]
+    (mdir / "history.json").write_text(json.dumps(history))
+    refine.refine(params, root, "hmm")
+    assert json.loads((mdir / "history.json").read_text())["data_units"] == kept
     assert (mdir / "done").read_text().strip() == refine.run_fingerprints(params, root, "hmm", "psrnn", 0)[0]
     assert (mdir / "tracked").read_text().strip() == refine.tracking_fingerprint(params, root)
     # markers of neither fingerprint are a run of another configuration: trained again

@@ -329,9 +329,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             retrain, ck = True, None
     if not retrain and done == fingerprint and history is not None:
         units = history.get("data_units")
-        if units is None or (units.get("kind") == "discrete" and "train_counts" not in units):
-            # trained before runs kept their units (or a discrete run's symbol counts); the data are the same
-            # (fingerprint)
+        if units is None or (units.get("kind") == "discrete" and not {"train_counts", "train_pairs"} <= set(units)):
+            # trained before runs kept their units (or a discrete run's symbol counts, or pairs); the data are the
+            # same (fingerprint)
             history["data_units"] = units_to_keep(load_prepared(root, dataset))
             write_json(history_file, history)
         _write_plot(root, dataset, variant_name, seed, history["history"])
@@ -640,12 +640,18 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
 def units_to_keep(ds: Any) -> dict[str, Any]:
     """What a trained run keeps of its data (history.json's ``data_units``, the MLflow run's data_units.json): the
     dataset's :meth:`~pipeline.data.schema.SequenceDataset.units` and, for symbols, ``train_counts``, how often
-    each occurs in train, so that predict and evaluate on new data report the unigram yardstick of the report."""
-    from pipeline.naive import unigram_counts
+    each occurs in train, and ``train_pairs``, its pairs of consecutive symbols (:func:`pipeline.naive.pair_counts`,
+    up to :data:`pipeline.naive.MAX_KEPT_PAIRS`), so that predict and evaluate on new data report the unigram
+    and bigram yardsticks of the report."""
+    from pipeline.naive import MAX_KEPT_PAIRS, pair_counts, unigram_counts
 
     units = ds.units()
     if ds.discrete:
         units["train_counts"] = unigram_counts(ds.train, len(ds.vocab))
+        codes, counts = pair_counts(ds.train, len(ds.vocab))
+        # the bigram's: null where there are too many to keep (new data then get the unigram alone)
+        units["train_pairs"] = ({"codes": codes.tolist(), "counts": counts.tolist()} if codes.size <= MAX_KEPT_PAIRS
+                                else None)
     return units
 
 
