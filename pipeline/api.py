@@ -711,14 +711,13 @@ def _train_counts(cfg: ModelConfig, train: Sequence[np.ndarray]) -> list[int] | 
 
 
 def _train_pairs(cfg: ModelConfig, train: Sequence[np.ndarray]) -> dict[str, list[int]] | None:
-    """Train's pairs of consecutive symbols (discrete models; :func:`pipeline.naive.pair_counts`): the bigram
-    yardstick of evaluate. None for features, or over :data:`pipeline.naive.MAX_KEPT_PAIRS`."""
+    """Train's pairs of consecutive symbols (discrete models; :func:`pipeline.naive.kept_pairs`): the bigram
+    yardstick of evaluate. None for features."""
     if not cfg.discrete:
         return None
-    from pipeline.naive import MAX_KEPT_PAIRS, pair_counts
+    from pipeline.naive import kept_pairs
 
-    codes, counts = pair_counts(train, cfg.input_dim)
-    return {"codes": codes.tolist(), "counts": counts.tolist()} if codes.size <= MAX_KEPT_PAIRS else None
+    return kept_pairs(train, cfg.input_dim)
 
 
 def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] | None) -> None:
@@ -1212,12 +1211,8 @@ class FittedModel:
         inputs = self._inputs(trajectories)
         check_scorable("trajectories", inputs)   # no step to score would give NaN metrics
         if self.model.config.discrete:
-            from pipeline.naive import symbol_pairs
-
             metrics = evaluate(self.model, inputs)
-            run = self._run()
-            metrics.update(run._unigram(np.concatenate([t[1:] for t in inputs])))
-            metrics.update(run._bigram(*symbol_pairs(inputs)))
+            metrics.update(self._run()._symbol_yardsticks(inputs))
             warn_if_worse_than_naive(metrics)
             return metrics
         self._warn_far(inputs)

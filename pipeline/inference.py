@@ -407,11 +407,8 @@ class TrainedRun:
                 from None
         self.model.to(resolve_device(device, "device="))
         if self.discrete:   # the metrics alone: no steps x vocabulary outputs kept
-            from pipeline.naive import symbol_pairs
-
             metrics = evaluate(self.model, encoded)
-            metrics.update(self._unigram(np.concatenate([e[1:] for e in encoded])))
-            metrics.update(self._bigram(*symbol_pairs(encoded)))
+            metrics.update(self._symbol_yardsticks(encoded))
             warn_if_worse_than_naive(metrics)
             return metrics
         warn_far_from_training(encoded, self.features)
@@ -433,6 +430,13 @@ class TrainedRun:
 
         scores = unigram_metrics(self.train_counts, targets, target_counts=target_counts)
         return {f"unigram_{k}": v for k, v in scores.items()}
+
+    def _symbol_yardsticks(self, encoded: Sequence[np.ndarray]) -> dict[str, float]:
+        """:meth:`_unigram` and :meth:`_bigram` on the one-step targets of the vocabulary-index trajectories
+        ``encoded``: what an ``evaluate`` of symbols reports beside its BPC."""
+        from pipeline.naive import symbol_pairs
+
+        return {**self._unigram(np.concatenate([e[1:] for e in encoded])), **self._bigram(*symbol_pairs(encoded))}
 
     def _bigram(self, a: np.ndarray, b: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
         """``bigram_bpc`` and ``bigram_accuracy`` on the pairs (context a, next symbol b), each counted ``weights``
@@ -1113,11 +1117,12 @@ def _check_standardised(run: TrainedRun, input_path: Path, rows: Any) -> None:
                          f"{trajectory!r}); expected values of a representable spread")
 
 
-def _feature_columns(run: TrainedRun, predicted: np.ndarray) -> dict[str, Any]:
-    """``predicted_<feature>``: one column per feature of (rows, m) predictions in data units."""
+def _feature_columns(run: TrainedRun, values: np.ndarray, prefix: str = "predicted_") -> dict[str, Any]:
+    """``<prefix><feature>``: one column per feature of (rows, m) values in data units (predictions, or with
+    ``prefix="observed_"`` the held-out observations of a scored forecast)."""
     import pyarrow as pa
 
-    return {f"predicted_{name}": pa.array(predicted[:, j]) for j, name in enumerate(run.features)}
+    return {f"{prefix}{name}": pa.array(values[:, j]) for j, name in enumerate(run.features)}
 
 
 def _probability_lists(probs: np.ndarray) -> Any:
@@ -1283,7 +1288,9 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         steps = np.concatenate([data.steps[k][start:start + len(o)] for k, start, o in pieces]).astype(np.int64)
         # the next observation of every row, and whether there is one (not on a trajectory's last row)
         target = np.zeros((n, *encoded[0].shape[1:]), dtype=encoded[0].dtype)
-        current = None if run.discrete else np.concatenate([encoded[k][start:start + len(o)] for k, start, o in pieces])
+        # the observation each row has read: the last value's yardstick, and the bigram's context
+        current = (np.concatenate([encoded[k][start:start + len(o)] for k, start, o in pieces])
+                   if not run.discrete or run.train_pairs is not None else None)
         scored = np.zeros(n, dtype=bool)
         next_steps = np.zeros(n, dtype=np.int64)
         row = 0
@@ -1304,9 +1311,8 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
             bits_sum += float(bits[scored].sum())
             correct += int((best == t)[mask].sum())
             target_counts[:] += np.bincount(target[scored], minlength=len(run.vocab))   # in place: no rebinding
-            if run.train_pairs is not None:
-                symbols_read = np.concatenate([encoded[k][start:start + len(o)] for k, start, o in pieces])
-                codes, times = np.unique(symbols_read[scored] * len(run.vocab) + target[scored], return_counts=True)
+            if current is not None:
+                codes, times = np.unique(current[scored] * len(run.vocab) + target[scored], return_counts=True)
                 for code, n in zip(codes.tolist(), times.tolist()):
                     scored_pairs[code] = scored_pairs.get(code, 0) + n
             columns += [symbols.take(pa.array(best.numpy())), pa.array(logp[rows, best].exp().numpy()),
@@ -1361,7 +1367,8 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
 
 def checked_pairs(pairs: Any, vocab_size: int) -> dict[str, list[int]] | None:
     """A run's kept ``train_pairs`` if well formed (sorted distinct codes below V², positive counts), else None:
-    runs trained before they were kept, or over :data:`pipeline.naive.MAX_KEPT_PAIRS`, have none, and new data get no bigram."""
+    runs trained before they were kept, or over :data:`pipeline.naive.MAX_KEPT_PAIRS`, have none, and new data get
+    no bigram."""
     if not isinstance(pairs, dict):
         return None
     codes, counts = pairs.get("codes"), pairs.get("counts")
@@ -1444,12 +1451,7 @@ def _hold_out(data: _Input, steps: int, input_path: Path) -> tuple[_Input, list[
     kept = replace(data, ids=data.ids[keep], steps=[data.steps[k][:-steps] for k in keep],
                    encoded=[data.encoded[k][:-steps] for k in keep])
     short = sorted(set(range(len(data.encoded))) - set(keep))
-    return kept, held, [_py_value(data.ids[k]) for k in short]
-
-
-def _py_value(value: Any) -> Any:
-    """A trajectory id as a plain Python value, for the summary (JSON metadata)."""
-    return value.item() if isinstance(value, np.generic) else value
+    return kept, held, [_plain_id(data.ids[k]) for k in short]
 
 
 def _forecast_scores(run: TrainedRun, context: list[np.ndarray], forecasts: list[np.ndarray],
@@ -1619,8 +1621,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     else:
         columns.update(_feature_columns(run, np.concatenate([values for values, _ in result])))
         if held is not None:
-            observed = np.concatenate([run.decode(h) for h, _ in held])
-            columns.update({f"observed_{name}": pa.array(observed[:, j]) for j, name in enumerate(run.features)})
+            columns.update(_feature_columns(run, np.concatenate([run.decode(h) for h, _ in held]), "observed_"))
     summary = {"trajectories": len(result), "steps": int(steps), "rows": int(steps * len(result)),
                "dropped": data.dropped, "emptied": data.emptied, "sample": bool(sample), "seed": int(seed)}
     if held is not None:

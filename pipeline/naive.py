@@ -49,9 +49,7 @@ def naive_metrics(train: Sequence[np.ndarray], test: Sequence[np.ndarray], *, di
             if bad.any():   # bincount would grow past V, or an index wrap round: a wrong number, silently
                 raise ValueError(f"{name}: symbol {int(s[bad][0])}; expected symbols 0 … {V - 1}")
         counts = np.bincount(syms, minlength=V)
-        return {"unigram": unigram_metrics(counts, targets),
-                "bigram": bigram_metrics(counts, [np.asarray(t, dtype=np.int64).ravel() for t in train],
-                                         [np.asarray(t, dtype=np.int64).ravel() for t in test])}
+        return {"unigram": unigram_metrics(counts, targets), "bigram": bigram_metrics(counts, train, test)}
 
     mean = np.concatenate([_rows(t) for t in train]).mean(axis=0)
     return {"last_value": {"mse": last_value_mse(test)},
@@ -63,6 +61,13 @@ def unigram_counts(train: Sequence[np.ndarray], vocab_size: int) -> list[int]:
     with a trained run (its ``data_units``) so that new data are scored against the same yardstick."""
     syms = [np.asarray(t, dtype=np.int64).ravel() for t in train]
     return np.bincount(np.concatenate(syms) if syms else np.zeros(0, np.int64), minlength=vocab_size).tolist()
+
+
+def unigram_probabilities(counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The unigram's distribution: the training ``counts`` with add-½ smoothing (a symbol never seen in training
+    gets a finite cost)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    return (counts + 0.5) / (counts.sum() + 0.5 * len(counts))
 
 
 def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray | None = None, *,
@@ -78,7 +83,7 @@ def unigram_metrics(counts: Sequence[int] | np.ndarray, targets: np.ndarray | No
     n = hist.sum()
     if n == 0:
         return {"bpc": float("nan"), "accuracy": float("nan")}
-    p = (counts + 0.5) / (counts.sum() + 0.5 * len(counts))
+    p = unigram_probabilities(counts)
     return {"bpc": float((hist * -np.log2(p[:len(hist)])).sum() / n),
             "accuracy": float(hist[int(np.argmax(counts))] / n)}
 
@@ -105,6 +110,13 @@ def pair_counts(trajectories: Sequence[np.ndarray], vocab_size: int) -> tuple[np
 MAX_KEPT_PAIRS = 2 ** 20
 
 
+def kept_pairs(train: Sequence[np.ndarray], vocab_size: int) -> dict[str, list[int]] | None:
+    """What a trained run (refine's ``data_units``) or a fitted model (its ``extras``) keeps of train for the
+    bigram: ``{"codes": [...], "counts": [...]}`` of :func:`pair_counts`, or None over :data:`MAX_KEPT_PAIRS`."""
+    codes, counts = pair_counts(train, vocab_size)
+    return {"codes": codes.tolist(), "counts": counts.tolist()} if codes.size <= MAX_KEPT_PAIRS else None
+
+
 @dataclass
 class Bigram:
     """The bigram predictor (module docstring) from the training symbol ``counts`` (V of them) and the training
@@ -115,10 +127,9 @@ class Bigram:
 
     def __post_init__(self) -> None:
         V = len(self.counts)
-        counts = np.asarray(self.counts, dtype=np.float64)
         self.codes = np.asarray(self.codes, dtype=np.int64)
         self.code_counts = np.asarray(self.code_counts, dtype=np.float64)
-        self.unigram = (counts + 0.5) / (counts.sum() + 0.5 * V)
+        self.unigram = unigram_probabilities(self.counts)
         self.context_counts = np.bincount(self.codes // V, weights=self.code_counts, minlength=V)
         # the most probable next symbol after each context: the unigram's most frequent one unless a symbol seen
         # after it scores more (its count plus its unigram probability; an unseen one its unigram probability)

@@ -197,6 +197,17 @@ def test_discrete_predictions_bits_and_symbol_types(discrete_run, tmp_path):
     assert csv.column("next_bits").null_count == len(test)
 
 
+def _symbol_yardstick_case(discrete_run, tmp_path):
+    """What the yardstick tests of a discrete run share: the training split the run's counts and pairs come from
+    (the fixture's HMM data), its test trajectories as symbols, and the same as an input file for predict_file."""
+    run, test = discrete_run
+    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=20, n_test=4, length=60, seed=0)
+    raw = [[run.vocab[i] for i in t] for t in test]
+    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
+    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "symbol": np.array(run.vocab)[np.concatenate(test)]})
+    return run, test, ds, raw, src
+
+
 def test_a_discrete_run_with_its_training_counts_scores_the_unigram_yardstick(discrete_run, tmp_path):
     """As evaluate of a continuous run reports last_value_mse: a run that kept train's symbol counts (refine keeps
     them in data_units) reports unigram_bpc and unigram_accuracy, pipeline.naive's unigram on the same steps, from
@@ -205,19 +216,15 @@ def test_a_discrete_run_with_its_training_counts_scores_the_unigram_yardstick(di
 
     from pipeline.naive import naive_metrics, unigram_counts
 
-    run, test = discrete_run
-    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=20, n_test=4, length=60, seed=0)
+    run, test, ds, raw, src = _symbol_yardstick_case(discrete_run, tmp_path)
     counts = unigram_counts(ds.train, 4)
     units = {"kind": "discrete", "vocab": run.vocab, "train_counts": counts}
     with_counts = TrainedRun.from_units(run.model, units, dataset="hmm", variant="psrnn", seed=0, epoch=1)
     assert with_counts.train_counts == counts and sum(counts) == sum(len(t) for t in ds.train)
     want = naive_metrics(ds.train, test, discrete=True, vocab_size=4)["unigram"]
-    raw = [[run.vocab[i] for i in t] for t in test]
     scores = with_counts.evaluate(raw)
     assert (scores["unigram_bpc"], scores["unigram_accuracy"]) == pytest.approx((want["bpc"], want["accuracy"]),
                                                                                rel=1e-12)
-    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
-    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "symbol": np.array(run.vocab)[np.concatenate(test)]})
     summary = predict_file(with_counts, src, tmp_path / "pred.parquet", block_rows=7)
     assert summary["metrics"]["unigram_bpc"] == pytest.approx(want["bpc"], rel=1e-12)
     assert summary["metrics"]["unigram_accuracy"] == pytest.approx(want["accuracy"], rel=1e-12)
@@ -235,20 +242,16 @@ def test_a_discrete_run_with_its_training_pairs_scores_the_bigram_yardstick(disc
     from pipeline.naive import naive_metrics, pair_counts, unigram_counts
     from pipeline.workflow.refine import units_to_keep
 
-    run, test = discrete_run
-    ds, _ = make_hmm_dataset(n_states=3, n_symbols=4, n_train=20, n_test=4, length=60, seed=0)
+    run, test, ds, raw, src = _symbol_yardstick_case(discrete_run, tmp_path)
     codes, counts = pair_counts(ds.train, 4)
     units = {"kind": "discrete", "vocab": run.vocab, "train_counts": unigram_counts(ds.train, 4),
              "train_pairs": {"codes": codes.tolist(), "counts": counts.tolist()}}
     assert units_to_keep(ds)["train_pairs"] == units["train_pairs"]   # what refine keeps
     with_pairs = TrainedRun.from_units(run.model, units, dataset="hmm", variant="psrnn", seed=0, epoch=1)
     want = naive_metrics(ds.train, test, discrete=True, vocab_size=4)["bigram"]
-    raw = [[run.vocab[i] for i in t] for t in test]
     scores = with_pairs.evaluate(raw)
     assert (scores["bigram_bpc"], scores["bigram_accuracy"]) == pytest.approx((want["bpc"], want["accuracy"]),
                                                                              rel=1e-12)
-    ids = np.concatenate([np.full(len(t), i) for i, t in enumerate(test)])
-    src = _write(tmp_path / "in.parquet", {"trajectory": ids, "symbol": np.array(run.vocab)[np.concatenate(test)]})
     for block_rows in (7, 65536):
         summary = predict_file(with_pairs, src, tmp_path / "pred.parquet", block_rows=block_rows)
         assert summary["metrics"]["bigram_bpc"] == pytest.approx(want["bpc"], rel=1e-12)
@@ -257,7 +260,8 @@ def test_a_discrete_run_with_its_training_pairs_scores_the_bigram_yardstick(disc
                 {"codes": codes.tolist(), "counts": counts.tolist()[:-1]}, "pairs", None):
         odd = TrainedRun.from_units(run.model, {**units, "train_pairs": bad}, dataset="hmm", variant="psrnn", seed=0,
                                     epoch=1)
-        assert odd.train_pairs is None and "bigram_bpc" not in odd.evaluate(raw) and "unigram_bpc" in scores
+        odd_scores = odd.evaluate(raw)
+        assert odd.train_pairs is None and "bigram_bpc" not in odd_scores and "unigram_bpc" in odd_scores
     # predict's warning reads the better of the two yardsticks
     from pipeline.inference import worse_than_naive
 

@@ -640,18 +640,16 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
 def units_to_keep(ds: Any) -> dict[str, Any]:
     """What a trained run keeps of its data (history.json's ``data_units``, the MLflow run's data_units.json): the
     dataset's :meth:`~pipeline.data.schema.SequenceDataset.units` and, for symbols, ``train_counts``, how often
-    each occurs in train, and ``train_pairs``, its pairs of consecutive symbols (:func:`pipeline.naive.pair_counts`,
+    each occurs in train, and ``train_pairs``, its pairs of consecutive symbols (:func:`pipeline.naive.kept_pairs`,
     up to :data:`pipeline.naive.MAX_KEPT_PAIRS`), so that predict and evaluate on new data report the unigram
     and bigram yardsticks of the report."""
-    from pipeline.naive import MAX_KEPT_PAIRS, pair_counts, unigram_counts
+    from pipeline.naive import kept_pairs, unigram_counts
 
     units = ds.units()
     if ds.discrete:
         units["train_counts"] = unigram_counts(ds.train, len(ds.vocab))
-        codes, counts = pair_counts(ds.train, len(ds.vocab))
         # the bigram's: null where there are too many to keep (new data then get the unigram alone)
-        units["train_pairs"] = ({"codes": codes.tolist(), "counts": counts.tolist()} if codes.size <= MAX_KEPT_PAIRS
-                                else None)
+        units["train_pairs"] = kept_pairs(ds.train, len(ds.vocab))
     return units
 
 
