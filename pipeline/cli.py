@@ -211,6 +211,19 @@ class _LogFormatter(logging.Formatter):
         return f"psrnn {self.stage}: {record.levelname.lower()}: {text}"
 
 
+#: the commands that write no file (a stop leaves nothing to say about files)
+_READ_ONLY_COMMANDS = ("compare", "runs", "check", "check_params", "custom-stage")
+
+
+def _stop_note(stage: str) -> str:
+    """What a Ctrl-C or SIGTERM left: nothing half-written (every artifact is renamed into place), and where
+    refine picks up again."""
+    if stage in _READ_ONLY_COMMANDS:
+        return ""
+    return "; no half-written file is left" + (" (refine resumes from its last checkpoint)" if stage == "refine"
+                                                else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug and -v count anywhere, also after the stage name (the stage scripts put the stage name first)
@@ -317,14 +330,10 @@ def _run(args: argparse.Namespace, root: Path, params_path: Path) -> int:
         _trace_imports(args.stage, validation)
         return status
     except KeyboardInterrupt:
-        resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
-        written = "" if args.stage in ("compare", "runs", "check", "check_params", "custom-stage") else \
-            f"; no half-written file is left{resume}"
-        print(f"psrnn {args.stage}: interrupted (Ctrl-C){written}", file=sys.stderr)
+        print(f"psrnn {args.stage}: interrupted (Ctrl-C){_stop_note(args.stage)}", file=sys.stderr)
         return 130
     except Terminated:
-        resume = " (refine resumes from its last checkpoint)" if args.stage == "refine" else ""
-        print(f"psrnn {args.stage}: terminated (SIGTERM); no half-written file is left{resume}", file=sys.stderr)
+        print(f"psrnn {args.stage}: terminated (SIGTERM){_stop_note(args.stage)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except Exception as exc:  # one clear line, not a traceback, for every expected failure
         if isinstance(exc, BrokenPipeError) and not _debug(args) and _stdout_reader_gone():

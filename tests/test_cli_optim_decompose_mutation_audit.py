@@ -152,6 +152,18 @@ def test_cli_ctrl_c_is_exit_status_130(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == "psrnn evaluate: interrupted (Ctrl-C); no half-written file is left\n"
 
 
+def test_cli_sigterm_on_a_command_that_writes_nothing_says_nothing_of_files(tmp_path, monkeypatch, capsys):
+    import signal
+
+    from pipeline import cli, compare
+
+    def terminated(*args, **kwargs):
+        raise cli.Terminated
+    monkeypatch.setattr(compare, "resolve_summary", terminated)
+    assert cli.main(["--root", str(tmp_path), "compare"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "psrnn compare: terminated (SIGTERM)\n"
+
+
 @pytest.mark.parametrize("value", ["0", "false", "No", " "])
 def test_cli_psrnn_debug_off_values_keep_the_one_line_error(tmp_path, monkeypatch, capsys, value):
     from pipeline import cli
