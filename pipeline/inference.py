@@ -1280,7 +1280,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
         nonlocal sq_data_units, n_data_units, sq_last, bits_sum, correct
         # checked before a row is written: the output file is only renamed into place once all are
         check_finite_outputs([o for _, _, o in pieces], [encoded[k][start:start + len(o)] for k, start, o in pieces],
-                             lambda j: f"{input_path}: trajectory {brief(data.ids[pieces[j][0]])}",
+                             lambda j: f"{input_path}: trajectory {brief(_plain_id(data.ids[pieces[j][0]]))}",
                              row=lambda j, t: f"step {data.steps[pieces[j][0]][pieces[j][1] + t]}")
         out = np.concatenate([o for _, _, o in pieces])
         n = len(out)
@@ -1596,7 +1596,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     else:
         spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device,
-                                  name=lambda k: f"{input_path}: trajectory {brief(data.ids[k])}",
+                                  name=lambda k: f"{input_path}: trajectory {brief(_plain_id(data.ids[k]))}",
                                   distributions=probabilities)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {

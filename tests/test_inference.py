@@ -1498,6 +1498,21 @@ def test_inputs_that_overflow_the_float32_arithmetic_are_refused_not_predicted_n
         fitted.forecast([z], 3)
 
 
+@pytest.mark.filterwarnings("ignore:trajectories. feature 'a' reaches")
+def test_a_refused_output_names_an_integer_trajectory_id_as_the_file_writes_it(continuous_run, tmp_path):
+    """predict_file and forecast_file named the trajectory of a non-finite output by the repr of the numpy id,
+    'trajectory np.int64(7)', where every other message (and the output's column) says 7."""
+    run, test = continuous_run
+    far = test[0] * run.std + run.mean
+    far[:, 0] = (test[0][:, 0] * 1.5e38) * run.std[0] + run.mean[0]   # overflows the RFF encoder: NaN outputs
+    src = _write(tmp_path / "far.parquet", {"trajectory": np.full(len(far), 7, dtype=np.int64),
+                                            "a": far[:, 0], "b": far[:, 1]})
+    with pytest.raises(ValueError, match=r"far\.parquet: trajectory 7: the model's prediction is not finite"):
+        predict_file(run, src, tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match=r"far\.parquet: trajectory 7: the model's forecast is not finite"):
+        forecast_file(run, src, tmp_path / "f.parquet", steps=2)
+
+
 def test_a_reserved_column_named_as_the_symbol_column_is_refused_naming_the_file_and_the_flag(discrete_run,
                                                                                               tmp_path):
     run, test = discrete_run
