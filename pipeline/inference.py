@@ -516,11 +516,13 @@ class TrainedRun:
             out, state = _final_states(self.model, encoded, dev)   # (B, output_dim): the forecast of h = 1
             # then all trajectories side by side, one step at a time
             values, probs = [], []
+            finite = []   # discrete: whether each trajectory's logits of each step are finite
             # a bar on a terminal: a long horizon runs one model step at a time (a million steps: minutes)
             horizons = range(steps) if steps < 10_000 else progress(range(steps), desc="forecast", unit="step")
             for h in horizons:
                 o = out.double().cpu().numpy()
                 if self.discrete:
+                    finite.append(np.isfinite(o).all(axis=1))
                     p = self.decode(o)
                     nxt = _draw(p, uniforms[:, h]) if sample else p.argmax(axis=1)
                     probs.append(p if distributions else p[np.arange(len(nxt)), nxt])
@@ -534,6 +536,10 @@ class TrainedRun:
         self.model.train(was_training)
         by_step = np.stack(values, axis=1)                # (B, steps) indices or (B, steps, m) values
         if self.discrete:
+            # logits that are not finite (weights or state overflowed) make NaN distributions, whose argmax is
+            # symbol 0: fed back and written as a forecast of probability NaN; refused as predict refuses them
+            check_finite_outputs(np.where(np.stack(finite, axis=1), 0.0, np.nan), encoded, name or _indexed, units,
+                                 what="forecast")
             return list(zip(by_step, np.stack(probs, axis=1)))
         check_finite_outputs(by_step, encoded, name or _indexed, units, what="forecast")
         return [(v, None) for v in by_step]

@@ -1545,6 +1545,37 @@ def test_a_diverging_forecast_is_named_as_the_models_not_blamed_on_ordinary_inpu
     assert steps == horizon - 1 and np.isfinite(np.stack(fitted.forecast(test[:1], steps))).all()
 
 
+def test_a_discrete_forecast_of_logits_that_are_not_finite_is_refused_not_symbol_0(discrete_run, tmp_path):
+    """A discrete model whose weights are not finite gives NaN logits; predict refused them, but a forecast took
+    the argmax of NaN distributions, symbol 0, fed it back and wrote it with probability NaN (and --score scored
+    it). Every forecast path now refuses it as a continuous forecast's is, naming the trajectory, leaving no
+    output."""
+    import copy
+
+    import torch
+
+    run, test = discrete_run
+    broken = dataclasses.replace(run, model=copy.deepcopy(run.model))
+    with torch.no_grad():
+        next(broken.model.parameters()).fill_(float("nan"))
+    symbols = [np.array(run.vocab)[t] for t in test]
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: the model's prediction is not finite at row 0"):
+        broken.predict(symbols[:1])
+    said = r"the model's forecast is not finite at horizon 1, from inputs of ordinary size"
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: " + said):
+        broken.forecast(symbols[:2], 3)
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: " + said):
+        broken.forecast(symbols[:1], 3, sample=True)
+    n = [len(t) for t in symbols]
+    src = _write(tmp_path / "in.parquet", {"trajectory": np.repeat(np.arange(len(n)), n),
+                                           "symbol": np.concatenate(symbols)})
+    for score in (False, True):
+        with pytest.raises(ValueError, match=r"in\.parquet: trajectory 0: " + said):
+            forecast_file(broken, src, tmp_path / "f.parquet", steps=3, score=score)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+    assert all(np.isfinite(p).all() for _, p in run.forecast(symbols, 3))   # the fixture's own run is untouched
+
+
 def test_inputs_far_outside_the_training_data_are_used_but_said(continuous_run, tmp_path, capsys):
     """A feature in other units (x 100, some hundred training standard deviations out) gives predictions all the
     same, which are extrapolations: TrainedRun warns naming the feature, predict_file records it in its summary
