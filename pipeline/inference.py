@@ -67,6 +67,21 @@ def check_unknown(unknown: Any, option: str = "unknown=") -> None:
         raise ValueError(f"{option_value(option, unknown)}: expected one of {UNKNOWN_RULES}")
 
 
+def check_discrete_options(discrete: bool, *, symbol_column: Any = None, unknown: Any = "error",
+                           probabilities: Any = False) -> None:
+    """The file functions' options that only a discrete run reads (its symbol column, the rule for unknown symbols,
+    the whole distributions), refused when given, not at their defaults, for a continuous run: ignoring them would
+    write a file without what was asked for (the CLI refuses the same flags)."""
+    if discrete:
+        return
+    given = [option_value(name, value) for name, value, default in (
+        ("symbol_column=", symbol_column, None), ("unknown=", unknown, "error"), ("probabilities=", probabilities, False))
+        if value != default]
+    if given:
+        raise ValueError(f"{given[0]}: applies to discrete runs only, and this one is continuous; expected the "
+                         "default (leave it out)")
+
+
 def check_block_rows(block_rows: Any, option: str = "block_rows=") -> None:
     """Rows per block of :func:`predict_file`: a positive integer up to :data:`MAX_BLOCK_ROWS`."""
     if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or \
@@ -486,14 +501,17 @@ class TrainedRun:
 
     def forecast_encoded(self, encoded: Sequence[np.ndarray], steps: int, *, sample: bool, seed: int, device: str,
                          name: Any = None, units: str = "standard deviations from the training mean",
-                         distributions: bool = True) -> list[tuple[np.ndarray, np.ndarray | None]]:
+                         distributions: bool = True, streams: Sequence[int] | None = None
+                         ) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """:meth:`forecast` of trajectories already in model units (vocabulary indices, standardised features);
         discrete values are vocabulary indices. With ``distributions=False`` a discrete trajectory's second
         element is the probability of each symbol fed back (steps,), not the whole distributions (steps, V): a
         caller that keeps no more does not hold steps x V floats per trajectory (5000 symbols, 20000 steps: 0.8
         GB). They are checked (:func:`pipeline.api.model_inputs`): a float
         symbol is not truncated, NaN is not fed to the model, a wrong width is named; so are forecasts that are not
-        finite (:func:`check_finite_outputs`; ``name(k)`` names trajectory k, default ``trajectories[k]``)."""
+        finite (:func:`check_finite_outputs`; ``name(k)`` names trajectory k, default ``trajectories[k]``).
+        ``streams``: the random stream of each trajectory with ``sample`` (default: its index in ``encoded``), so
+        that a caller that left some trajectories out keeps the draws of the others."""
         import torch
 
         from pipeline.api import model_inputs
@@ -509,7 +527,8 @@ class TrainedRun:
         self.model.to(dev)
         # one stream per trajectory, by its index: one stream drawn across the batch made a trajectory's samples
         # depend on which other trajectories were in the call
-        uniforms = _stream_uniforms(seed, len(encoded), steps) if sample else None
+        uniforms = _stream_uniforms(seed, range(len(encoded)) if streams is None else streams, steps) \
+            if sample else None
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
@@ -717,13 +736,13 @@ def _final_states(model: Any, encoded: Sequence[np.ndarray], device: Any) -> tup
     return torch.stack(last), tuple(torch.cat(parts, dim=0) for parts in zip(*states))
 
 
-def _stream_uniforms(seed: int, n: int, steps: int) -> np.ndarray:
-    """(n, steps) uniforms in [0, 1): row i from trajectory i's own generator, ``SeedSequence(seed).spawn(n)[i]``,
-    that is ``SeedSequence(seed, spawn_key=(i,))``: the seed and the index alone, whatever ``n`` is. Drawn up front:
-    one call per trajectory, not one per trajectory and step; no larger than the (n, steps, V) distributions a
-    sampled forecast returns."""
-    children = np.random.SeedSequence(seed).spawn(n)
-    return np.stack([np.random.default_rng(child).random(steps) for child in children])
+def _stream_uniforms(seed: int, streams: Sequence[int], steps: int) -> np.ndarray:
+    """(n, steps) uniforms in [0, 1): row k from stream i = ``streams[k]``'s own generator,
+    ``SeedSequence(seed, spawn_key=(i,))`` (= ``SeedSequence(seed).spawn(n)[i]``): the seed and the stream alone,
+    whatever the other rows are. Drawn up front: one call per trajectory, not one per trajectory and step; no larger
+    than the (n, steps, V) distributions a sampled forecast returns."""
+    return np.stack([np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(int(i),))).random(steps)
+                     for i in streams])
 
 
 def _draw(p: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -1055,6 +1074,8 @@ class _Input:
     encoded: list[np.ndarray]  # per kept trajectory: the observations in model units
     dropped: int               # rows of unknown symbols left out
     emptied: list[Any] = field(default_factory=list)   # ids of trajectories left out whole: every symbol unknown
+    # per kept trajectory: its position among the file's trajectories in id order (a sampled forecast's stream)
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_column: str | None, unknown: str
@@ -1099,8 +1120,9 @@ def _read_input(run: TrainedRun, input_path: Path, output_path: Path, *, symbol_
         steps_out.append(rows.steps[g] if rows.steps is not None else position)
     if not encoded:
         raise ValueError(f"{input_path}: no observation is left after dropping unknown symbols")
-    return _Input(rows=rows, ids=rows.ids[np.asarray(ids_out, dtype=np.int64)], steps=steps_out, encoded=encoded,
-                  dropped=dropped, emptied=emptied)
+    positions = np.asarray(ids_out, dtype=np.int64)
+    return _Input(rows=rows, ids=rows.ids[positions], steps=steps_out, encoded=encoded, dropped=dropped,
+                  emptied=emptied, positions=positions)
 
 
 def _plain_id(value: Any) -> Any:
@@ -1252,6 +1274,7 @@ def predict_file(run: TrainedRun, input_path: str | Path, output_path: str | Pat
     check_unknown(unknown)
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_path(output_path, getattr(run, "root", None))
+    check_discrete_options(run.discrete, symbol_column=symbol_column, unknown=unknown, probabilities=probabilities)
     _check_csv_probabilities(output_path, run, probabilities)   # before the input is read
     block_rows = min(block_rows, rows_within_budget(run.model))
     dev = resolve_device(device, "device=")
@@ -1455,7 +1478,7 @@ def _hold_out(data: _Input, steps: int, input_path: Path) -> tuple[_Input, list[
                          f"{longest}{after}; expected {fix}")
     held = [(data.encoded[k][-steps:], np.asarray(data.steps[k][-steps:], dtype=np.int64)) for k in keep]
     kept = replace(data, ids=data.ids[keep], steps=[data.steps[k][:-steps] for k in keep],
-                   encoded=[data.encoded[k][:-steps] for k in keep])
+                   encoded=[data.encoded[k][:-steps] for k in keep], positions=data.positions[keep])
     short = sorted(set(range(len(data.encoded))) - set(keep))
     return kept, held, [_plain_id(data.ids[k]) for k in short]
 
@@ -1593,6 +1616,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
     check_sample(sample, run.discrete)
     check_unknown(unknown)
     check_output_path(output_path, getattr(run, "root", None))
+    check_discrete_options(run.discrete, symbol_column=symbol_column, unknown=unknown, probabilities=probabilities)
     _check_csv_probabilities(output_path, run, probabilities)   # before the input is read
     resolve_device(device, "device=")
     data = _read_input(run, input_path, output_path, symbol_column=symbol_column, unknown=unknown)
@@ -1603,7 +1627,7 @@ def forecast_file(run: TrainedRun, input_path: str | Path, output_path: str | Pa
         spacings, single, fallback = _check_forecast_steps(input_path, data, steps)
     result = run.forecast_encoded(data.encoded, steps, sample=sample, seed=seed, device=device,
                                   name=lambda k: f"{input_path}: trajectory {brief(_plain_id(data.ids[k]))}",
-                                  distributions=probabilities)
+                                  distributions=probabilities, streams=data.positions)
     horizon = np.arange(1, steps + 1, dtype=np.int64)
     columns: dict[str, Any] = {
         "trajectory": _arrow_values(np.repeat(data.ids, steps)),

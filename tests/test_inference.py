@@ -1621,3 +1621,57 @@ def test_a_damaged_checkpoint_of_a_finished_run_names_the_refine_that_trains_it_
         load_finished(path, "hmm", "psrnn", 1)
     assert str(err.value) == (f"{path}: not a readable checkpoint; refine trains the run again (psrnn refine hmm "
                               "psrnn 1)")
+
+
+def test_the_file_functions_refuse_discrete_options_for_a_continuous_run(continuous_run, tmp_path):
+    """predict_file(probabilities=True) on a continuous run wrote a file without probabilities, and symbol_column
+    and unknown='drop' were ignored, where psrnn predict and forecast refuse --probabilities, --symbol-column and
+    --unknown; their defaults (also given explicitly) pass."""
+    from pipeline.inference import forecast_file, predict_file
+
+    crun, _ = continuous_run
+    src = _write(tmp_path / "in.parquet", {"trajectory": [0, 0, 0, 0], "a": [1.0, 2.0, 3.0, 4.0],
+                                           "b": [0.0, 1.0, 0.0, 1.0]})
+    out = tmp_path / "out.parquet"
+    for option, shown in ((dict(probabilities=True), "probabilities=True"),
+                          (dict(symbol_column="a"), "symbol_column='a'"),
+                          (dict(unknown="drop"), "unknown='drop'")):
+        expected = "^" + re.escape(f"{shown}: applies to discrete runs only, and this one is continuous; expected "
+                                   "the default (leave it out)") + "$"
+        with pytest.raises(ValueError, match=expected):
+            predict_file(crun, src, out, **option)
+        with pytest.raises(ValueError, match=expected):
+            forecast_file(crun, src, out, steps=1, **option)
+        assert not out.exists()
+    predict_file(crun, src, out, probabilities=False, symbol_column=None, unknown="error")
+    assert pq.read_table(out).num_rows == 4
+    forecast_file(crun, src, out, steps=2, probabilities=False)
+    assert pq.read_table(out).num_rows == 2
+
+
+def test_a_sampled_forecasts_draws_do_not_depend_on_the_trajectories_left_out(discrete_run, tmp_path):
+    """With --score (or --unknown drop), a trajectory too short to score (or emptied) was left out before the draws,
+    so every later trajectory took the stream of the one before it: its draws changed with what came earlier in
+    the file. Each trajectory draws from the stream of its position among the file's trajectories."""
+    from pipeline.inference import forecast_file
+
+    drun, dtest = discrete_run
+    symbols = [np.array(drun.vocab, dtype=object)[t] for t in dtest[:3]]
+
+    def frame(first):
+        pieces = [first, symbols[1][:30], symbols[2][:30]]
+        return {"trajectory": np.repeat([0, 1, 2], [len(p) for p in pieces]),
+                "symbol": np.concatenate(pieces).astype(str)}
+
+    def draws(columns, **options):
+        out = tmp_path / "fc.parquet"
+        forecast_file(drun, _write(tmp_path / "in.parquet", columns), out, steps=5, sample=True, seed=7, **options)
+        table = pq.read_table(out).to_pandas()
+        return {t: list(g["predicted"]) for t, g in table.groupby("trajectory")}
+
+    whole = draws(frame(symbols[0][:30]), score=True)
+    short = draws(frame(symbols[0][:3]), score=True)        # trajectory 0 is left out: too short to score
+    assert set(short) == {1, 2} and all(short[t] == whole[t] for t in (1, 2))
+    unknown = np.array(["99", "98"], dtype=object)          # trajectory 0 is left out: every symbol dropped
+    assert draws(frame(unknown), unknown="drop").items() >= {t: draws(frame(symbols[0][:30]))[t]
+                                                              for t in (1, 2)}.items()
