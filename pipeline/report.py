@@ -419,16 +419,18 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
                 partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
                 values_in_legend: bool = True, dataset: str | None = None,
-                suffixes: Mapping[str, str] | None = None) -> int:
+                suffixes: Mapping[str, str] | None = None, colors: Mapping[str, Any] | None = None) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
     ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
     caller's note. ``legend``: one inside the panel
     (else the caller draws one); without ``values_in_legend`` (one legend for panels of several metrics) the
-    reference lines (naive predictors, Bayes optimum) have their values written on them instead."""
+    reference lines (naive predictors, Bayes optimum) have their values written on them instead. ``colors``: the
+    figure's colour per variant, where ``by_variant`` is not the dataset's (the gap panel's shifted copies of the
+    variants drawn), so that a variant has one colour in every panel."""
     from matplotlib.ticker import MaxNLocator
 
-    colors = _colors(variants, universe=list(by_variant))
+    colors = colors if colors is not None else _colors(variants, universe=list(by_variant))
     if suffixes is None:
         suffixes = _legend_suffixes(by_variant, variants)
     drawn, extent, last_means = 0, [], []   # each curve's last finite mean
@@ -576,8 +578,10 @@ def _gap_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[
 
     floor = GAP_FLOOR * abs(optimal) if optimal else GAP_FLOOR
     shifted = {v: _gap_runs(by_variant.get(v, []), metric, optimal, floor) for v in variants}
+    # the colours of the dataset's variants, as on the other panels (``shifted`` holds the variants drawn alone)
     _plot_panel(ax, shifted, variants, metric, split="test", show_train=False, optimal=None, logy=True, legend=False,
-                values_in_legend=False, dataset=dataset, suffixes=suffixes)
+                values_in_legend=False, dataset=dataset, suffixes=suffixes,
+                colors=_colors(variants, universe=list(by_variant)))
     lines = [(floor, "Bayes optimal", "--", 1.2)]
     naive = _naive([r for rs in by_variant.values() for r in rs], metric)
     lines += [(max(value - optimal, floor), NAIVE_LABELS.get(name, name), ls, 1.0)

@@ -517,3 +517,24 @@ def test_a_reference_value_at_the_bottom_of_a_panel_is_written_above_its_line(tm
     assert (0.18 - lo) / (hi - lo) > 0.07                   # with room for it above the frame
     (unigram_bpc,) = [t for t in bpc.texts if t.get_text() == "4.3"]
     assert unigram_bpc.get_va() == "bottom"                 # above the line, the curves below it (BPC falls)
+
+
+def test_the_gap_panel_draws_each_variant_in_the_colour_of_the_other_panels(tmp_path, figures):
+    """fig3a on hmm drew factorized_psrnn_r5 purple in the BPC and accuracy panels but yellow-green in the gap panel:
+    the gap panel took its colours from the variants drawn (one rank: viridis' top), not from the dataset's (two
+    ranks: r5 at the bottom)."""
+    from matplotlib.colors import to_rgba
+
+    root = tmp_path / "project"
+    for v, curve in (("lstm", [2.6, 2.0, 1.9]), ("gru", [2.6, 2.1, 1.95]), ("factorized_psrnn_r5", [2.0, 1.92, 1.89]),
+                     ("factorized_psrnn_r10", [2.0, 1.93, 1.86])):
+        _write_run(root, "hmm", v, 0, "discrete", curve, bayes={"bpc": 1.8})
+    write_report(root, tmp_path / "reports",
+                 figures={"fig3a": {"dataset": "hmm", "variants": ["lstm", "gru", "factorized_psrnn_r5"]}})
+    for name in ("fig3a.png", "hmm_curves.png"):
+        panels = figures[name].axes[:3]   # BPC, its gap to the optimum, accuracy
+        colours = [{ln.get_label().split(" (")[0]: to_rgba(ln.get_color()) for ln in ax.get_lines()
+                    if not ln.get_label().startswith("_") and "(" in ln.get_label()} for ax in panels]
+        assert "factorized_psrnn_r5" in colours[1], name
+        for v, c in colours[0].items():
+            assert colours[1][v] == c and colours[2][v] == c, (name, v)
