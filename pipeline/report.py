@@ -369,7 +369,8 @@ def _colors(variants: Sequence[str], universe: Sequence[str] = ()) -> dict[str, 
     """A colour per variant, decided by ``universe`` (the dataset's variants) and not by the figure's, so that a
     variant has the same colour in every figure of its dataset: factorized ranks along viridis in rank order
     (one rank alone at its top, away from the LSTM's blue), the paper's models fixed, others from a spare list.
-    A ``_delta`` variant takes its model's colour (and :func:`_line_style` a dash-dot line), so the pairs show."""
+    A ``_delta`` variant takes its model's colour (and :func:`_line_style` a dash-dot line, :func:`_marker_style`
+    an open marker), so the pairs show; the families differ by marker besides."""
     from matplotlib import colormaps
 
     pool = list(dict.fromkeys(_base(v) for v in [*sorted(universe, key=_variant_key), *variants]))
@@ -400,6 +401,38 @@ def _base(variant: str) -> str:
 
 def _line_style(variant: str) -> str:
     return "-." if variant.endswith("_delta") else "-"
+
+
+#: a marker per model family, so that curves differ without their colour (a factorized rank against the LSTM, a
+#: rank against the GRU: viridis and the fixed colours are hard to tell apart in print, or for a colour-blind
+#: reader); the ranks of the factorized family share one and differ by colour along viridis
+_FAMILY_MARKERS = {"psrnn": "o", "factorized_psrnn": "^", "psrnn_layers": "s", "psrnn_layers_skip": "p",
+                   "lstm": "v", "gru": "P", "rnn": "X", "kf": "D"}
+_LAYERS_RE = re.compile(r"^psrnn_\d+layer")
+
+
+def _family(variant: str) -> str:
+    """The family whose marker ``variant`` draws: psrnn, factorized_psrnn, psrnn_layers (2 or more layers),
+    psrnn_layers_skip, or the baseline's name (a ``_delta`` or ``_random`` variant is its model's family)."""
+    v = _base(variant)
+    if v.startswith("factorized_psrnn"):
+        return "factorized_psrnn"
+    if _LAYERS_RE.match(v):
+        return "psrnn_layers_skip" if "_skip" in v else "psrnn_layers"
+    return "psrnn" if v.startswith("psrnn") else v
+
+
+def _marker_style(variant: str) -> dict[str, Any]:
+    """The marker of ``variant``'s curve: its family's (:data:`_FAMILY_MARKERS`; "h" for another), open for a
+    ``_delta`` variant, whose line is dash-dotted besides (:func:`_line_style`)."""
+    return {"marker": _FAMILY_MARKERS.get(_family(variant), "h"),
+            "fillstyle": "none" if variant.endswith("_delta") else "full"}
+
+
+def _markevery(n: int) -> int:
+    """Every how many epochs a curve of ``n`` epochs draws its marker: each of up to 30, else about 15 in all (a
+    marker at each of PTB's 41 epochs ran into a thick line; without any, the families differed by colour alone)."""
+    return 1 if n <= 30 else math.ceil(n / 15)
 
 
 def _init_formatter():
@@ -444,14 +477,17 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         n = len(ends)
         full = count == n
         label = f"{v} ({n} seed{'s' if n != 1 else ''}{suffixes.get(v, '')})"
-        marker = "o" if len(epochs) <= 30 else None
-        ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), marker=marker,
-                ms=3, label=label)
+        marks = {**_marker_style(v), "ms": 5, "markevery": _markevery(len(epochs))}
+        ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), label=label,
+                **marks)
         if not full.all():
-            # the epochs averaging fewer seeds, joined to their neighbours
+            # the epochs averaging fewer seeds, joined to their neighbours: dotted for every variant (what the
+            # legend's seed count and results.md's note say of them), with the variant's own marker (its family's
+            # shape, open for a _delta variant), so that the segment still says whose it is where a _delta
+            # variant's dash-dot gives way to the dots
             near = ~full | np.r_[~full[1:], False] | np.r_[False, ~full[:-1]]
-            ax.plot(epochs, np.where(near, mean, np.nan), color=colors[v], lw=1.4, ls=":", marker=marker, ms=3,
-                    label=f"_{v} (fewer seeds)")
+            ax.plot(epochs, np.where(near, mean, np.nan), color=colors[v], lw=1.4, ls=":",
+                    label=f"_{v} (fewer seeds)", **marks)
             if partial is not None:
                 partial[v] = (dict(ends), n, dict(trained))
         if n > 1:

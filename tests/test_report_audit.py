@@ -538,3 +538,31 @@ def test_the_gap_panel_draws_each_variant_in_the_colour_of_the_other_panels(tmp_
         assert "factorized_psrnn_r5" in colours[1], name
         for v, c in colours[0].items():
             assert colours[1][v] == c and colours[2][v] == c, (name, v)
+
+
+def test_model_families_differ_by_marker_and_a_delta_variant_by_its_line_and_open_marker(tmp_path, figures):
+    """Every curve was a solid line with the same "o": factorized_psrnn_r20 against the LSTM, r40 against the GRU
+    differed by colour alone. Each family has its marker (a _delta variant its model's, open, on a dash-dot line),
+    kept on the dotted segment where fewer seeds are averaged, and drawn on a curve of many epochs too."""
+    root = tmp_path / "project"
+    variants = ["psrnn", "psrnn_delta", "psrnn_2layer", "psrnn_2layer_skip", "factorized_psrnn_r20",
+                "factorized_psrnn_r40", "lstm", "gru", "rnn", "kf"]
+    for v in variants:
+        _write_run(root, "swimmer", v, 0, "continuous", [1.0, 0.5, 0.4, 0.3])
+    _write_run(root, "swimmer", "psrnn_delta", 1, "continuous", [1.0, 0.5],
+               extra={"stopped_early": "valid mse did not improve for 1 epochs"})
+    _write_run(root, "ptb", "lstm", 0, "discrete", list(np.linspace(4.0, 2.0, 41)))
+    write_report(root, tmp_path / "reports")
+    ax = figures["swimmer_curves.png"].axes[0]
+    lines = {ln.get_label().split(" (")[0]: ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    style = {v: (lines[v].get_marker(), lines[v].get_linestyle(), lines[v].get_fillstyle()) for v in variants}
+    assert style["factorized_psrnn_r20"][0] == style["factorized_psrnn_r40"][0] == "^"
+    for a, b in (("factorized_psrnn_r20", "lstm"), ("factorized_psrnn_r40", "gru"), ("psrnn", "psrnn_2layer"),
+                 ("psrnn_2layer", "psrnn_2layer_skip"), ("lstm", "gru"), ("gru", "rnn"), ("rnn", "kf"),
+                 ("psrnn", "kf"), ("psrnn", "psrnn_delta")):
+        assert style[a] != style[b], (a, b)
+    assert style["psrnn"] == ("o", "-", "full") and style["psrnn_delta"] == ("o", "-.", "none")
+    (fewer,) = [ln for ln in ax.get_lines() if ln.get_label() == "_psrnn_delta (fewer seeds)"]
+    assert (fewer.get_linestyle(), fewer.get_marker(), fewer.get_fillstyle()) == (":", "o", "none")
+    long = _lines(figures["ptb_curves.png"].axes[0])["lstm (1 seed)"]
+    assert long.get_marker() == "v" and long.get_markevery() == 3   # 41 epochs: about 15 markers
