@@ -314,17 +314,39 @@ def _with_split(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str
     return [v for v in variants if _curve([r for r in by_variant.get(v, []) if r["history"]], split, metric)]
 
 
+def _seed_counts(ends: Mapping[int, int], trained: Mapping[int, int]) -> tuple[int, int]:
+    """A curve's seeds (those with a training history) and how many of them diverged: no finite value at the last
+    epoch they trained (a seed stopped early by ``train.patience`` ends finite, at an earlier epoch)."""
+    return len(trained), sum(1 for s, last in trained.items() if ends.get(s) != last)
+
+
+def _seeds_text(n: int, diverged: int) -> str:
+    """A legend's seed count: "2 seeds", or "2 seeds, 1 diverged" where the curve after the diverged seeds' last
+    finite value is the mean of the others (results.md's note says from which epoch)."""
+    return f"{n} seed{'s' if n != 1 else ''}" + (f", {diverged} diverged" if diverged else "")
+
+
+def _curve_seeds(runs: Sequence[dict], split: str, metric: str) -> str:
+    """:func:`_seeds_text` of the curve of ``runs`` (empty where it has none)."""
+    c = _curve([r for r in runs if r["history"]], split, metric)
+    return _seeds_text(*_seed_counts(c[5], c[6])) if c is not None else ""
+
+
 def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: Mapping[int, int]) -> str:
     last = max(ends.values())
     short = sorted(s for s in ends if ends[s] < last)
-    if not short:   # every seed reaches the last epoch; some lack a finite value before it
+    never = sorted(s for s in trained if s not in ends)
+    if not short and not never:   # every seed reaches the last epoch; some lack a finite value before it
         return (f"`{fname}`: `{v}`: some epochs have a value from fewer than its {n} seeds (missing or non-finite); "
                 "the curve is dotted there")
     longest = sorted(s for s in ends if ends[s] == last)
     def end(s: int) -> str:   # a run trained on whose later values are not finite did not stop early
+        if s not in ends:
+            return f"seed {s} diverged (no finite value; trained to {trained[s]})"
         if trained.get(s, ends[s]) > ends[s]:
-            return f"seed {s} has no finite value after epoch {ends[s]} (trained to {trained[s]})"
+            return f"seed {s} diverged (no finite value after epoch {ends[s]}; trained to {trained[s]})"
         return f"seed {s} ends at epoch {ends[s]}"
+    short = sorted(short + never)
 
     return (f"`{fname}`: `{v}` " + ", ".join(end(s) for s in short) +
             f" (seed{'s' if len(longest) > 1 else ''} {', '.join(map(str, longest))} at {last}); the curve is "
@@ -474,9 +496,11 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         if c is None:
             continue
         epochs, mean, lo, hi, count, ends, trained = c
-        n = len(ends)
+        # the seeds with a history, those that diverged said (the curve is the others' mean after their last
+        # finite value): a seed with any finite value (its epoch 0) was counted as if it had trained to the end
+        n, diverged = _seed_counts(ends, trained)
         full = count == n
-        label = f"{v} ({n} seed{'s' if n != 1 else ''}{suffixes.get(v, '')})"
+        label = f"{v} ({_seeds_text(n, diverged)}{suffixes.get(v, '')})"
         marks = {**_marker_style(v), "ms": 5, "markevery": _markevery(len(epochs))}
         ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), label=label,
                 **marks)
@@ -565,7 +589,8 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
     suffixes = _legend_suffixes(by_variant, variants, show_params=show_params)
-    legend_width = _legend_width(variants, "training mean (0.0001234)", suffixes)
+    seeds = {v: _curve_seeds(by_variant.get(v, []), split, metrics[0]) for v in variants}
+    legend_width = _legend_width(variants, "training mean (0.0001234)", suffixes, seeds)
     # the curves of the models near the optimum crowd into a sliver above it on the metric's own axis (lgssm's
     # five 2SR models within 5% of it, under an RNN starting at 2.7 times it): their gap to it, on a log axis,
     # tells them apart
@@ -634,12 +659,14 @@ def _gap_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[
     ax.set_ylabel(f"test {LABELS[metric]} above the Bayes optimum\n(log scale)")
 
 
-def _legend_width(variants: Iterable[str], longest_line: str, suffixes: Mapping[str, str] | None = None) -> float:
+def _legend_width(variants: Iterable[str], longest_line: str, suffixes: Mapping[str, str] | None = None,
+                  seeds: Mapping[str, str] | None = None) -> float:
     """Inches a legend beside the panels needs: the line sample, then "small" text (~0.068 in a character) of
-    the longest variant entry (with what ``suffixes``, :func:`_legend_suffixes`, adds to it) or ``longest_line`` (a
-    reference line's)."""
-    suffixes = suffixes or {}
-    return 0.75 + 0.068 * max([len(f"{v} (10 seeds{suffixes.get(v, '')})") for v in variants] + [len(longest_line)])
+    the longest variant entry (its ``seeds`` count, :func:`_curve_seeds`, with what ``suffixes``,
+    :func:`_legend_suffixes`, adds to it) or ``longest_line`` (a reference line's)."""
+    suffixes, seeds = suffixes or {}, seeds or {}
+    return 0.75 + 0.068 * max([len(f"{v} ({max(seeds.get(v, ''), '10 seeds', key=len)}{suffixes.get(v, '')})")
+                               for v in variants] + [len(longest_line)])
 
 
 def _rates(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) -> dict[str, list[float]] | None:

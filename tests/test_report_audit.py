@@ -208,7 +208,7 @@ def test_a_seed_that_turned_non_finite_is_counted_not_hidden(tmp_path, figures):
     md = (tmp_path / "reports" / "results.md").read_text()
     table_row = next(line for line in md.splitlines() if line.startswith("| `psrnn`"))
     assert table_row.count("(1/2 finite)") == 2      # the test BPC and its gap to the optimum
-    assert ("`psrnn` seed 1 has no finite value after epoch 1 (trained to 2) (seed 0 at 2)") in md
+    assert ("`psrnn` seed 1 diverged (no finite value after epoch 1; trained to 2) (seed 0 at 2)") in md
 
 
 def test_a_title_with_dollar_signs_is_drawn_as_text(tmp_path, figures):
@@ -566,3 +566,27 @@ def test_model_families_differ_by_marker_and_a_delta_variant_by_its_line_and_ope
     assert (fewer.get_linestyle(), fewer.get_marker(), fewer.get_fillstyle()) == (":", "o", "none")
     long = _lines(figures["ptb_curves.png"].axes[0])["lstm (1 seed)"]
     assert long.get_marker() == "v" and long.get_markevery() == 3   # 41 epochs: about 15 markers
+
+
+def test_a_legend_counts_a_diverged_seed_as_diverged_not_as_a_seed_of_the_curve(tmp_path, figures):
+    """rnn's seed 1 had no finite value after epoch 0 and the legend said "2 seeds" over a curve that was seed 0
+    alone from epoch 1 on: a seed whose last trained epoch has no finite value is counted as diverged (results.md's
+    note says from when); a seed stopped early by patience, finite at its end, did not diverge."""
+    root = tmp_path / "project"
+    nan = float("nan")
+    _write_run(root, "swimmer", "rnn", 0, "continuous", [3.0, 2.0, 1.0, 0.8])
+    _write_run(root, "swimmer", "rnn", 1, "continuous", [3.0, nan, nan, nan])
+    _write_run(root, "swimmer", "lstm", 0, "continuous", [3.0, 2.0, 1.0, 0.7])
+    _write_run(root, "swimmer", "lstm", 1, "continuous", [3.0, 2.5], extra={"stopped_early": "patience"})
+    _write_run(root, "swimmer", "gru", 0, "continuous", [3.0, 2.0, 1.0, 0.7])
+    _write_run(root, "swimmer", "gru", 1, "continuous", [3.0, nan, 1.2, 0.75])   # non-finite once, then finite
+    write_report(root, tmp_path / "reports")
+    for name in ("swimmer_curves.png", "fig4a.png"):
+        labels = [t.get_text() for ax in figures[name].axes for lg in [ax.get_legend()] if lg
+                  for t in lg.get_texts()]
+        assert labels[:3] == ["gru (2 seeds)", "lstm (2 seeds)", "rnn (2 seeds, 1 diverged)"] or \
+            labels[:3] == ["rnn (2 seeds, 1 diverged)", "gru (2 seeds)", "lstm (2 seeds)"], (name, labels)
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("- `swimmer_curves.png`: `rnn` seed 1 diverged (no finite value after epoch 0; trained to 3) (seed 0 "
+            "at 3); the curve is dotted where it is the mean of fewer seeds") in md
+    assert "- `swimmer_curves.png`: `lstm` seed 1 ends at epoch 1 (seed 0 at 3)" in md
