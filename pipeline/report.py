@@ -332,6 +332,36 @@ def _curve_seeds(runs: Sequence[dict], split: str, metric: str) -> str:
     return _seeds_text(*_seed_counts(c[5], c[6])) if c is not None else ""
 
 
+def _scored_elsewhere(r: Mapping[str, Any]) -> bool:
+    """Whether run ``r`` was scored with the weights of another epoch than its last (``train.restore_best``), as
+    results.md's schedule line says."""
+    me = r.get("model_epoch")
+    return isinstance(me, int) and not isinstance(me, bool) and me != r.get("epochs")
+
+
+def _scored_points(runs: Sequence[dict], split: str, metric: str) -> tuple[list[int], list[float]]:
+    """Where the table's value of ``runs`` lies on their curve, where some run was scored with an earlier epoch's
+    weights (none otherwise): each scored epoch (``model_epoch``) and the mean of the seeds' ``split`` ``metric``
+    at it, over the seeds scored with that epoch."""
+    if not any(_scored_elsewhere(r) for r in runs):
+        return [], []
+    at: dict[int, list[float]] = {}
+    for r in runs:
+        me = r.get("model_epoch")
+        if not isinstance(me, int) or isinstance(me, bool):
+            continue
+        for entry in r["history"] or []:
+            if isinstance(entry, dict) and entry.get("epoch") == me:
+                vals, _ = _finite([(entry.get(split) or {}).get(metric)])
+                at.setdefault(me, []).extend(vals)
+    epochs = sorted(e for e in at if at[e])
+    return epochs, [float(np.mean(at[e])) for e in epochs]
+
+
+#: the legend entry of the star that marks the scored epoch's value on a curve (train.restore_best)
+SCORED_LABEL = "scored epoch (the table's value)"
+
+
 def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: Mapping[int, int]) -> str:
     last = max(ends.values())
     short = sorted(s for s in ends if ends[s] < last)
@@ -489,6 +519,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     if suffixes is None:
         suffixes = _legend_suffixes(by_variant, variants)
     drawn, extent, last_means = 0, [], []   # each curve's last finite mean
+    scored = False   # a star drawn: some run was scored with an earlier epoch's weights
     values_to_write: list[tuple[float, bool]] = []   # (value, below the line), written once the limits are known
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
@@ -514,6 +545,12 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                     label=f"_{v} (fewer seeds)", **marks)
             if partial is not None:
                 partial[v] = (dict(ends), n, dict(trained))
+        # the table's value: with train.restore_best the weights of the best epoch, not of the curve's last
+        xs, ys = _scored_points(runs, split, metric)
+        if xs:
+            ax.plot(xs, ys, ls="none", marker="*", ms=12, color=colors[v], mec="black", mew=0.6, zorder=4,
+                    label=f"_{v} scored")
+            scored = True
         if n > 1:
             ax.fill_between(epochs, lo, hi, where=full, color=colors[v], alpha=0.2, lw=0)
         extent += list(lo) + list(hi)
@@ -527,6 +564,8 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                 ax.plot(t[0], t[1], color=colors[v], lw=1.0, ls="--", alpha=0.5, label=f"{v} train")
                 extent += list(t[1])
         drawn += 1
+    if scored:   # one entry for every star, in no variant's colour
+        ax.plot([], [], ls="none", marker="*", ms=12, color="lightgrey", mec="black", mew=0.6, label=SCORED_LABEL)
     def reference_line(value: float, name: str, **style) -> None:
         # a legend shared by panels of different metrics names the line; each panel writes its value on it, at the
         # right end on the side away from where most curves end (above the line, the Bayes optimum's value sat
@@ -1135,12 +1174,15 @@ def _table(ds: str, by_variant: Mapping[str, Sequence[dict]]) -> list[str]:
             parts = []
             if r.get("stopped_early"):
                 parts.append(f"stopped early after epoch {r['epochs']}")
-            if isinstance(r.get("model_epoch"), int) and r["model_epoch"] != r.get("epochs"):
+            if _scored_elsewhere(r):
                 parts.append(f"scored with epoch {r['model_epoch']}'s weights")
             if parts and r["test"] is not None:
                 scheduled.append(f"`{_md(v)}` seed {r['seed']} " + " and ".join(parts))
     if scheduled:
-        lines += ["Schedule (`train.patience`, `train.restore_best`): " + "; ".join(scheduled) + ".", ""]
+        star = (" A star on a figure's curve marks the scored epoch's value (the mean over the seeds scored with "
+                "that epoch), where it is not the curve's last point." if any(
+                    _scored_elsewhere(r) for _, v, _ in rows for r in by_variant[v] if r["test"] is not None) else "")
+        lines += ["Schedule (`train.patience`, `train.restore_best`): " + "; ".join(scheduled) + "." + star, ""]
     beaten = _beaten_by_naive(by_variant, [v for _, v, _ in rows], all_runs, primary)
     if beaten:
         lines += [beaten, ""]

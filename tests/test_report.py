@@ -302,7 +302,9 @@ def test_the_table_names_runs_stopped_early_or_scored_at_their_best_epoch(tmp_pa
     write_report(root, tmp_path / "reports")
     md = (tmp_path / "reports" / "results.md").read_text()
     assert ("Schedule (`train.patience`, `train.restore_best`): `gru` seed 0 stopped early after epoch 3 and "
-            "scored with epoch 1's weights; `lstm` seed 0 scored with epoch 2's weights.\n") in md
+            "scored with epoch 1's weights; `lstm` seed 0 scored with epoch 2's weights. A star on a figure's curve "
+            "marks the scored epoch's value (the mean over the seeds scored with that epoch), where it is not the "
+            "curve's last point.\n") in md
 
 
 def test_the_table_shows_learning_rates_only_where_variants_differ(tmp_path: Path):

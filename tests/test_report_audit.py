@@ -590,3 +590,37 @@ def test_a_legend_counts_a_diverged_seed_as_diverged_not_as_a_seed_of_the_curve(
     assert ("- `swimmer_curves.png`: `rnn` seed 1 diverged (no finite value after epoch 0; trained to 3) (seed 0 "
             "at 3); the curve is dotted where it is the mean of fewer seeds") in md
     assert "- `swimmer_curves.png`: `lstm` seed 1 ends at epoch 1 (seed 0 at 3)" in md
+
+
+def test_a_star_marks_the_scored_epochs_value_where_it_is_not_the_curves_last_point(tmp_path, figures):
+    """With train.restore_best the table's value is that of the best epoch's weights, not the curve's last point,
+    and nothing in the figure showed where it was: a star in the variant's colour marks it (the mean over the seeds
+    scored with that epoch), explained once in the legend; figures of runs scored at their last epoch have none."""
+    from matplotlib.colors import to_rgba
+
+    root = tmp_path / "project"
+    _write_run(root, "swimmer", "gru", 0, "continuous", [1.0, 0.5, 0.6, 0.7], extra={"model_epoch": 1, "epochs": 3})
+    _write_run(root, "swimmer", "gru", 1, "continuous", [1.0, 0.3, 0.6, 0.4], extra={"model_epoch": 1, "epochs": 3})
+    _write_run(root, "swimmer", "lstm", 0, "continuous", [1.0, 0.9, 0.8, 0.75], extra={"model_epoch": 2, "epochs": 3})
+    _write_run(root, "swimmer", "lstm", 1, "continuous", [1.0, 0.9, 0.8, 0.7], extra={"model_epoch": 3, "epochs": 3})
+    _write_run(root, "swimmer", "kf", 0, "continuous", [1.0, 0.9, 0.8, 0.75], extra={"model_epoch": 3, "epochs": 3})
+    _write_run(root, "mocap", "kf", 0, "continuous", [1.0, 0.9, 0.8, 0.75], extra={"model_epoch": 3, "epochs": 3})
+    write_report(root, tmp_path / "reports")
+    ax = figures["swimmer_curves.png"].axes[0]
+    stars = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_marker() == "*"}
+    assert set(stars) == {"_gru scored", "_lstm scored", report.SCORED_LABEL}
+    assert list(stars["_gru scored"].get_xdata()) == [1]
+    assert list(stars["_gru scored"].get_ydata()) == pytest.approx([0.4])           # (0.5 + 0.3) / 2
+    assert list(stars["_lstm scored"].get_xdata()) == [2, 3]                        # each seed's own epoch
+    assert list(stars["_lstm scored"].get_ydata()) == pytest.approx([0.8, 0.7])
+    assert to_rgba(stars["_gru scored"].get_color()) == to_rgba(_lines(ax)["gru (2 seeds)"].get_color())
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend.count(report.SCORED_LABEL) == 1
+    fig4a = [t.get_text() for a in figures["fig4a.png"].axes for lg in [a.get_legend()] if lg for t in lg.get_texts()]
+    assert fig4a.count(report.SCORED_LABEL) == 1
+    # scored at the last epoch: no star, no legend entry
+    assert not [ln for ln in figures["mocap_curves.png"].axes[0].get_lines() if ln.get_marker() == "*"]
+    md = (tmp_path / "reports" / "results.md").read_text()
+    sections = {part.split(" ")[0]: part for part in md.split("\n## ")}
+    assert "A star on a figure's curve marks the scored epoch's value" in sections["swimmer"]
+    assert "star" not in sections["mocap"]
