@@ -504,7 +504,8 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
                 partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
                 values_in_legend: bool = True, dataset: str | None = None,
-                suffixes: Mapping[str, str] | None = None, colors: Mapping[str, Any] | None = None) -> int:
+                suffixes: Mapping[str, str] | None = None, colors: Mapping[str, Any] | None = None,
+                labels: Mapping[str, str] | None = None) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
     ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
@@ -512,7 +513,8 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     (else the caller draws one); without ``values_in_legend`` (one legend for panels of several metrics) the
     reference lines (naive predictors, Bayes optimum) have their values written on them instead. ``colors``: the
     figure's colour per variant, where ``by_variant`` is not the dataset's (the gap panel's shifted copies of the
-    variants drawn), so that a variant has one colour in every panel."""
+    variants drawn), so that a variant has one colour in every panel. ``labels``: each variant's legend entry,
+    where a legend shared by panels of other datasets says it once (else its seed count and ``suffixes``)."""
     from matplotlib.ticker import MaxNLocator
 
     colors = colors if colors is not None else _colors(variants, universe=list(by_variant))
@@ -531,7 +533,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         # finite value): a seed with any finite value (its epoch 0) was counted as if it had trained to the end
         n, diverged = _seed_counts(ends, trained)
         full = count == n
-        label = f"{v} ({_seeds_text(n, diverged)}{suffixes.get(v, '')})"
+        label = (labels or {}).get(v) or f"{v} ({_seeds_text(n, diverged)}{suffixes.get(v, '')})"
         marks = {**_marker_style(v), "ms": 5, "markevery": _markevery(len(epochs))}
         ax.plot(epochs, np.where(full, mean, np.nan), color=colors[v], lw=1.8, ls=_line_style(v), label=label,
                 **marks)
@@ -716,6 +718,35 @@ def _rates(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str]) ->
     return rates if len({x for xs in rates.values() for x in xs}) > 1 else None
 
 
+def _rate_notes(panels: Sequence[tuple[Mapping[str, Sequence[dict]], Sequence[str]]]) -> list[str]:
+    """A line per panel (its runs by variant, and the variants it draws) saying the learning rates its variants
+    trained at, where the figure's variants trained at more than one (else every line is empty: no "lr 1" where
+    every curve has it): "lr 1" where the panel's share one, else "lr 0.1: kf, psrnn; 1: others" (the largest
+    group of two or more variants of one rate is "others"; a variant whose rate no metrics file says, "?")."""
+    per_panel = []
+    for by_variant, variants in panels:
+        per_panel.append({v: "/".join(f"{x:g}" for x in sorted(set(_finite(r.get("lr")
+                                                                            for r in by_variant.get(v, []))[0])))
+                          or "?" for v in variants})
+    if len({rate for rates in per_panel for rate in rates.values()} - {"?"}) <= 1:
+        return ["" for _ in per_panel]
+    out = []
+    for rates in per_panel:
+        groups: dict[str, list[str]] = {}
+        for v, rate in rates.items():
+            groups.setdefault(rate, []).append(v)
+        if len(groups) == 1:
+            out.append(f"lr {next(iter(groups))}")
+            continue
+        order = sorted(groups, key=lambda g: -len(groups[g]))   # stable: the first of the largest groups
+        others = order[0] if len(groups[order[0]]) >= 2 and len(groups[order[0]]) > len(groups[order[1]]) else None
+        parts = [f"{rate}: {', '.join(groups[rate])}" for rate in groups if rate != others]
+        if others is not None:
+            parts.append(f"{others}: others")
+        out.append("lr " + "; ".join(parts))
+    return out
+
+
 def _legend_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], *,
                      show_params: bool = False) -> dict[str, str]:
     """What each of ``variants``' legend entries says after its seed count: ", lr 0.1" where they trained at more
@@ -815,18 +846,28 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         return None
     path = out_fig / fname
     partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
-    # one legend for the panels (each writes the values of its own reference lines on them)
-    suffixes = [_legend_suffixes(by_variant, present) for _, by_variant, present in panels]   # each panel's rates
-    longest = {v: max((s.get(v, "") for s in suffixes), key=len) for _, _, present in panels for v in present}
-    legend_width = _legend_width(list(longest), "training mean", longest)
+    # one legend for the panels (each writes the values of its own reference lines on them), one entry a variant:
+    # what differs between the panels is said in each (its learning rates under its title), not by entries that
+    # look alike ("kf (2 seeds, lr 0.1)" and "kf (2 seeds, lr 0.01)" in one legend)
+    seeds = {}
+    for ds, by_variant, present in panels:
+        for v in present:
+            seeds.setdefault(v, {})[ds] = _curve_seeds(by_variant[v], cfg["split"], "mse")
+    labels = {v: f"{v} ({next(iter(per.values()))})" if len(set(per.values())) == 1 else
+              f"{v} ({'; '.join(f'{ds} {text}' for ds, text in per.items())})" for v, per in seeds.items()}
+    rate_notes = _rate_notes([(by_variant, present) for _, by_variant, present in panels])
+    legend_width = _legend_width([], max(["training mean", *labels.values()], key=len))
     with _style():
         fig, axes = _figure(1, len(panels), (5.0 * len(panels) + legend_width, 4.2))
-        for ax, (ds, by_variant, present), panel_suffixes in zip(axes[0], panels, suffixes):
+        for ax, (ds, by_variant, present), rate_note in zip(axes[0], panels, rate_notes):
             runs = [r for v in present for r in by_variant[v]]
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
                         optimal=_bayes_optimal(runs, "mse"), logy=cfg["logy"], title=ds,
-                        partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False,
-                        suffixes=panel_suffixes)
+                        partial=partial.setdefault(ds, {}), legend=False, values_in_legend=False, labels=labels)
+            if rate_note:   # under the panel's title, above the axes
+                ax.set_title(ds, pad=17)
+                ax.annotate(rate_note, xy=(0.5, 1.0), xycoords="axes fraction", xytext=(0, 4),
+                            textcoords="offset points", ha="center", va="bottom", fontsize="small")
         # one y label where the panels share it (the next panel's would run into this one's right edge)
         shared = len({ax.get_ylabel() for ax in axes[0]}) == 1
         if shared:
@@ -834,7 +875,8 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                 ax.set_ylabel("")
         _legend_beside(axes[0])
         fig.suptitle(_plain(cfg["title"]))
-        _layout(fig, 1, len(panels), wspace=0.3 if shared else 0.75, right=0.2 + legend_width)
+        _layout(fig, 1, len(panels), wspace=0.3 if shared else 0.75, right=0.2 + legend_width,
+                top=0.85 if any(rate_notes) else 0.65)
         _save(fig, path)
     notes += [_partial_note(fname, v, *parts).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
               for ds, by_v in partial.items() for v, parts in by_v.items()]

@@ -478,8 +478,9 @@ def test_curves_of_variants_trained_at_other_rates_say_their_rate(tmp_path, figu
     assert labels(figures["swimmer_curves.png"])[:3] == ["kf (2 seeds, lr 0.01)", "lstm (2 seeds, lr 1)",
                                                           "psrnn (2 seeds, lr 0.1)"]
     assert labels(figures["mocap_curves.png"])[:2] == ["lstm (1 seed)", "psrnn (1 seed)"]   # one rate: unsaid
+    # fig4a: one entry a variant, each panel's rates under its title
     shared = labels(figures["fig4a.png"])
-    assert "psrnn (2 seeds, lr 0.1)" in shared and "psrnn (1 seed)" in shared
+    assert "psrnn (swimmer 2 seeds; mocap 1 seed)" in shared and not [t for t in shared if "lr" in t]
 
 
 def test_figure_3_legends_say_each_models_parameter_count(tmp_path, figures):
@@ -624,3 +625,34 @@ def test_a_star_marks_the_scored_epochs_value_where_it_is_not_the_curves_last_po
     sections = {part.split(" ")[0]: part for part in md.split("\n## ")}
     assert "A star on a figure's curve marks the scored epoch's value" in sections["swimmer"]
     assert "star" not in sections["mocap"]
+
+
+def test_fig4a_has_one_legend_entry_a_variant_and_says_each_panels_rates_in_the_panel(tmp_path, figures):
+    """The continuous-lr override's fig4a listed "kf (2 seeds, lr 0.1)" and "kf (2 seeds, lr 0.01)" in its one
+    legend, two entries of one look for one variant: the legend has an entry a variant, and each panel says its
+    own rates under its title ("lr 1" alone where the panel's share it); where every curve of the figure trained
+    at one rate, nothing says it."""
+    root = tmp_path / "project"
+    rates = {"swimmer": {"kf": 0.1, "rnn": 1.0, "psrnn": 0.1}, "mocap": {"kf": 1.0, "rnn": 1.0, "psrnn": 1.0},
+             "handwriting": {"kf": 0.01, "rnn": 1.0, "psrnn": 1.0}}
+    for ds, by_v in rates.items():
+        for v, lr in by_v.items():
+            for seed in (0, 1):
+                _write_run(root, ds, v, seed, "continuous", [1.0, 0.5], extra={"lr": lr})
+    write_report(root, tmp_path / "reports")
+    fig = figures["fig4a.png"]
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert legend[:3] == ["kf (2 seeds)", "rnn (2 seeds)", "psrnn (2 seeds)"] and len(legend) == 3
+    notes = [[t.get_text() for t in ax.texts if t.get_text().startswith("lr ")] for ax in fig.axes]
+    assert notes == [["lr 1: rnn; 0.1: others"], ["lr 1"], ["lr 0.01: kf; 1: others"]]
+    assert [ax.get_title() for ax in fig.axes] == ["swimmer", "mocap", "handwriting"]
+    # one rate for all: no note, and no lr in the legend
+    for ds, by_v in rates.items():
+        for v in by_v:
+            for seed in (0, 1):
+                _write_run(root, ds, v, seed, "continuous", [1.0, 0.5], extra={"lr": 1.0})
+    write_report(root, tmp_path / "reports")
+    fig = figures["fig4a.png"]
+    assert not [t for ax in fig.axes for t in ax.texts if t.get_text().startswith("lr")]
+    assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()] == [
+        "kf (2 seeds)", "rnn (2 seeds)", "psrnn (2 seeds)"]
