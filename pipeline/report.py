@@ -520,9 +520,9 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     colors = colors if colors is not None else _colors(variants, universe=list(by_variant))
     if suffixes is None:
         suffixes = _legend_suffixes(by_variant, variants)
-    drawn, extent, last_means = 0, [], []   # each curve's last finite mean
+    drawn, extent = 0, []
     scored = False   # a star drawn: some run was scored with an earlier epoch's weights
-    values_to_write: list[tuple[float, bool]] = []   # (value, below the line), written once the limits are known
+    values_to_write: list[float] = []   # the reference lines' values, written once the limits are known
     for v in variants:
         runs = [r for r in by_variant.get(v, []) if r["history"]]
         c = _curve(runs, split, metric)
@@ -556,10 +556,6 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         if n > 1:
             ax.fill_between(epochs, lo, hi, where=full, color=colors[v], alpha=0.2, lw=0)
         extent += list(lo) + list(hi)
-        finite = np.asarray(mean, dtype=float)
-        finite = finite[np.isfinite(finite)]
-        if finite.size:
-            last_means.append(float(finite[-1]))
         if show_train:
             t = _curve(runs, "train", metric)
             if t is not None:
@@ -569,12 +565,11 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     if scored:   # one entry for every star, in no variant's colour
         ax.plot([], [], ls="none", marker="*", ms=12, color="lightgrey", mec="black", mew=0.6, label=SCORED_LABEL)
     def reference_line(value: float, name: str, **style) -> None:
-        # a legend shared by panels of different metrics names the line; each panel writes its value on it, at the
-        # right end on the side away from where most curves end (above the line, the Bayes optimum's value sat
-        # under the curves that approach it)
+        # a legend shared by panels of different metrics names the line; each panel writes its value beside it,
+        # just outside its right edge (inside, at the right end, it ran into the curves' last points)
         ax.axhline(value, color="black", label=f"{name} ({value:.4g})" if values_in_legend else name, **style)
         if not values_in_legend:
-            values_to_write.append((value, bool(last_means) and float(np.median(last_means)) > value))
+            values_to_write.append(value)
         extent.append(value)
 
     if optimal is not None and drawn and split == "test":   # the true filter's value on the test split
@@ -592,21 +587,15 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         scale, unscale = (np.log10, lambda x: 10.0 ** x) if log else ((lambda x: x), (lambda x: x))
         lo, hi = (scale(x) for x in ax.get_ylim())
         span = hi - lo if hi > lo else 1.0
-        # a line on the panel's edge (the lowest of the data, with no margin under it) hid in the frame
-        # (room for the value written under it: x-small text is about 6% of a panel's height)
-        lowest, highest = min(scale(v) for v, _ in values_to_write), max(scale(v) for v, _ in values_to_write)
+        # a line on the panel's edge (the lowest of the data, with no margin under it) hid in the frame, and its
+        # value beside the epoch ticks
+        lowest, highest = min(scale(v) for v in values_to_write), max(scale(v) for v in values_to_write)
         if lowest - lo < 0.08 * span:
             lo = lowest - 0.09 * span
         if hi - highest < 0.08 * span:
             hi = highest + 0.09 * span
         ax.set_ylim(unscale(lo), unscale(hi))
-        for value, below in values_to_write:
-            # on the other side of a line near the panel's edge: below the bottom one it ran into the epoch ticks
-            at = (scale(value) - lo) / (hi - lo) if hi > lo else 0.5
-            below = (below and at > 0.04) or at > 0.96
-            ax.annotate(f"{value:.4g}", xy=(1.0, value), xycoords=("axes fraction", "data"),
-                        xytext=(-3, -2 if below else 2), textcoords="offset points", ha="right",
-                        va="top" if below else "bottom", fontsize="x-small")
+        _write_values(ax, [(value, f"{value:.4g}") for value in values_to_write])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.xaxis.set_major_formatter(_init_formatter())
     ax.set_xlabel("epoch")
@@ -620,6 +609,35 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
     if drawn and legend:
         ax.legend(fontsize="small")
     return drawn
+
+
+#: inches beside a panel for the values of its reference lines, written just outside its right edge (x-small
+#: text, ~0.055 in a character, of up to 9 characters: "1.046e-05", "≤ 0.0018"), before the next panel or the legend
+VALUE_WIDTH = 0.6
+#: the least distance between two values written beside a panel, in its heights (x-small text is ~3% of one)
+VALUE_GAP = 0.045
+
+
+def _write_values(ax, items: Sequence[tuple[float, str]]) -> None:
+    """Write each reference line's ``(value, text)`` just outside the panel's right edge, at the line's height
+    (pushed apart where lines lie closer than the text is high, the order kept), once the limits are final:
+    inside the panel, at the right end, they ran into the curves' last points."""
+    log = ax.get_yscale() == "log"
+    items = [(v, t) for v, t in items if not log or v > 0]
+    if not items:
+        return
+    scale = np.log10 if log else (lambda x: x)
+    lo, hi = (float(scale(x)) for x in ax.get_ylim())
+    at = sorted(((float(scale(v)) - lo) / (hi - lo) if hi > lo else 0.5, text) for v, text in items)
+    ys: list[float] = []
+    for y, _ in at:
+        ys.append(max(y, ys[-1] + VALUE_GAP) if ys else y)
+    over = ys[-1] - 1.0
+    if over > 0:   # pushed above the panel: the stack moves down, as far as its bottom allows
+        ys = [y - min(over, max(ys[0], 0.0)) for y in ys]
+    for y, (_, text) in zip(ys, at):
+        ax.annotate(text, xy=(1.0, y), xycoords="axes fraction", xytext=(3, 0), textcoords="offset points",
+                    ha="left", va="center", fontsize="x-small", annotation_clip=False)
 
 
 def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str],
@@ -640,7 +658,8 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
     if gap is not None:
         panels.insert(1, (gap, True))
     with _style():
-        fig, axes = _figure(1, len(panels), (5.5 * len(panels) + legend_width, 4.2))
+        fig, axes = _figure(1, len(panels), (5.5 * len(panels) + legend_width + (VALUE_WIDTH * len(panels)
+                                                                                  if len(panels) > 1 else 0), 4.2))
         for ax, (m, is_gap) in zip(axes[0], panels):
             if is_gap:
                 _gap_panel(ax, by_variant, variants, m, optimal[m], dataset=dataset, suffixes=suffixes)
@@ -648,9 +667,10 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
             _plot_panel(ax, by_variant, variants, m, split=split, show_train=show_train, optimal=optimal.get(m),
                         logy=logy if m == "mse" else False, partial=partial, legend=False,
                         values_in_legend=len(panels) == 1, dataset=dataset, suffixes=suffixes)
-        _legend_beside(axes[0])   # (the Bayes optimum is drawn on BPC alone)
+        beside = VALUE_WIDTH if len(panels) > 1 else 0.0   # one panel has the values in its legend
+        _legend_beside(axes[0], gap=beside)   # (the Bayes optimum is drawn on BPC alone)
         fig.suptitle(_plain(title))
-        _layout(fig, 1, len(panels), right=0.2 + legend_width)
+        _layout(fig, 1, len(panels), right=0.2 + legend_width + beside, wspace=0.85 + beside)
         _save(fig, path)
     notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
 
@@ -693,11 +713,9 @@ def _gap_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     ax.set_ylim(min(lo, floor / 2.0), max(hi, max(v for v, *_ in lines) * 2.0))   # room for the values written
-    for value, name, *_ in lines:
-        text = f"≤ {value:.2g}: within {GAP_FLOOR:.1%}" if name == "Bayes optimal" else f"{value:.4g}"
-        ax.annotate(text, xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
-                    textcoords="offset points", ha="right", va="bottom", fontsize="x-small")
-    ax.set_ylabel(f"test {LABELS[metric]} above the Bayes optimum\n(log scale)")
+    _write_values(ax, [(value, f"≤ {value:.2g}" if name == "Bayes optimal" else f"{value:.4g}")
+                       for value, name, *_ in lines])
+    ax.set_ylabel(f"test {LABELS[metric]} above the Bayes optimum\n(log scale; dashed: within {GAP_FLOOR:.1%})")
 
 
 def _legend_width(variants: Iterable[str], longest_line: str, suffixes: Mapping[str, str] | None = None,
@@ -761,16 +779,21 @@ def _legend_suffixes(by_variant: Mapping[str, Sequence[dict]], variants: Sequenc
     return out
 
 
-def _legend_beside(axes: Sequence[Any]) -> None:
+def _legend_beside(axes: Sequence[Any], gap: float = 0.0) -> None:
     """One legend for a row of panels, every panel's entries once, beside the last panel, where it hides no
-    curve (a legend in each panel covered curves and reference lines)."""
+    curve (a legend in each panel covered curves and reference lines), ``gap`` inches further right (the room of
+    the values written beside the panel)."""
     shown: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             shown.setdefault(label, handle)
     if shown:
-        axes[-1].legend(list(shown.values()), list(shown), fontsize="small", loc="upper left",
-                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        from matplotlib.transforms import offset_copy
+
+        ax = axes[-1]
+        ax.legend(list(shown.values()), list(shown), fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, x=gap, units="inches"),
+                  borderaxespad=0.0)
 
 
 def _present(by_variant: Mapping[str, Sequence[dict]], v: str) -> bool:
@@ -858,7 +881,7 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     rate_notes = _rate_notes([(by_variant, present) for _, by_variant, present in panels])
     legend_width = _legend_width([], max(["training mean", *labels.values()], key=len))
     with _style():
-        fig, axes = _figure(1, len(panels), (5.0 * len(panels) + legend_width, 4.2))
+        fig, axes = _figure(1, len(panels), ((5.0 + VALUE_WIDTH) * len(panels) + legend_width, 4.2))
         for ax, (ds, by_variant, present), rate_note in zip(axes[0], panels, rate_notes):
             runs = [r for v in present for r in by_variant[v]]
             _plot_panel(ax, by_variant, present, "mse", split=cfg["split"], show_train=cfg["show_train"],
@@ -873,9 +896,10 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
         if shared:
             for ax in axes[0][1:]:
                 ax.set_ylabel("")
-        _legend_beside(axes[0])
+        _legend_beside(axes[0], gap=VALUE_WIDTH)
         fig.suptitle(_plain(cfg["title"]))
-        _layout(fig, 1, len(panels), wspace=0.3 if shared else 0.75, right=0.2 + legend_width,
+        _layout(fig, 1, len(panels), wspace=(0.3 if shared else 0.75) + VALUE_WIDTH,
+                right=0.2 + legend_width + VALUE_WIDTH,
                 top=0.85 if any(rate_notes) else 0.65)
         _save(fig, path)
     notes += [_partial_note(fname, v, *parts).replace(f"`{v}`", f"`{ds}` `{v}`", 1)

@@ -358,7 +358,8 @@ def test_a_ptb_figure_moved_to_another_dataset_is_titled_by_it():
 
 def test_panel_axis_names_the_symbols_and_reference_values_sit_clear_of_the_curves(project: Path):
     """hmm's axis read 'bits per character' (its symbols are HMM outputs; a custom file's are events), and the
-    Bayes optimum's value was written above its line, under the curves that approach it from above."""
+    Bayes optimum's value was written above its line, under the curves that approach it from above: the values are
+    written beside the panel, outside its right edge, at their lines' heights."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -375,17 +376,18 @@ def test_panel_axis_names_the_symbols_and_reference_values_sit_clear_of_the_curv
         fig, ax = plt.subplots()
         _plot_panel(ax, by_variant, sorted(by_variant), metric, split="test", show_train=False,
                     values_in_legend=False, dataset=dataset, **kw)
-        texts = {t.get_text(): (t.get_va(), t.xyann[1]) for t in ax.texts}
+        lo, hi = ax.get_ylim()
+        texts = {t.get_text(): (t.get_ha(), t.xy[0], lo + t.xy[1] * (hi - lo)) for t in ax.texts}   # linear axes
         label = ax.get_ylabel()
         plt.close(fig)
         return label, texts
 
     label, texts = panel("hmm", "bpc", optimal=0.8)
     assert label == "test bits per symbol"
-    assert texts["0.8"] == ("top", -2)          # the curves end at 1.0-1.7, above the optimum: its value below
+    assert texts["0.8"] == ("left", 1.0, pytest.approx(0.8))   # beside the panel at the line, clear of the curves
     label, texts = panel("ptb", "bpc", optimal=5.0)
     assert label == "test bits per character"
-    assert texts["5"] == ("bottom", 2)          # a line above every curve: its value above it
+    assert texts["5"] == ("left", 1.0, pytest.approx(5.0))
     assert panel("ptb", "accuracy", optimal=None)[0] == "test one-step prediction accuracy"
     assert axis_label("bpc") == "bits per character" and axis_label("mse", "custom_x") == "mean squared error"
 

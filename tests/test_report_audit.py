@@ -169,7 +169,8 @@ def test_a_dataset_with_a_bayes_optimum_gets_a_panel_of_the_gap_to_it(tmp_path, 
     fig = figures["lgssm_curves.png"]
     assert len(fig.axes) == 2
     mse, gap = fig.axes
-    assert gap.get_yscale() == "log" and gap.get_ylabel() == "test MSE above the Bayes optimum\n(log scale)"
+    assert gap.get_yscale() == "log" and gap.get_ylabel() == ("test MSE above the Bayes optimum\n(log scale; dashed: "
+                                                              "within 0.1%)")
     lines = _lines(gap)
     assert np.asarray(lines["psrnn (2 seeds)"].get_ydata(), dtype=float) == pytest.approx([0.10, 0.04, 0.02])
     # kf: 0.0001 above and 0.00001 below the optimum, both within 0.1% of it: on the floor, 0.0002
@@ -178,14 +179,15 @@ def test_a_dataset_with_a_bayes_optimum_gets_a_panel_of_the_gap_to_it(tmp_path, 
     assert lines["last value"].get_ydata()[0] == pytest.approx(0.3)
     # the floor and the values written on the lines have room: half the floor, twice the highest line
     assert gap.get_ylim() == pytest.approx((1e-4, 0.6))
-    assert [t.get_text() for t in gap.texts] == ["≤ 0.0002: within 0.1%", "0.3"]
+    assert [t.get_text() for t in gap.texts] == ["≤ 0.0002", "0.3"]
     assert set(_lines(mse)) == set(lines)   # the same entries, one legend beside the last panel
     assert len(mse.get_legend_handles_labels()[0]) == len(gap.get_legend_handles_labels()[0])
     # a discrete set: BPC, its gap, then accuracy
     _write_run(root, "hmm", "psrnn", 0, "discrete", [2.0, 1.7], bayes={"bpc": 1.6})
     write_report(root, tmp_path / "reports")
     assert [ax.get_ylabel() for ax in figures["hmm_curves.png"].axes] == [
-        "test bits per symbol", "test BPC above the Bayes optimum\n(log scale)", "test one-step prediction accuracy"]
+        "test bits per symbol", "test BPC above the Bayes optimum\n(log scale; dashed: within 0.1%)",
+        "test one-step prediction accuracy"]
     assert np.asarray(_lines(figures["hmm_curves.png"].axes[1])["psrnn (1 seed)"].get_ydata(),
                       dtype=float) == pytest.approx([0.4, 0.1])
     # the training split has no optimum: no gap panel
@@ -503,7 +505,7 @@ def test_figure_3_legends_say_each_models_parameter_count(tmp_path, figures):
 def test_a_reference_value_at_the_bottom_of_a_panel_is_written_above_its_line(tmp_path, figures):
     """The unigram's accuracy, under every curve, is the lowest line of its panel, drawn on its frame with its value
     written below it, over the epoch ticks (fig3c's "0.1826" over the "10"): the panel now leaves room under a
-    line at its edge, and the value stays inside the panel."""
+    line at its edge, and the value is written beside the panel, at the line's height."""
     root = tmp_path / "project"
     naive = {"unigram": {"bpc": 4.3, "accuracy": 0.18}}
     for seed in (0, 1):
@@ -513,11 +515,12 @@ def test_a_reference_value_at_the_bottom_of_a_panel_is_written_above_its_line(tm
     fig = figures["hmm_curves.png"]
     bpc, accuracy = fig.axes[:2]
     (unigram_accuracy,) = [t for t in accuracy.texts if t.get_text() == "0.18"]
-    assert unigram_accuracy.get_va() == "top"               # below it, away from the curves that end above it,
     lo, hi = accuracy.get_ylim()
-    assert (0.18 - lo) / (hi - lo) > 0.07                   # with room for it above the frame
+    assert (0.18 - lo) / (hi - lo) > 0.07                   # the line clear of the frame
+    assert unigram_accuracy.xy == pytest.approx((1.0, (0.18 - lo) / (hi - lo)))   # beside it, outside the panel
+    assert (unigram_accuracy.get_ha(), unigram_accuracy.get_va()) == ("left", "center")
     (unigram_bpc,) = [t for t in bpc.texts if t.get_text() == "4.3"]
-    assert unigram_bpc.get_va() == "bottom"                 # above the line, the curves below it (BPC falls)
+    assert unigram_bpc.get_ha() == "left" and unigram_bpc.xy[0] == 1.0
 
 
 def test_the_gap_panel_draws_each_variant_in_the_colour_of_the_other_panels(tmp_path, figures):
@@ -656,3 +659,40 @@ def test_fig4a_has_one_legend_entry_a_variant_and_says_each_panels_rates_in_the_
     assert not [t for ax in fig.axes for t in ax.texts if t.get_text().startswith("lr")]
     assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()] == [
         "kf (2 seeds)", "rnn (2 seeds)", "psrnn (2 seeds)"]
+
+
+def test_reference_values_are_written_beside_the_panels_clear_of_curves_each_other_and_the_next_panel(tmp_path,
+                                                                                                   figures):
+    """The values of the naive predictors' lines and the Bayes optimum were written inside the panel at its right
+    end, over the curves' last points: they are written just outside the panel, at their lines' heights, apart
+    from each other, before the next panel's tick labels and the legend."""
+    root = tmp_path / "project"
+    naive = {"unigram": {"bpc": 2.31, "accuracy": 0.18}, "bigram": {"bpc": 2.3, "accuracy": 0.3}}
+    for v, end in (("psrnn", 2.305), ("lstm", 2.1)):
+        _write_run(root, "hmm", v, 0, "discrete", [4.0, 3.0, end], accuracy=[0.2, 0.3, 0.31], bayes={"bpc": 2.0},
+                   extra={"naive": naive})
+    for ds in ("swimmer", "mocap", "handwriting"):
+        for v in ("kf", "lstm"):
+            _write_run(root, ds, v, 0, "continuous", [1.0, 0.5, 0.0301],
+                       extra={"naive": {"last_value": {"mse": 0.03}, "train_mean": {"mse": 1.0}}})
+    write_report(root, tmp_path / "reports")
+    for name in ("hmm_curves.png", "fig4a.png"):
+        fig = figures[name]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        axes = fig.axes
+        legend = axes[-1].get_legend().get_window_extent(renderer)
+        for i, ax in enumerate(axes):
+            frame = ax.get_window_extent(renderer)
+            boxes = [t.get_window_extent(renderer) for t in ax.texts if not t.get_text().startswith("lr ")]
+            assert boxes, (name, i)
+            for box in boxes:
+                assert box.x0 >= frame.x1 and box.y0 >= frame.y0 - 8 and box.y1 <= frame.y1 + 8, (name, i)
+                assert box.x1 <= fig.bbox.x1
+                if i + 1 < len(axes):   # before the next panel's y tick labels and label
+                    nxt = axes[i + 1].get_tightbbox(renderer)
+                    assert box.x1 < nxt.x0, (name, i)
+                else:
+                    assert box.x1 < legend.x0, (name, i)
+            for j, a in enumerate(boxes):
+                assert not any(a.overlaps(b) for b in boxes[j + 1:]), (name, i, [t.get_text() for t in ax.texts])
