@@ -1048,8 +1048,10 @@ def _fig4b(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                 ax.plot(d["step"], d[key], color=colors[v], lw=1.8, label="one-step prediction", zorder=2)
                 ax.plot(d["step"], d["target"], color="black", lw=0.9, label="test data", zorder=3)
                 score = scores[v][i]
-                if score is not None:   # the whole test set's, of this seed: the one trajectory drawn can mislead
-                    ax.text(0.02, 0.97, f"test MSE {score:.3g}", transform=ax.transAxes, fontsize="x-small",
+                if score is not None:   # the whole test set's, of this seed: the one trajectory drawn can mislead,
+                    # and the one feature drawn too (it is the MSE over every feature), as the text says
+                    ax.text(0.02, 0.97, f"test-set MSE (all features),\nseed {seed}: {score:.3g}",
+                            transform=ax.transAxes, fontsize="x-small",
                             va="top", ha="left", bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1})
                 if i == 0:
                     ax.set_title(f"{v} (seed {seed})")

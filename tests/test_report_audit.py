@@ -456,7 +456,8 @@ def test_fig4b_says_each_runs_test_mse_and_the_units_and_draws_the_data_on_top(t
     fig = figures["fig4b.png"]
     axes = fig.axes[:4]   # rows: before, after; columns: kf, psrnn
     texts = [[t.get_text() for t in ax.texts] for ax in axes]
-    assert texts == [["test MSE 0.0009"], ["test MSE 0.0063"], ["test MSE 0.0006"], ["test MSE 0.032"]]
+    # the whole test set's MSE over every feature, of the seed drawn: not the trajectory's, not the feature's
+    assert texts == [[f"test-set MSE (all features),\nseed 0: {x}"] for x in ("0.0009", "0.0063", "0.0006", "0.032")]
     assert axes[0].get_ylabel() == "before training\nqpos_0 (standardised)"
     data, prediction = ([ln for ln in axes[0].get_lines() if ln.get_label() == name][0]
                         for name in ("test data", "one-step prediction"))
