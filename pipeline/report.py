@@ -23,7 +23,10 @@ matplotlib's default style and without the ``Software`` metadata chunk, so the s
 
 Conventions: curves over seeds show the mean and shade the min–max band, solid where every seed has a value and
 dotted where fewer do (a seed stopped early; results.md names it); a variant has one colour in every figure of its
-dataset; a dataset with a Bayes optimum (the synthetic sets) gets a panel of each variant's gap to it, log scale,
+dataset, and its model family one marker (a ``_delta`` variant its model's, open, on a dash-dotted line), so that
+curves differ without colour; a star marks the value the table scores where a run was scored at an earlier epoch
+than its last (``restore_best``); reference lines (naive predictors, Bayes optimum) have their values written just
+outside a panel's right edge; a dataset with a Bayes optimum (the synthetic sets) gets a panel of each variant's gap to it, log scale,
 beside its primary metric; the table reports mean ± sample standard deviation (``ddof=1``) over seeds (a single
 seed shows the value alone); non-finite values are left out of means and flagged in the table.
 """
