@@ -435,10 +435,13 @@ def _close_stale(client, run_id: str, only_if: Mapping[str, str] | None) -> bool
     return True
 
 
-def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, str]) -> bool:
+def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, str],
+                 current: str | None = None) -> bool:
     """Mark ``run_id`` KILLED where a kill left it RUNNING in the store of ``root`` (:func:`tracking_uri`) with
-    ``only_if``'s tag values, without opening a run; whether it did. A store that is gone (a client would create
-    an empty one) or that cannot be reached closes nothing: an orphan is untidy, not worth a failed stage."""
+    ``only_if``'s tag values, without opening a run; whether it did. ``current``: the run that ``run_id`` was
+    opened to replace, current again: its ``superseded_by`` tag naming ``run_id`` is removed. A store that is gone
+    (a client would create an empty one) or that cannot be reached closes nothing: an orphan is untidy, not worth
+    a failed stage."""
     uri = tracking_uri(root)
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
@@ -450,7 +453,10 @@ def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, 
         with _store_lock(uri):   # as RunTracker opens it: another process may be creating its tables
             client = MlflowClient(uri)
             client.get_experiment_by_name("Default")   # the first request, where the store is opened
-        return _close_stale(client, run_id, only_if)
+        closed = _close_stale(client, run_id, only_if)
+        if current and closed and client.get_run(current).data.tags.get("superseded_by") == run_id:
+            client.delete_tag(current, "superseded_by")
+        return closed
     except Exception:  # noqa: BLE001 - see the docstring
         return False
 
@@ -671,6 +677,37 @@ class RunTracker:
         only a run that has those tag values (a run still RUNNING elsewhere, e.g. in a queued experiment's
         copy of the project, is not stale)."""
         _close_stale(self.client, run_id, only_if)
+
+    @_uninterrupted
+    def mark_current(self) -> None:
+        """Remove the ``superseded_by`` tag of a run continued again (current once more: e.g. its run folder was
+        brought back by ``dvc exp apply`` or a checkout). Best effort, as :meth:`supersede`."""
+        try:
+            if "superseded_by" in self.client.get_run(self.run_id).data.tags:
+                self.client.delete_tag(self.run_id, "superseded_by")
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger(__name__).debug("could not untag MLflow run %s: %s", self.run_id, exc)
+
+    @_uninterrupted
+    def supersede(self, run_id: str, *, only_if: Mapping[str, str] | None = None) -> bool:
+        """Mark the run ``run_id``, which this run replaces, as superseded: tag ``superseded_by`` = this run's id
+        on it and ``supersedes`` = its id on this run (with ``only_if``, only where it has those tag values).
+        Best effort: a run that is gone, deleted or in a store that refuses the write is left as it is (logged at
+        debug); whether it tagged."""
+        if run_id == self.run_id:
+            return False
+        try:
+            old = self.client.get_run(run_id)
+            if old.info.lifecycle_stage != "active" or any(old.data.tags.get(k) != v
+                                                           for k, v in (only_if or {}).items()):
+                return False
+            self.client.set_tag(run_id, "superseded_by", self.run_id)
+            self.client.set_tag(self.run_id, "supersedes", run_id)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a lineage tag is not worth a failed run
+            logging.getLogger(__name__).debug("could not tag MLflow run %s superseded by %s: %s", run_id,
+                                              self.run_id, exc)
+            return False
 
     @_uninterrupted
     def finish(self, status: str = "FINISHED") -> None:

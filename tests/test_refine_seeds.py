@@ -1442,6 +1442,8 @@ def test_a_run_logged_again_is_adopted_only_where_it_was_trained(tmp_path, clean
     refine.refine(workspace, root, "hmm")
     now = json.loads((mdir / "history.json").read_text())["run_id"]
     assert now == x and now != e2
+    # e2, of the same workspace, had replaced x; x, continued again, is current once more
+    assert client.get_run(e2).data.tags["supersedes"] == x and "superseded_by" not in client.get_run(x).data.tags
     assert [m.step for m in client.get_metric_history(e2, "final_test_bpc")] == [4]
     # (C) killed right after the replacement's MLflow run opened, then params reverted: the finished run is kept
     # and its own MLflow run is the one on record again
@@ -1458,8 +1460,10 @@ def test_a_run_logged_again_is_adopted_only_where_it_was_trained(tmp_path, clean
     monkeypatch.setattr(refine, "_open_tracker", original)
     orphan = (mdir / "run_id").read_text().strip()
     assert orphan != x and client.get_run(orphan).info.status == "RUNNING"
+    assert client.get_run(x).data.tags["superseded_by"] == orphan
     refine.refine(workspace, root, "hmm")
     assert (mdir / "run_id").read_text().strip() == x
+    assert "superseded_by" not in client.get_run(x).data.tags   # the orphan replaced nothing in the end
     # the replacement's run, which nothing will continue, is closed as KILLED rather than left RUNNING for good
     assert client.get_run(orphan).info.status == "KILLED" and client.get_run(x).info.status == "FINISHED"
     refine.refine(_params(root, [0], ("gru",), epochs=3, log_checkpoints=False), root, "hmm")   # logged again
@@ -1554,3 +1558,42 @@ def test_a_runs_mlflow_params_hold_the_model_settings_its_family_reads(tmp_path)
         assert logged["model"]["model"] == v.family and None not in logged["model"].values()
         # a factorized PSRNN's run says how far its CP start is from the 2SR tensor (the decompose stage's record)
         assert logged.get("cp") == ({"relative_error": 0.0186} if v.family == "factorized_psrnn" else None)
+
+
+# ------------------------------------------------------------------ what the MLflow runs say of themselves
+
+
+def test_a_retrained_run_marks_the_run_it_replaces_as_superseded(tmp_path, clean_env):
+    """A changed lr trains a new MLflow run under the same run name: the old run is tagged superseded_by the new
+    one, the new one supersedes the old (a search for tags.superseded_by IS NULL finds the current one). An old run
+    deleted from the store is left alone and the retrain goes on; a run logged again into another experiment
+    supersedes the one it was logged from."""
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    refine.refine(_params(root, [0]), root, "hmm")
+    ((*_, first, _),) = _runs(root)
+    refine.refine(_params(root, [0], overrides={"psrnn": {"lr": 0.5}}), root, "hmm")
+    second = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
+    assert second != first
+    old, new = client.get_run(first).data.tags, client.get_run(second).data.tags
+    assert old["superseded_by"] == second and new["supersedes"] == first and "superseded_by" not in new
+    assert client.get_run(second).info.run_name == client.get_run(first).info.run_name == "psrnn_s0"
+    exp = client.get_experiment_by_name("seeds-hmm").experiment_id
+    assert [r.info.run_id for r in client.search_runs([exp], "tags.superseded_by IS NULL")] == [second]
+
+    # the run it replaces was deleted in the UI: no tag, no error
+    client.delete_run(second)
+    refine.refine(_params(root, [0], overrides={"psrnn": {"lr": 0.25}}), root, "hmm")
+    third = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
+    run = client.get_run(third)
+    assert run.info.status == "FINISHED" and "supersedes" not in run.data.tags
+    assert "superseded_by" not in client.get_run(second).data.tags
+
+    # logged again into another experiment of the store (a new run there): that one is current now
+    params = _params(root, [0], overrides={"psrnn": {"lr": 0.25}}, experiment_prefix="moved")
+    refine.refine(params, root, "hmm")
+    moved = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
+    assert moved != third and client.get_run(third).data.tags["superseded_by"] == moved
+    assert client.get_run(moved).data.tags["supersedes"] == third

@@ -145,3 +145,26 @@ def test_has_logged_model_finds_the_model_of_an_epoch(store):
     assert tracker.has_logged_model(3) and not tracker.has_logged_model(4)
     assert not tracker.has_logged_model(3, name="other")
     tracker.finish()
+
+
+def test_supersede_tags_both_runs_and_leaves_a_missing_or_foreign_run_alone(store):
+    """``supersede`` tags the replaced run ``superseded_by`` and the new one ``supersedes``; a run id the store
+    does not hold, a deleted run and a run of another workspace are left as they are, without an error."""
+    from pipeline.tracking import RunTracker
+
+    root, uri, client = store
+    old = _first_run(root, "supersede")
+    old.finish()
+    new = RunTracker(root=root, experiment="supersede", run_name="psrnn_s0", tags=TAGS)
+    assert new.supersede(old.run_id, only_if={"workspace": "/w"})
+    assert client.get_run(old.run_id).data.tags["superseded_by"] == new.run_id
+    assert client.get_run(new.run_id).data.tags["supersedes"] == old.run_id
+    assert not new.supersede("0123456789abcdef0123456789abcdef")   # not in this store
+    other = RunTracker(root=root, experiment="supersede", run_name="psrnn_s0", tags={**TAGS, "workspace": "/q"})
+    other.finish()
+    assert not new.supersede(other.run_id, only_if={"workspace": "/w"})
+    client.delete_run(other.run_id)
+    assert not new.supersede(other.run_id)
+    assert "superseded_by" not in client.get_run(other.run_id).data.tags
+    assert client.get_run(new.run_id).data.tags["supersedes"] == old.run_id
+    new.finish()

@@ -343,7 +343,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
             if orphan:
                 from pipeline.tracking import close_orphan
 
-                close_orphan(root, orphan, only_if={"workspace": str(Path(root).resolve())})
+                close_orphan(root, orphan, only_if={"workspace": str(Path(root).resolve())}, current=recorded)
             write_text(run_id_file, recorded + "\n")
         gone = store_gone
         if tracked_file.is_file() and tracked_file.read_text().strip() == tracked and gone is None:
@@ -591,7 +591,9 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     that a queued experiment found in its copy of the workspace (e.g. to train more epochs) opens a new run,
     into which the epochs so far are logged again, so the workspace's run and every other experiment's are left
     as they are. A previous run of another configuration that a kill in this workspace left RUNNING is closed
-    as KILLED.
+    as KILLED. A run replaced in this workspace (by a new run, or by an earlier run continued again) is tagged
+    ``superseded_by`` = the new run's id, and the new run ``supersedes`` = its id; a run continued loses a
+    ``superseded_by`` of its own (current again). Best effort, both.
 
     Tags ``mlflow.source.git.commit`` and ``git_dirty`` (the tracked files that differ from it, "" for none):
     the work tree's now, or for a run logged again without training, ``trained_at``'s (its history's).
@@ -631,8 +633,13 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
                          # logged again, not trained: its run is the one that trained it, in whichever DVC
                          # experiment (one of `dvc exp run`'s, moved away and back, was duplicated)
                          adopt=adopt or trained_at is not None)
+    if tracker.continued:
+        tracker.mark_current()
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
+        # which run is current: the one the run folder records (a run of another workspace, e.g. the one a queued
+        # experiment's copy started from, is not replaced by it)
+        tracker.supersede(previous, only_if={"workspace": tags["workspace"]})
     write_text(run_id_file, tracker.run_id + "\n")
     return tracker
 
