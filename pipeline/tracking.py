@@ -620,6 +620,21 @@ class RunTracker:
         self.client.set_tag(self.run_id, key, value)
 
     @_uninterrupted
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set several tags in one request (values as text)."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        if items:
+            self.client.log_batch(self.run_id, tags=items)
+
+    @_uninterrupted
+    def delete_tag(self, key: str) -> None:
+        """Remove the run's tag ``key`` where it has one."""
+        if key in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, key)
+
+    @_uninterrupted
     def tag(self, key: str) -> str | None:
         """The run's tag ``key``, or None."""
         return self.client.get_run(self.run_id).data.tags.get(key)

@@ -1597,3 +1597,37 @@ def test_a_retrained_run_marks_the_run_it_replaces_as_superseded(tmp_path, clean
     moved = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
     assert moved != third and client.get_run(third).data.tags["superseded_by"] == moved
     assert client.get_run(moved).data.tags["supersedes"] == third
+
+
+def test_a_failed_run_says_why_in_mlflow_and_forgets_it_once_resumed_to_the_end(tmp_path, clean_env):
+    """A run stopped by train.max_loss is closed FAILED with the stop's one-line message as its tag failure and
+    its note (the UI's description); resumed with a raised max_loss into the same run, it finishes without them."""
+    from mlflow import MlflowClient
+
+    from pipeline.train import TrainingDiverged
+
+    root = tmp_path
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    with pytest.raises(TrainingDiverged) as err:
+        refine.refine(_params(root, [0], overrides={"psrnn": {"max_loss": 0.01}}), root, "hmm")
+    run_id = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    why = run.data.tags["failure"]
+    assert why == " ".join(str(err.value).split()) and "\n" not in why
+    assert "hmm.train.overrides.psrnn.max_loss" in why, why
+    assert run.data.tags["mlflow.note.content"] == why
+    refine.refine(_params(root, [0], overrides={"psrnn": {"max_loss": 1e6}}), root, "hmm")
+    assert (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip() == run_id   # resumed, same run
+    tags = client.get_run(run_id).data.tags
+    assert client.get_run(run_id).info.status == "FINISHED" and "failure" not in tags
+    assert tags.get("mlflow.note.content") != why
+
+
+def test_failure_line_is_one_line_with_the_error_type_where_it_is_no_stop_in_training():
+    from pipeline.train import TrainingDiverged
+
+    assert refine.failure_line(TrainingDiverged("training stopped at epoch 1,\n step 0: loss")) == \
+        "training stopped at epoch 1, step 0: loss"
+    assert refine.failure_line(RuntimeError("CUDA out of memory.\nTried")) == "RuntimeError: CUDA out of memory. Tried"
+    assert refine.failure_line(ValueError()) == "ValueError"

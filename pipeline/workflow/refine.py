@@ -410,6 +410,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         # an error is FAILED
         status = "FAILED" if isinstance(stop, Exception) else "KILLED"
         try:
+            if status == "FAILED":   # why, in the UI: the run's tag failure and its note (Description)
+                why = failure_line(stop)
+                tracker.set_tags({"failure": why, "mlflow.note.content": why})
             tracker.finish(status)
         except Exception as exc:   # an interrupt inside an MLflow call can leave the store unusable for now:
             # the failure being raised is the one to report (a later refine closes or continues the run)
@@ -434,6 +437,18 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def failure_line(exc: BaseException) -> str:
+    """The one line a failed run's MLflow tag ``failure`` (and its note) holds: the message of a stop in training
+    (:class:`pipeline.train.TrainingDiverged`, which names the epoch and the remedy), else the error's type and
+    message, its whitespace folded into single spaces."""
+    from pipeline.train import TrainingDiverged
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, TrainingDiverged) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 #: what a run's fingerprint holds besides its train settings, as :func:`what_changed` names each
@@ -739,6 +754,12 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                                    for k, v in values.items()}, step=0)
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
+    if tracker.continued:   # a run that failed, then resumed and finished (e.g. with a raised train.max_loss)
+        failure = tracker.tag("failure")
+        if failure is not None:
+            tracker.delete_tag("failure")
+            if tracker.tag("mlflow.note.content") == failure:
+                tracker.delete_tag("mlflow.note.content")
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(mdir / "history.json")
