@@ -888,6 +888,32 @@ def _missing_artifacts(artifact_uri: str | None) -> str | None:
             "so a store moved or copied needs its mlruns/ folder back at that path")
 
 
+#: what a run that is not FINISHED is, for the error that says it has no final model
+_UNFINISHED = {"FAILED": "it failed", "KILLED": "it was stopped before it finished",
+               "RUNNING": "it is still training, or was killed before it could say so",
+               "SCHEDULED": "it has not started"}
+
+
+def _unfinished(run: Any) -> str | None:
+    """The one-line error of a run whose status is not FINISHED (its tag ``failure`` says why a failed run
+    failed), for when its final model's artifacts are missing; None for a finished run."""
+    status = str(run.info.status)
+    if status == "FINISHED":
+        return None
+    why = _UNFINISHED.get(status, "it did not finish")
+    failure = run.data.tags.get("failure")
+    if failure:
+        why += f": {_one_line(failure)}"
+    return (f"MLflow run {run.info.run_id} is {status}: it has no final model ({why}); expected a FINISHED run of "
+            "the pipeline (the run folder's run_id, or `psrnn runs`, names the current one)")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut to ``limit`` characters (ending in "...")."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _units_ok(units: Any) -> bool:
     if not isinstance(units, dict):
         return False
@@ -977,9 +1003,12 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
         raise ValueError(f"MLflow run {run_id}: not found in {redacted(uri)} ({where}); pass tracking_uri= or set "
                          "MLFLOW_TRACKING_URI to the store that holds it") from None
     tags = run.data.tags
+    unfinished = _unfinished(run)
     with tempfile.TemporaryDirectory() as tmp:
         units_path = _download_artifact(client, run_id, "data_units.json", tmp)
         if units_path is None:
+            if unfinished is not None:   # nothing moved: the run never logged its outcome
+                raise ValueError(unfinished)
             raise ValueError(f"MLflow run {run_id}: no data_units.json artifact ("
                              f"{_missing_artifacts(run.info.artifact_uri) or 'a run of the pipeline logs one'})")
         try:
@@ -995,6 +1024,8 @@ def load_mlflow_run(run_id: str, *, tracking_uri: str | None = None, allow_pickl
             model = model_from_checkpoint(load_checkpoint(ckpt), Path(ckpt).name)
         elif allow_pickle:
             model = _pickled_model(client, uri, run_id, run.info.experiment_id)
+        elif unfinished is not None:
+            raise ValueError(unfinished)
         else:
             raise ValueError(f"MLflow run {run_id}: no checkpoints/checkpoint.pt artifact (logged with "
                              "tracking.log_checkpoints: false?); its mlflow.pytorch model is a pickle that runs code "

@@ -403,3 +403,38 @@ def test_the_health_check_of_an_https_server_reads_mlflows_tls_settings(clean_en
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_load_mlflow_run_says_a_run_that_did_not_finish_has_no_final_model(clean_env, tmp_path):
+    """A FAILED, KILLED or RUNNING run without the artifacts of a finished one: the error says what the run is
+    (and why a failed one failed, its tag failure), not that its artifact folder moved."""
+    from pipeline.inference import load_mlflow_run
+    from pipeline.tracking import RunTracker, tracking_uri
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    uri = tracking_uri(root)
+    tags = {"dataset": "hmm", "variant": "gru", "seed": "0"}
+    failed = RunTracker(root=root, experiment="psrnn-hmm", run_name="gru_s0", tags=tags)
+    failed.set_tags({"failure": "training stopped at epoch 1, step 0: loss is 3, above train.max_loss=1"})
+    failed.finish("FAILED")
+    with pytest.raises(ValueError) as err:
+        load_mlflow_run(failed.run_id, tracking_uri=uri)
+    msg = str(err.value)
+    assert msg.startswith(f"MLflow run {failed.run_id} is FAILED: it has no final model (it failed: training "
+                          "stopped at epoch 1, step 0: loss is 3, above train.max_loss=1); expected a FINISHED "
+                          "run"), msg
+    assert "moved" not in msg and "\n" not in msg
+    killed = RunTracker(root=root, experiment="psrnn-hmm", run_name="gru_s0", tags=tags)
+    killed.finish("KILLED")
+    with pytest.raises(ValueError, match=rf"^MLflow run {killed.run_id} is KILLED: it has no final model \(it was "
+                                         r"stopped before it finished\);"):
+        load_mlflow_run(killed.run_id, tracking_uri=uri)
+    running = RunTracker(root=root, experiment="psrnn-hmm", run_name="gru_s0", tags=tags)
+    with pytest.raises(ValueError, match=rf"^MLflow run {running.run_id} is RUNNING: it has no final model"):
+        load_mlflow_run(running.run_id, tracking_uri=uri, allow_pickle=False)
+    # with its data units but no checkpoint (a run logged without checkpoints that failed on a later epoch)
+    running.log_dict({"kind": "discrete", "vocab": ["a", "b"], "epoch": 1}, "data_units.json")
+    with pytest.raises(ValueError, match=rf"^MLflow run {running.run_id} is RUNNING: it has no final model"):
+        load_mlflow_run(running.run_id, tracking_uri=uri)
+    running.finish()
