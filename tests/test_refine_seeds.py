@@ -1103,6 +1103,15 @@ def test_restore_best_is_what_refine_evaluate_and_mlflow_report(tmp_path, clean_
     assert result["model_epoch"] == best and result["test"]["bpc"] == pytest.approx(want, rel=1e-6)
     run = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_run(history["run_id"])
     assert run.data.metrics["final_test_bpc"] == pytest.approx(want, rel=1e-12)
+    # the UI says which epoch scored best, on which split, and whose weights the run keeps
+    monitor = history["monitor"]
+    assert monitor == "train"   # auto, without a validation split and with eval_train
+    assert (run.data.tags["best_epoch"], run.data.tags["final_epoch"], run.data.tags["monitor"]) == \
+        (str(best), str(best), monitor)
+    best_history = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_metric_history(history["run_id"],
+                                                                                      f"best_{monitor}_bpc")
+    assert [(m.step, m.value) for m in best_history] == [(best, pytest.approx(history["best_metric"], rel=1e-12))]
+    assert history["best_metric"] == pytest.approx(history["history"][best][monitor]["bpc"], rel=1e-12)
     # psrnn runs shows the number of the weights kept first, the last epoch's beside it
     from pipeline.workflow.runs import format_runs, list_runs
 

@@ -754,6 +754,7 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                                    for k, v in values.items()}, step=0)
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
+    _log_best(tracker, history, ds.discrete, int(last["epoch"]))
     if tracker.continued:   # a run that failed, then resumed and finished (e.g. with a raised train.max_loss)
         failure = tracker.tag("failure")
         if failure is not None:
@@ -775,6 +776,25 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                               epoch=int(epoch))
         tracker.set_tag("model_epoch", epoch)
     tracker.finish()
+
+
+def _log_best(tracker, history: dict[str, Any], discrete: bool, final_epoch: int) -> None:
+    """Which epoch scored best on the split that scores epochs: tags ``best_epoch``, ``monitor`` (that split,
+    "auto" resolved) and ``final_epoch`` (the epoch of the weights the run keeps: the best one's with
+    ``train.restore_best``, else the last), and the metric ``best_<monitor>_<bpc|mse>`` at step ``best_epoch``."""
+    import math
+
+    from pipeline.metrics import primary_metric
+
+    best, monitor, value = history.get("best_epoch"), history.get("monitor"), history.get("best_metric")
+    tags = {"final_epoch": final_epoch}
+    if best is not None:
+        tags["best_epoch"] = int(best)
+    if monitor:
+        tags["monitor"] = monitor
+    tracker.set_tags(tags)
+    if best is not None and monitor and isinstance(value, (int, float)) and math.isfinite(value):
+        _log_new_metrics(tracker, {f"best_{monitor}_{primary_metric(discrete)}": value}, step=int(best))
 
 
 def _log_new_metrics(tracker, metrics: dict[str, float], step: int) -> None:
