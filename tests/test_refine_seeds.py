@@ -1640,3 +1640,46 @@ def test_failure_line_is_one_line_with_the_error_type_where_it_is_no_stop_in_tra
         "training stopped at epoch 1, step 0: loss"
     assert refine.failure_line(RuntimeError("CUDA out of memory.\nTried")) == "RuntimeError: CUDA out of memory. Tried"
     assert refine.failure_line(ValueError()) == "ValueError"
+
+
+def test_runs_log_the_kernel_widths_device_and_monitor_that_auto_resolved_to(tmp_path, clean_env):
+    """two_stage.widths null (the median heuristic) and train.device / train.monitor auto show what they resolved
+    to: a 2SR-initialised run logs the kernel widths of its RFF maps as params (layer 1's from features.npz, each
+    upper layer's from its 2SR artifact), every run tags the device it trained on and the split scoring its epochs;
+    a run continued to more epochs keeps its params (MLflow's are immutable) and retags."""
+    from mlflow import MlflowClient
+
+    from pipeline.io import load_npz
+    from pipeline.workflow.paths import artifact_dir
+
+    root = tmp_path
+    raw = copy.deepcopy(PARAMS)
+    raw["hmm"]["variants"] = ["psrnn", "psrnn_2layer", "gru"]
+    raw["hmm"]["two_stage"]["layers"] = 2
+    raw["hmm"]["train"].update(epochs=1, device="auto", monitor="auto")
+    params = _write_params(root, raw)
+    data.prepare(params, root, "hmm")
+    for stage in (spectral.features, spectral.two_stage, spectral.decompose, initialise.initialise):
+        stage(params, root, "hmm", 0)
+    refine.refine(params, root, "hmm")
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    arrays, _ = load_npz(artifact_dir(root, "hmm", 0) / "features.npz")
+    layer1 = {f"two_stage.{k}_width": str(float(arrays[f"{k}_width"])) for k in ("obs", "past", "future")}
+    _, meta = load_npz(artifact_dir(root, "hmm", 0) / "2sr" / "L2.npz")
+    layer2 = {f"two_stage.layer2.{k}_width": str(float(w)) for k, w in meta["diagnostics"][1]["widths"].items()}
+    assert meta["diagnostics"][0]["widths"] == {k: float(arrays[f"{k}_width"]) for k in ("obs", "past", "future")}
+    runs = {}
+    for variant in ("psrnn", "psrnn_2layer", "gru"):
+        run = client.get_run((model_dir(root, "hmm", variant, 0) / "run_id").read_text().strip())
+        runs[variant] = run
+        widths = {k: v for k, v in run.data.params.items() if k.endswith("_width")}
+        want = {"psrnn": layer1, "psrnn_2layer": {**layer1, **layer2}, "gru": {}}[variant]
+        assert widths == want, (variant, widths)
+        assert run.data.params["train.device"] == "auto" and run.data.tags["device"] == "cpu"
+        assert run.data.params["train.monitor"] == "auto" and run.data.tags["monitor"] == "train"
+    # continued to 2 epochs: the same run, its params as they were (log_params skips the keys it holds)
+    raw["hmm"]["train"]["epochs"] = 2
+    refine.refine(_write_params(root, raw), root, "hmm")
+    again = client.get_run(runs["psrnn"].info.run_id)
+    assert again.data.tags["epochs"] == "2" and again.data.params == runs["psrnn"].data.params
+    assert again.data.tags["device"] == "cpu"

@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import sys
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -400,6 +401,9 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         _log_missing_epochs(tracker, ck["history"], ds.discrete)
 
     try:
+        # what the params show as "auto": the device this run trains on now (a resumed run may move), the split
+        # that scores its epochs
+        tracker.set_tags({**_device_tags(tcfg.device), "monitor": tcfg.monitored_split(bool(ds.valid))})
         try:
             result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
                          resume=resume, on_epoch=tracker.log_epoch)
@@ -437,6 +441,20 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def _device_tags(name: str) -> dict[str, str]:
+    """The MLflow tags of the device ``train.device`` resolves to on this machine: ``device`` (cpu, cuda:<index>)
+    and, for a GPU, ``device_name``."""
+    import torch
+
+    from pipeline.train import resolve_device
+
+    device = resolve_device(name)
+    if device.type != "cuda":
+        return {"device": str(device)}
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return {"device": f"cuda:{index}", "device_name": torch.cuda.get_device_name(index)}
 
 
 def failure_line(exc: BaseException) -> str:
@@ -575,12 +593,40 @@ def _run_params(params: Params, dataset: str, variant_name: str, seed: int, mode
         # as its 2SR artifact's config (a 1-layer PSRNN's without the upper layers' keys); the RFF and range
         # finder's seed is the run's
         config["two_stage"] = {**depth_config(dp.two_stage, variant.n_layers), "seed": seed}
+        if root is not None:   # the kernel widths its RFF maps were drawn with ("widths: null" is the median's)
+            config["two_stage"].update(_kernel_widths(artifact_dir(root, dataset, seed), variant.n_layers))
         if variant.family == "factorized_psrnn" and root is not None:
             # how far its start is from the 2SR tensor: a rank below what W needs starts from another tensor
             error = _cp_relative_error(artifact_dir(root, dataset, seed) / "cp" / f"r{variant.rank}.npz")
             if error is not None:
                 config["cp"] = {"relative_error": error}
     return config
+
+
+_WIDTH_FAMILIES = ("obs", "past", "future")
+
+
+def _kernel_widths(adir: Path, n_layers: int) -> dict[str, Any]:
+    """The kernel widths a 2SR-initialised run's RFF maps use, as the params ``two_stage.obs_width``,
+    ``past_width`` and ``future_width`` (layer 1's, of the features stage's ``features.npz``) and, for a deeper
+    PSRNN, ``two_stage.layer<l>.obs_width``... (each upper layer's median widths of its own inputs, as the
+    ``2sr/L<n>.npz`` it starts from records them). Only the scalars are read; what cannot be read is left out
+    (the run's initial weights, not these numbers, are what initialise checked)."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    try:
+        with np.load(adir / "features.npz", allow_pickle=False) as z:
+            for name in _WIDTH_FAMILIES:
+                out[f"{name}_width"] = float(z[f"{name}_width"])
+        if n_layers > 1:
+            with np.load(adir / "2sr" / f"L{n_layers}.npz", allow_pickle=False) as z:
+                layers = json.loads(str(z["__meta__"]))["diagnostics"]
+            for level, diag in enumerate(layers[1:n_layers], start=2):
+                out[f"layer{level}"] = {f"{name}_width": float(diag["widths"][name]) for name in _WIDTH_FAMILIES}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, zipfile.BadZipFile):
+        pass
+    return out
 
 
 def _cp_relative_error(path: Path) -> float | None:
