@@ -1683,3 +1683,25 @@ def test_runs_log_the_kernel_widths_device_and_monitor_that_auto_resolved_to(tmp
     again = client.get_run(runs["psrnn"].info.run_id)
     assert again.data.tags["epochs"] == "2" and again.data.params == runs["psrnn"].data.params
     assert again.data.tags["device"] == "cpu"
+
+
+def test_runs_carry_mlflows_context_tags_and_their_summary_as_the_note(tmp_path, clean_env, capsys):
+    """The UI's User and Source columns and the run's description: mlflow.user, mlflow.source.name (the stage
+    script, relative to the project), mlflow.source.type LOCAL, and mlflow.note.content = the line refine prints."""
+    import getpass
+    import sys
+
+    from mlflow import MlflowClient
+
+    root = tmp_path
+    params = _params(root, [0])
+    clean_env.chdir(root)
+    clean_env.setattr(sys, "argv", [str(root / "stages" / "refine.py"), "hmm"])
+    refine.refine(params, root, "hmm")
+    printed = [line for line in capsys.readouterr().err.splitlines() if "psrnn_s0 2 epochs" in line]
+    run_id = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
+    tags = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["mlflow.user"] == getpass.getuser()
+    assert (tags["mlflow.source.name"], tags["mlflow.source.type"]) == ("stages/refine.py", "LOCAL")
+    assert printed == [tags["mlflow.note.content"]]
+    assert refine._source_name(Path("/elsewhere")) == "refine.py"

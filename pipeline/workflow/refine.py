@@ -670,7 +670,12 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
             "seed": str(seed), "dvc_stage": os.environ.get("DVC_STAGE", f"refine@{dataset}"),
             # the folder that trains it: a queued experiment's copy of the project has its own, and DVC locks a
             # workspace, so a RUNNING run of this one is a killed run, while one of another may be training
-            "workspace": str(Path(root).resolve()), "host": socket.gethostname()}
+            "workspace": str(Path(root).resolve()), "host": socket.gethostname(),
+            # MLflow's own context tags, as its fluent start_run sets them (the UI's User and Source columns)
+            "mlflow.source.name": _source_name(root), "mlflow.source.type": "LOCAL"}
+    user = _user()
+    if user:
+        tags["mlflow.user"] = user
     if trained_at and trained_at.get("git_commit"):
         commit, dirty = trained_at["git_commit"], trained_at.get("git_dirty")
     else:
@@ -703,6 +708,28 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
         tracker.supersede(previous, only_if={"workspace": tags["workspace"]})
     write_text(run_id_file, tracker.run_id + "\n")
     return tracker
+
+
+def _source_name(root: Path) -> str:
+    """What runs this process, for the tag ``mlflow.source.name``: the script relative to the project
+    (``stages/refine.py`` under DVC), else its file name (``psrnn``)."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if not script:
+        return "python"
+    try:
+        return Path(script).resolve().relative_to(Path(root).resolve()).as_posix()
+    except (ValueError, OSError):
+        return Path(script).name or script
+
+
+def _user() -> str | None:
+    """The user name for the tag ``mlflow.user`` (as MLflow finds it), or None where none can be found."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name (a container without a passwd entry): no tag
+        return None
 
 
 def units_to_keep(ds: Any) -> dict[str, Any]:
@@ -802,11 +829,7 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
         tracker.set_tag("stopped_early", history["stopped_early"])
     _log_best(tracker, history, ds.discrete, int(last["epoch"]))
     if tracker.continued:   # a run that failed, then resumed and finished (e.g. with a raised train.max_loss)
-        failure = tracker.tag("failure")
-        if failure is not None:
-            tracker.delete_tag("failure")
-            if tracker.tag("mlflow.note.content") == failure:
-                tracker.delete_tag("mlflow.note.content")
+        tracker.delete_tag("failure")   # (its note, the failure too, is replaced below)
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(mdir / "history.json")
@@ -821,6 +844,12 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
             tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
                               epoch=int(epoch))
         tracker.set_tag("model_epoch", epoch)
+    try:   # the run's description in the UI: the line refine prints of it
+        note = summary_line(history)
+    except (KeyError, TypeError, IndexError, ValueError):   # a history of an older version, logged again
+        note = None
+    if note:
+        tracker.set_tags({"mlflow.note.content": note})
     tracker.finish()
 
 
