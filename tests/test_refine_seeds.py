@@ -130,7 +130,11 @@ def test_runs_are_trained_once_added_and_removed(tmp_path, clean_env):
     gru1 = _mtime(root, "gru", 1)
     run_gru1 = (model_dir(root, "hmm", "gru", 1) / "run_id").read_text().strip()
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
-    assert [a.path for a in client.list_artifacts(run_gru1)] == ["data_units.json", "history.json"]
+    assert [a.path for a in client.list_artifacts(run_gru1)] == ["data_units.json", "history.json", "plots"]
+    # the run's curves, the file dvc plots draws, as they were when it was logged
+    assert [a.path for a in client.list_artifacts(run_gru1, "plots")] == ["plots/s1.json"]
+    logged = client.download_artifacts(run_gru1, "plots/s1.json", str(tmp_path))
+    assert Path(logged).read_text() == plot_path(root, "hmm", "gru", 1).read_text()
     refine.refine(params, root, "hmm")
     # runs no longer in params.yaml: their trained models stay, their plot files (the report's input) go
     assert (model_dir(root, "hmm", "psrnn", 0) / "done").is_file() and _mtime(root, "psrnn", 0) == mtime

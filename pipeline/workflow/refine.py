@@ -435,7 +435,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
                "history": result.history}
     write_json(history_file, history)
     _write_plot(root, dataset, variant_name, seed, result.history)
-    _log_outcome(tracker, params, ds, model, mdir, history)
+    _log_outcome(tracker, params, ds, model, mdir, history, plot=plot_path(root, dataset, variant_name, seed))
     write_text(tracked_file, tracked + "\n")
     write_text(done_file, fingerprint + "\n")
     if announce:
@@ -805,9 +805,11 @@ def _log_missing_epochs(tracker, history: list[dict[str, Any]], discrete: bool) 
             tracker.log_epoch(entry)
 
 
-def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[str, Any]) -> None:
+def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[str, Any],
+                 plot: Path | None = None) -> None:
     """Log what a finished run's MLflow run holds besides its epochs: the final test metrics, the checkpoint,
-    the history, the data units and (``tracking.log_model``) the model with its trained weights; then close it.
+    the history, its curves (``plot``, the file ``dvc plots`` draws, under ``plots/``), the data units and
+    (``tracking.log_model``) the model with its trained weights; then close it.
     The model is logged once per MLflow run and epoch of its weights (tag ``model_epoch``): again when a
     continued run trained more epochs, not when a run is only logged again."""
     import torch
@@ -833,6 +835,8 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(mdir / "history.json")
+    if plot is not None and plot.is_file():
+        tracker.log_artifact(plot, "plots")
     # the logged model works in the dataset's units (vocabulary indices, standardised features): this says which,
     # so that pipeline.inference.load_mlflow_run can take and give data in the original units
     tracker.log_dict({**units_to_keep(ds), "dataset": history["dataset"], "variant": history["variant"],
@@ -913,7 +917,7 @@ def _log_again(params: Params, root: Path, dataset: str, variant_name: str, seed
     _log_missing_epochs(tracker, history["history"], ds.discrete)
     history = {**history, "run_id": tracker.run_id}
     write_json(mdir / "history.json", history)
-    _log_outcome(tracker, params, ds, model, mdir, history)
+    _log_outcome(tracker, params, ds, model, mdir, history, plot=plot_path(root, dataset, variant_name, seed))
     write_text(mdir / "tracked", tracked + "\n")
     print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, logged "
           f"again: {why} (MLflow run {tracker.run_id})", file=sys.stderr)
