@@ -829,9 +829,9 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                                    for k, v in values.items()}, step=0)
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
-    _log_best(tracker, history, ds.discrete, int(last["epoch"]))
+    tags = _log_best(tracker, history, ds.discrete, int(last["epoch"]))
     if tracker.continued:   # a run that failed, then resumed and finished (e.g. with a raised train.max_loss)
-        tracker.delete_tag("failure")   # (its note, the failure too, is replaced below)
+        tracker.delete_tag("failure")   # (its note, which said so, is replaced by its summary below)
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(mdir / "history.json")
@@ -849,31 +849,31 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
                               epoch=int(epoch))
         tracker.set_tag("model_epoch", epoch)
     try:   # the run's description in the UI: the line refine prints of it
-        note = summary_line(history)
+        tags["mlflow.note.content"] = summary_line(history)
     except (KeyError, TypeError, IndexError, ValueError):   # a history of an older version, logged again
-        note = None
-    if note:
-        tracker.set_tags({"mlflow.note.content": note})
+        pass
+    tracker.set_tags(tags)   # one request
     tracker.finish()
 
 
-def _log_best(tracker, history: dict[str, Any], discrete: bool, final_epoch: int) -> None:
-    """Which epoch scored best on the split that scores epochs: tags ``best_epoch``, ``monitor`` (that split,
-    "auto" resolved) and ``final_epoch`` (the epoch of the weights the run keeps: the best one's with
-    ``train.restore_best``, else the last), and the metric ``best_<monitor>_<bpc|mse>`` at step ``best_epoch``."""
+def _log_best(tracker, history: dict[str, Any], discrete: bool, final_epoch: int) -> dict[str, Any]:
+    """Which epoch scored best on the split that scores epochs: logs the metric ``best_<monitor>_<bpc|mse>`` at
+    step ``best_epoch`` and returns the tags to set, ``best_epoch``, ``monitor`` (that split, "auto" resolved)
+    and ``final_epoch`` (the epoch of the weights the run keeps: the best one's with ``train.restore_best``, else
+    the last)."""
     import math
 
     from pipeline.metrics import primary_metric
 
     best, monitor, value = history.get("best_epoch"), history.get("monitor"), history.get("best_metric")
-    tags = {"final_epoch": final_epoch}
+    tags: dict[str, Any] = {"final_epoch": final_epoch}
     if best is not None:
         tags["best_epoch"] = int(best)
     if monitor:
         tags["monitor"] = monitor
-    tracker.set_tags(tags)
     if best is not None and monitor and isinstance(value, (int, float)) and math.isfinite(value):
         _log_new_metrics(tracker, {f"best_{monitor}_{primary_metric(discrete)}": value}, step=int(best))
+    return tags
 
 
 def _log_new_metrics(tracker, metrics: dict[str, float], step: int) -> None:
