@@ -926,6 +926,8 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
                           "clip": a["clip"], "device": a["device"], "seed": a["seed"], **train_options})
     _validated(tcfg.validate, two_stage_options, train_options)
     _check_settings_given_twice(a, tcfg)   # after validation, which names a bad train_options value as such
+    _check_bptt_memory(cfg, tcfg, arrays["train"], default=a["bptt"] is None and "bptt" not in train_options,
+                       key="train_options['bptt']" if "bptt" in train_options else "bptt")
     valid = arrays.get("valid") or None
     _validated(lambda: tcfg.monitored_split(bool(valid)), two_stage_options, train_options)
     for name in ("train", "valid", "test"):   # as pipeline.train.fit checks them, but before any 2SR work
@@ -1021,6 +1023,30 @@ def _check_shape_options(model: str, a: dict[str, Any]) -> None:
         if a["n_layers"] == 1:
             raise ValueError("decoder_input='all': reads every layer's state, and n_layers=1 has one layer (the "
                              "same as 'top'); expected n_layers >= 2, or leave it out")
+
+
+def _check_bptt_memory(cfg: ModelConfig, tcfg: Any, train: Sequence[np.ndarray], *, default: bool,
+                       key: str) -> None:
+    """Whole-sequence BPTT (bptt 0) keeps the graph of every training step of an epoch (the trajectories laid end
+    to end into ``batch_size`` streams): warn where :func:`pipeline.config.bptt_step_bytes` puts it above
+    :data:`pipeline.config.BPTT_MEMORY_WARN`, refuse where it exceeds this machine's memory on the CPU."""
+    from pipeline.config import bptt_memory_message, bptt_step_bytes, trains_on_cpu
+
+    if tcfg.bptt != 0 or tcfg.epochs < 1:
+        return
+    step = bptt_step_bytes(cfg.model, state_dim=cfg.state_dim, obs_dim=cfg.obs_dim, n_features=cfg.n_rff,
+                           input_dim=cfg.input_dim, n_layers=cfg.n_layers, rank=cfg.rank, discrete=cfg.discrete)
+    message, too_big = bptt_memory_message(key, [len(t) for t in train], tcfg.batch_size, step,
+                                           on_cpu=lambda: trains_on_cpu(tcfg.device))
+    if message is None:
+        return
+    if default:
+        message = message.replace(f"{key}: 0", f"{key}: 0 (the default for continuous data)", 1)
+    if too_big:
+        raise ValueError(message)
+    import warnings
+
+    warnings.warn(f"fit_model: {message}", UserWarning, stacklevel=4)
 
 
 def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], model: str, a: dict[str, Any],

@@ -1049,6 +1049,111 @@ def check_windows(dataset_name: str, dp: DatasetParams, train_lengths: typing.Se
         _check_kf_state_dim(dp, int(obs_dim), "from the prepared data")
 
 
+
+# ------------------------------------------------------------------------------------- whole-sequence BPTT
+
+#: ``train.bptt: 0`` keeps the autograd graph of every training step of an epoch: warn above this many bytes
+BPTT_MEMORY_WARN = 2 * 2 ** 30
+
+
+def bptt_step_bytes(family: str, *, state_dim: int, obs_dim: int, n_features: int, input_dim: int,
+                    n_layers: int = 1, rank: int | None = None, discrete: bool = False) -> int:
+    """A conservative bound on the bytes one training step (one stream, float32) holds in the graph of one BPTT
+    window, with the gradients its backward allocates. A PSRNN layer keeps its RFF encoder's activations (its
+    cosine's input and output and their gradient: 3 × ``n_features``; a discrete layer 1 has a symbol table
+    instead), the step matrices G_t of a full layer and their gradient (2 × d²; a factorized layer's compiled loop
+    forms none, 2 × rank), the encoded observation and a few states; an LSTM/GRU/RNN layer its gates and states
+    (~24 × d); every model the input, target and prediction. On the CPU (peak RSS of one forward and backward
+    over 40,000 steps) it overestimates by 4-45%: d 20, D 2000 measured 24.4 KB/step (bound 27.6 KB), D 500
+    7.9 KB (9.6), D 4000 48.5 KB (51.6), d 60 and D 500 34.2 KB (35.9), two layers 42.3 KB (55.2), factorized
+    rank 40 and D 500 6.5 KB (6.8), LSTM d 20 2.2 KB (2.3), LSTM d 100 6.9 KB (10.0)."""
+    d, d_o, m = int(state_dim), int(obs_dim), int(input_dim)
+    floats = 3 * (1 if discrete else m)
+    for level in range(max(1, int(n_layers))):
+        if family in ("psrnn", "factorized_psrnn"):
+            rff = 0 if (level == 0 and discrete) else 3 * int(n_features)
+            core = 2 * int(rank) if family == "factorized_psrnn" and rank is not None else 2 * d * d
+            floats += rff + core + d_o + 4 * d
+        else:   # lstm, gru, rnn; the Kalman filter's (fixed-gain) update keeps less
+            floats += 24 * d + 4 * (d_o if level == 0 else d)
+    return 4 * floats
+
+
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def bptt_graph_steps(lengths: typing.Sequence[int], batch_size: int) -> tuple[int, int]:
+    """(stream length, streams) of an epoch of whole-sequence BPTT (:func:`pipeline.batching.make_streams` with
+    ``min_piece=None``): a single trajectory stays whole, more are laid end to end into at most ``batch_size``
+    streams (at least as long as the longest trajectory, and as the steps shared out evenly)."""
+    lengths = [int(n) for n in lengths]
+    streams = max(1, min(int(batch_size), len(lengths)))
+    if not lengths:
+        return 0, streams
+    return max(max(lengths), -(-sum(lengths) // streams)), streams
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2g} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
+
+
+def bptt_memory_message(key: str, lengths: typing.Sequence[int], batch_size: int, step_bytes: int,
+                        on_cpu: bool | Callable[[], bool] = True) -> tuple[str | None, bool]:
+    """The warning for whole-sequence BPTT (``key``: the bptt setting, 0) over these training trajectories, and
+    whether it cannot fit (the estimate above this machine's physical memory, training on the CPU; ``on_cpu`` is
+    asked only then); (None, False) below :data:`BPTT_MEMORY_WARN`."""
+    length, streams = bptt_graph_steps(lengths, batch_size)
+    need = length * streams * step_bytes
+    if need <= BPTT_MEMORY_WARN:
+        return None, False
+    rows = ("one stream" if streams == 1 else f"{streams} streams")
+    total = physical_memory()
+    too_big = total is not None and need > total and bool(on_cpu() if callable(on_cpu) else on_cpu)
+    beyond = f", more than this machine's {_gib(total)}" if too_big else ""
+    return (f"{key}: 0 back-propagates through {rows} of {length:,} steps per epoch update (~{_gib(need)} of "
+            f"autograd graph, ~{step_bytes / 1000:.0f} KB a step{beyond}); set {key} (e.g. 100) to truncate"), too_big
+
+
+def bptt_memory_notes(dp: DatasetParams, train_lengths: typing.Sequence[int], input_dim: int,
+                      discrete: bool) -> list[str]:
+    """Per variant that trains with ``train.bptt: 0`` on these training trajectories: a warning where its graph
+    would exceed :data:`BPTT_MEMORY_WARN` (:func:`bptt_memory_message`). Raises :class:`ParamsError` where it
+    could not fit in this machine's memory on the CPU (``train.device`` cpu, or auto without CUDA)."""
+    notes: list[str] = []
+    ts = dp.two_stage
+    for v in dp.variants:
+        cfg = dp.train_config(v.name)
+        if cfg.bptt != 0 or cfg.epochs < 1:
+            continue
+        step = bptt_step_bytes(v.family, state_dim=ts.state_dim, obs_dim=ts.obs_dim, n_features=ts.n_features,
+                               input_dim=input_dim, n_layers=v.n_layers, rank=v.rank, discrete=discrete)
+        key = dp.setting_key(v.name, "bptt")
+        message, too_big = bptt_memory_message(key, train_lengths, cfg.batch_size, step,
+                                               on_cpu=lambda: trains_on_cpu(cfg.device))
+        if too_big:
+            raise ParamsError(f"{message} ({v.name})")
+        if message:
+            notes.append(f"{message} ({v.name})")
+    return notes
+
+
+def trains_on_cpu(device: Any) -> bool:
+    """Whether training on ``device`` (a train.device value) runs on the CPU."""
+    device = str(device)
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    import torch   # only for an estimate above the machine's memory
+
+    return not torch.cuda.is_available()
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 _FIGURE_SPLITS = ("train", "valid", "test")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import DOWNLOADED, DatasetParams, Params, ParamsError, check_windows, is_custom, user_repo
+from pipeline.config import (DOWNLOADED, DatasetParams, Params, ParamsError, bptt_memory_notes, check_windows,
+                             is_custom, user_repo)
 from pipeline.data.schema import SequenceDataset, unscorable, write_dataset
 from pipeline.workflow.paths import prepared_path, raw_dir
 
@@ -261,6 +263,8 @@ def _check_data(dp: DatasetParams, ds: SequenceDataset) -> None:
     from pipeline.features import check_discrete_maps
 
     _check_lengths(dp, ds, kalman=True)
+    for note in bptt_memory_notes(dp, [len(t) for t in ds.train], ds.obs_dim, ds.discrete):
+        print(f"warning: {note}", file=sys.stderr)
     if ds.discrete:
         ts = dp.two_stage
         check_discrete_maps(ds.obs_dim, ts.n_features, ts.past_window, ts.future_window, key=f"{dp.name}.two_stage")
