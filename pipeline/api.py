@@ -1082,6 +1082,15 @@ def _check_long_enough(train: Sequence[np.ndarray], windows: dict[str, int], mod
         raise ValueError(f"train: one window for 2SR ({past_name} {past} + {future_name} {future} + 1 = {need} "
                          f"steps, in train[{i}] of {len(longest)}); 2SR needs two (its kernel widths are median "
                          f"distances between windows): expected one more step or trajectory, or {smaller}")
+    window = past + future + 1
+    short = sum(len(t) < window for t in train)
+    if short:   # the pipeline refuses them (pipeline.config.check_windows); 2SR here would skip them unsaid
+        import warnings
+
+        warnings.warn(f"fit_model: {short} of {len(train)} training trajector{'y' if len(train) == 1 else 'ies'} "
+                      f"{'is' if short == 1 else 'are'} shorter than {past_name} {past} + {future_name} {future} + "
+                      f"1 = {window} steps and hold no 2SR window: left out of 2SR (BPTT trains on them); expected "
+                      f"{smaller}, or drop the trajectories shorter than {window} steps", UserWarning, stacklevel=4)
     upper = {k: two_stage_options.get(f"upper_{k}") for k in ("past_window", "future_window")}
     if ts_cfg is not None and a["n_layers"] >= 2 and any(v is not None for v in upper.values()):
         # layers 2 and up cut their own windows out of the states below, one per step of the trajectory
@@ -1503,7 +1512,8 @@ def fit_model(
       ``past_window``: the history window p (default: ``horizon``). Both apply to the PSRNNs' 2SR and to the
       KF's linear 2SR. A trajectory of T steps holds T - p - k windows; the PSRNNs' 2SR needs two in all (its
       kernel widths are median distances between windows), the KF's two consecutive ones in one trajectory
-      (T >= p + k + 2).
+      (T >= p + k + 2). Training trajectories of fewer than p + k + 1 steps hold none and are left out of 2SR
+      (BPTT trains on them), with a warning that counts them.
     * ``ridge``: the ridge of 2SR; ``None`` is each model's default: 10⁻² (λ = ridge · n, the paper's) for the
       PSRNNs, 10⁻³ for the KF's linear 2SR (λ = ridge × the mean eigenvalue of each regression's Gram matrix).
     * ``two_stage_options``: any other :class:`pipeline.two_stage.TwoStageConfig` field (``width_scale``,
