@@ -737,14 +737,43 @@ def _warn_unlikely_features(train: Sequence[np.ndarray], columns: Sequence[str] 
                       f"observations to predict: {leave} unless they are", UserWarning, stacklevel=4)
 
 
-def _standardisation(train: Sequence[np.ndarray]) -> dict[str, list[float]]:
+def _standardisation(train: Sequence[np.ndarray], columns: Sequence[str] | None = None,
+                     warn: bool = True) -> dict[str, list[float]]:
     """Train's mean and std per feature (float64), as the pipeline standardises a custom file: a constant
-    feature (every train value equal) gets std 1. Its computed std need not be 0 (0.3 a thousand times has std
-    5.7e-15, from the rounding of the mean), and dividing by it would read a later 0.3 + 1e-9 as 10⁵ stds away."""
+    feature (every train value equal) gets std 1, with a warning naming it (``warn``; ``columns``: the names).
+    Its computed std need not be 0 (0.3 a thousand times has std 5.7e-15, from the rounding of the mean), and
+    dividing by it would read a later 0.3 + 1e-9 as 10⁵ stds away."""
     x = np.concatenate([t.reshape(len(t), -1) for t in train]).astype(np.float64, copy=False)
     std = x.std(axis=0)
-    std[x.max(axis=0) == x.min(axis=0)] = 1.0
+    same = x.max(axis=0) == x.min(axis=0)
+    std[same] = 1.0
+    if warn and same.any():
+        import warnings
+
+        names = [columns[j] if columns is not None else f"feature {j}" for j in np.flatnonzero(same)]
+        warnings.warn(f"fit_model: constant feature columns {names} in train: std set to 1", UserWarning,
+                      stacklevel=4)
     return {"mean": x.mean(axis=0).tolist(), "std": std.tolist()}
+
+
+def _warn_boolean_features(train: Any, columns: Sequence[str] | None) -> None:
+    """Boolean features are read as 0/1 (as the pipeline reads a bool column named in ``features``): say so,
+    naming them (train[0]'s named columns, or a boolean array's features)."""
+    if not isinstance(train, (list, tuple)) or not train:
+        return
+    first = train[0]
+    try:
+        if columns is not None:
+            names = [c for c in columns if np.asarray(first[c]).dtype.kind == "b"]
+        else:
+            a = np.asarray(first)
+            names = [f"feature {j}" for j in range(a.reshape(len(a), -1).shape[1])] if a.dtype.kind == "b" else []
+    except (KeyError, TypeError, ValueError, IndexError):
+        return
+    if names:
+        import warnings
+
+        warnings.warn(f"fit_model: boolean feature columns {names} are read as 0/1", UserWarning, stacklevel=4)
 
 
 def _standardised(trajectories: Sequence[np.ndarray], units: dict[str, list[float]]) -> list[np.ndarray]:
@@ -873,10 +902,12 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         if discrete:
             raise ValueError("standardize=True: standardises continuous features, and train holds discrete symbols; "
                              "leave it out")
-        units = _standardisation(arrays["train"])
+        units = _standardisation(arrays["train"], checked.columns)
         arrays = {name: _standardised(ts, units) for name, ts in arrays.items()}
     elif not discrete:
         _warn_unstandardised(arrays["train"], checked.columns)
+    if not discrete:
+        _warn_boolean_features(data["train"], checked.columns)
     if not discrete:
         _warn_unlikely_features(arrays["train"], checked.columns)
     how = ("strings" if checked.vocab is not None else
@@ -1562,9 +1593,10 @@ def fit_model(
       ``extras['vocab']``, is the sorted distinct symbols of every split); float arrays (T,) or (T, m) are
       continuous features, all of one width m and finite.
     * ``kind="discrete"`` reads every trajectory as symbols (floats with integer values, 2.0, as those integers),
-      ``kind="continuous"`` every one as features (integer counts or readings cast to float).
+      ``kind="continuous"`` every one as features (integer counts or readings cast to float; boolean
+      columns as 0/1, with a warning naming them).
     * ``standardize=True`` (continuous data) standardises every feature with train's mean and std, as the pipeline
-      does (a constant feature: std 1), kept in ``extras['standardize']``: the model trains on standardised
+      does (a constant feature: std 1, with a warning naming it), kept in ``extras['standardize']``: the model trains on standardised
       features, its history's metrics are in standardised units, and predict, evaluate and forecast take and
       give data in the original units (evaluate's ``mse`` standardised, as the pipeline reports it, with
       ``mse_data_units`` beside it). Without it the arrays are used as they are, with a warning for features in
@@ -1631,7 +1663,7 @@ def fit_model(
                                      "train_counts": _train_counts(cfg, train),
                                      "train_pairs": _train_pairs(cfg, train),
                                      # continuous data used as given: how far new inputs are from train's
-                                     "train_spread": (_standardisation(train) if not cfg.discrete and
+                                     "train_spread": (_standardisation(train, warn=False) if not cfg.discrete and
                                                       plan.standardize is None else None),
                                      "cp_relative_error": [f.relative_error for f in cps] if cps else None})
         if cfg.init == "2sr":

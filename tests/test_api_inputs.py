@@ -679,3 +679,26 @@ def test_training_trajectories_too_short_for_a_window_are_named(no_work):
         warnings.simplefilter("error", UserWarning)
         with pytest.raises(AssertionError, match="2SR or training ran"):
             fit_model(train, **{**SMALL, "horizon": 3})
+
+
+def test_standardize_names_constant_and_boolean_columns(no_work):
+    """The pipeline's preprocess warns about both; fit_model(standardize=True) gave a constant column std 1 and
+    read a boolean one as 0/1 without a word."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frames = [pd.DataFrame({"sig": rng.normal(size=30), "const": 3.0, "flag": rng.normal(size=30) > 0})
+              for _ in range(4)]
+    with pytest.warns(UserWarning) as record:
+        with pytest.raises(AssertionError, match="2SR or training ran"):
+            fit_model(frames, **SMALL, standardize=True)
+    said = [str(w.message) for w in record]
+    assert "fit_model: constant feature columns ['const'] in train: std set to 1" in said
+    assert "fit_model: boolean feature columns ['flag'] are read as 0/1" in said
+    plain = [rng.normal(size=(30, 2)) for _ in range(4)]
+    import warnings
+
+    with warnings.catch_warnings():   # nothing constant or boolean: nothing said
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(AssertionError, match="2SR or training ran"):
+            fit_model(plain, **SMALL, standardize=True)
