@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -625,6 +626,13 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
     (V·d)-long vectors are just large enough for scipy's to wake its threads, which then spin for a while after
     every iteration on the cores that numpy's BLAS and exp need: on 2 cores each objective call took 2× as long
     as alone (PTB: ~50 ms against ~25 ms). The objective's products are too small to gain much from threads.
+    Measured again for large vocabularies (n = 160k, d = 20, 2 cores shared with other work), seconds per objective
+    call at V = 44 / 500 / 2000 with one thread: 0.023 / 0.22 / 0.93. Both BLAS at 2 threads: on a quiet machine
+    (load ~1) 0.025 / 0.216 / 0.75 (1.1× slower, even, 1.2× faster), under load (~2-4) 3.4-5.7× slower; numpy's
+    alone at 2 (scipy's at 1): no faster in either case. A crossover near V ~ 1000 pays at most ~20% and only on
+    idle cores, and costs 3× or more on busy ones, so the pin holds at every V (and results stay those of one
+    thread). A fit estimated (:func:`decoder_seconds`) to take minutes is warned of up front, and its
+    L-BFGS iterations show as a progress bar (on a terminal).
     """
     import scipy.optimize
 
@@ -640,9 +648,17 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
         theta0 = np.concatenate([np.zeros(V * d), b0])
         if start is not None and np.shape(start.weight) == (V, d) and np.shape(start.bias) == (V,):
             theta0 = np.concatenate([np.ravel(start.weight), start.bias]).astype(np.float64)
-        with _single_threaded_blas():
+        estimate = decoder_seconds(n, V, d, max_iter)
+        if estimate >= DECODER_WARN_SECONDS:
+            warnings.warn(f"fit_decoder: the softmax decoder of {V} symbols on {n} training states of size {d} may "
+                          f"take up to ~{estimate / 60:.0f} min ({max_iter} L-BFGS iterations of O(n·V·d) each); "
+                          f"fewer symbols (rare ones merged into one in the data), fewer or shorter training "
+                          f"trajectories, or a smaller <dataset>.two_stage.state_dim make it shorter", stacklevel=2)
+        elif estimate >= DECODER_LOG_SECONDS:
+            log.info("2SR decoder: %d symbols, %d states of size %d, up to ~%.0f s", V, n, d, estimate)
+        with _single_threaded_blas(), progress(total=max_iter, desc=f"2SR decoder (V={V})") as bar:
             res = scipy.optimize.minimize(softmax_objective(X, y, V, ridge), theta0, jac=True, method="L-BFGS-B",
-                                          options={"maxiter": max_iter})
+                                          options={"maxiter": max_iter}, callback=lambda _: bar.update())
         return Decoder(weight=res.x[: V * d].reshape(V, d), bias=res.x[V * d:], kind="discrete")
     flat = [np.asarray(t).reshape(len(t), -1) for t in trajectories]
     Y = np.concatenate([t[1:] - t[:-1] if change else t[1:] for t in flat], axis=0)
@@ -650,6 +666,21 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
     Xc, Yc = X - x_mean, Y - y_mean
     Wt = _ridge_solve(Xc.T @ Xc, Xc.T @ Yc, ridge * n).T
     return Decoder(weight=Wt, bias=y_mean - Wt @ x_mean, kind="continuous")
+
+
+#: Seconds per multiply-add of one softmax objective call, n·V·(d+1) of them (measured on 2 shared cores at
+#: n = 160k, d = 20: 0.024 s per call at V = 44, 0.24 s at V = 500, 2.6 s at V = 5000, i.e. 1.4-1.6e-10).
+DECODER_SECONDS_PER_MAC = 1.6e-10
+#: fit_decoder warns when its estimated worst case (max_iter calls) is at least this, and logs it from
+#: DECODER_LOG_SECONDS on (PTB's decoder, V = 44 on ~120k states, is ~5 s at worst and ~2 s in practice).
+DECODER_WARN_SECONDS = 300.0
+DECODER_LOG_SECONDS = 30.0
+
+
+def decoder_seconds(n: int, V: int, d: int, iterations: int) -> float:
+    """The estimated time of a softmax decoder fit of ``iterations`` objective calls (an upper bound at
+    ``max_iter``: L-BFGS-B makes about one call per iteration and PTB's fit stops after ~100 of 300)."""
+    return DECODER_SECONDS_PER_MAC * float(n) * V * (d + 1) * iterations
 
 
 def _single_threaded_blas():

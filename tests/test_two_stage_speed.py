@@ -86,6 +86,53 @@ def test_fit_decoder_reaches_the_plain_objectives_optimum(hmm_states):
     np.testing.assert_allclose(theta, ref.x, rtol=0, atol=1e-7)
 
 
+def test_fit_decoder_is_bitwise_the_single_threaded_l_bfgs_fit(hmm_states):
+    """The progress bar and the time estimate leave the fit itself alone: exactly scipy's L-BFGS-B on the fast
+    objective from the unigram model, with BLAS at one thread (every 2SR initialisation's numbers depend on it)."""
+    states, trajs = hmm_states
+    dec = fit_decoder(states, trajs, discrete=True, vocab_size=6, ridge=1e-3)
+    X = np.concatenate([s[:-1] for s in states])
+    y = np.concatenate([t[1:] for t in trajs])
+    counts = np.bincount(y, minlength=6).astype(np.float64)
+    theta0 = np.concatenate([np.zeros(6 * X.shape[1]), np.log((counts + 1) / (counts.sum() + 6))])
+    with two_stage._single_threaded_blas():
+        ref = scipy.optimize.minimize(softmax_objective(X, y, 6, 1e-3), theta0, jac=True, method="L-BFGS-B",
+                                      options={"maxiter": 300})
+    assert dec.weight.tobytes() == ref.x[: 6 * X.shape[1]].tobytes() and dec.bias.tobytes() == ref.x[-6:].tobytes()
+
+
+def test_fit_decoder_shows_its_iterations_and_warns_of_a_long_fit(hmm_states, monkeypatch, recwarn):
+    states, trajs = hmm_states
+    bars = []
+
+    class Bar:
+        def __init__(self, **kw):
+            self.kw, self.n = kw, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, k=1):
+            self.n += k
+
+    monkeypatch.setattr(two_stage, "progress", lambda iterable=None, **kw: Bar(**kw))
+    fit_decoder(states, trajs, discrete=True, vocab_size=6, ridge=1e-3, max_iter=50)
+    assert [b.kw["total"] for b in bars] == [50] and 0 < bars[0].n <= 50 and "decoder" in bars[0].kw["desc"]
+    assert not [w for w in recwarn if "fit_decoder" in str(w.message)]   # small: no warning
+    n, d = sum(len(s) - 1 for s in states), states[0].shape[1]
+    assert two_stage.decoder_seconds(n, 6, d, 50) < two_stage.DECODER_LOG_SECONDS
+    # V = 5000 on 160k states of size 20 (the audit's case: > 270 s with no output) is warned of
+    assert two_stage.decoder_seconds(160_000, 5000, 20, 300) >= two_stage.DECODER_WARN_SECONDS
+    assert two_stage.decoder_seconds(120_000, 44, 20, 300) < two_stage.DECODER_LOG_SECONDS   # PTB: quiet
+    monkeypatch.setattr(two_stage, "DECODER_SECONDS_PER_MAC", 1.0)
+    with pytest.warns(UserWarning, match=r"6 symbols on \d+ training states .*fewer symbols.*two_stage\.state_dim"):
+        fit_decoder(states, trajs, discrete=True, vocab_size=6, ridge=1e-3, max_iter=50)
+
+
 # ----------------------------------------------------------------------------------- distinct windows
 
 
