@@ -527,7 +527,7 @@ _SOURCE_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "process_noise": (float, int), "obs_noise": (float, int), "seed": (int,), "n_valid": (int,)},
     "custom": {"path": (str,), "kind": (str,), "features": (list, type(None)), "symbol_column": (str,),
                "test_fraction": (float, int), "valid_fraction": (float, int), "seed": (int,), "normalize": (bool,),
-               "min_length": (int,), "segment_length": (int, type(None))},
+               "min_length": (int,), "segment_length": (int, type(None)), "unknown": (str,)},
 }
 
 #: keys of ``swimmer.source`` that only one mode reads (the other would silently ignore them)
@@ -599,6 +599,13 @@ def _check_source(name: str, source: Any) -> dict[str, Any]:
         if "normalize" in source and source["kind"] == "discrete":
             raise ParamsError(f"{key}.normalize: only used with kind 'continuous' (symbols are not standardised); "
                               "remove it")
+        if "unknown" in source:
+            from pipeline.data.custom import UNKNOWN_RULES as CUSTOM_UNKNOWN_RULES
+
+            _check_choice(f"{key}.unknown", source["unknown"], CUSTOM_UNKNOWN_RULES)
+            if source["kind"] == "continuous":
+                raise ParamsError(f"{key}.unknown: only used with kind 'discrete' (valid/test symbols not seen in "
+                                  "train); remove it")
         if "symbol_column" in source:
             if source["kind"] == "continuous":
                 raise ParamsError(f"{key}.symbol_column: only used with kind 'discrete' (continuous data reads "

@@ -682,6 +682,35 @@ def test_custom_segment_length_long_enough_passes(defaults):
         assert parse_params(raw).dataset("custom").source["segment_length"] == value
 
 
+def test_custom_unknown_is_checked(defaults):
+    raw = copy.deepcopy(defaults)
+    raw["custom"].update(source={"path": "x.parquet", "kind": "discrete"}, variants=["psrnn"], kf=None)
+    for value in ("error", "drop", "map"):
+        raw["custom"]["source"]["unknown"] = value
+        assert parse_params(copy.deepcopy(raw)).dataset("custom").source["unknown"] == value
+    raw["custom"]["source"]["unknown"] = "ignore"
+    assert _message(raw) == "custom.source.unknown: expected one of 'error', 'drop', 'map', got a string 'ignore'"
+    raw["custom"]["source"].update(kind="continuous", unknown="map")
+    assert _message(raw) == ("custom.source.unknown: only used with kind 'discrete' (valid/test symbols not seen in "
+                             "train); remove it")
+
+
+def test_custom_unknown_is_named_by_its_key_in_the_error_and_passed_on(defaults, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.workflow.data import _load_custom
+
+    pq.write_table(pa.table({"trajectory": [1] * 6 + [2] * 2, "split": ["train"] * 6 + ["test"] * 2,
+                             "symbol": ["a", "b"] * 3 + ["a", "z"]}), tmp_path / "d.parquet")
+    raw = copy.deepcopy(defaults)
+    raw["custom"].update(source={"path": "d.parquet", "kind": "discrete"}, variants=["psrnn"], kf=None)
+    with pytest.raises(ValueError, match=r"expected only train symbols, or custom\.source\.unknown 'drop' "):
+        _load_custom(parse_params(copy.deepcopy(raw)).dataset("custom"), tmp_path)
+    raw["custom"]["source"]["unknown"] = "map"
+    assert _load_custom(parse_params(raw).dataset("custom"), tmp_path).vocab == ["a", "b", "<unk>"]
+
+
 def test_check_windows_uses_the_shortest_training_trajectory(defaults):
     dp = parse_params(copy.deepcopy(defaults)).dataset("swimmer")  # two_stage and kf: 10 + 10 + 1 = 21 steps
     check_windows("swimmer", dp, [21, 500, 300])

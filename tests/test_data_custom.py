@@ -452,6 +452,65 @@ def test_unseen_test_symbols(tmp_path: Path) -> None:
                              "symbol": ["a", "b", "a", "z", "q", "z"]})
     msg = _error(path, kind="discrete")
     assert "test" in msg and "'q', 'z'" in msg and "not seen in train" in msg
+    assert "unknown 'drop'" in msg and "'map'" in msg   # the error names the option that lets them through
+
+
+def _unseen(tmp_path: Path) -> Path:
+    # train a, b; valid has x once; test: trajectory 3 has q, z among known symbols, 4 is only z (dropped whole)
+    return _write(tmp_path, {"trajectory": [1] * 4 + [2] * 3 + [3] * 5 + [4] * 2,
+                             "step": [0, 1, 2, 3, 0, 1, 2, 10, 20, 30, 40, 50, 0, 1],
+                             "split": ["train"] * 4 + ["valid"] * 3 + ["test"] * 7,
+                             "symbol": ["a", "b", "a", "b", "a", "x", "b", "a", "q", "b", "z", "a", "z", "z"]})
+
+
+def test_unseen_symbols_dropped(tmp_path: Path) -> None:
+    ds = load_custom(_unseen(tmp_path), kind="discrete", unknown="drop")
+    assert ds.vocab == ["a", "b"]
+    assert [t.tolist() for t in ds.valid] == [[0, 1]] and [t.tolist() for t in ds.test] == [[0, 1, 0]]
+    assert ds.meta["trajectory_ids"]["test"] == [3]   # trajectory 4 had only unseen symbols
+    assert ds.meta["trajectory_steps"]["test"] == [{"first": 10, "every": 20}]   # the file's steps of those kept
+    assert ds.meta["trajectory_steps"]["valid"] == [{"first": 0, "every": 2}]
+    assert ds.meta["unknown"] == "drop" and ds.meta["dropped_unknown"] == {"valid": 1, "test": 4}
+    assert ds.meta["unknown_symbols"] == {"valid": {"x": 1}, "test": {"q": 1, "z": 3}}
+    write_dataset(tmp_path / "p.parquet", ds)
+    assert read_dataset(tmp_path / "p.parquet").meta["dropped_unknown"] == {"valid": 1, "test": 4}
+    # without a step column: the row positions of the steps kept
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2, 2], "split": ["train"] * 2 + ["test"] * 3,
+                             "symbol": ["a", "b", "a", "z", "b"]}, name="nostep.parquet")
+    ds = load_custom(path, kind="discrete", unknown="drop")
+    assert [t.tolist() for t in ds.test] == [[0, 1]] and ds.meta["trajectory_steps"]["test"] == [{"first": 0, "every": 2}]
+    assert ds.meta["trajectory_steps"]["train"] == [{"first": 0, "every": 1}]
+
+
+def test_unseen_symbols_mapped(tmp_path: Path) -> None:
+    ds = load_custom(_unseen(tmp_path), kind="discrete", unknown="map")
+    assert ds.vocab == ["a", "b", "<unk>"]
+    assert [t.tolist() for t in ds.train] == [[0, 1, 0, 1]]
+    assert [t.tolist() for t in ds.valid] == [[0, 2, 1]]
+    assert [t.tolist() for t in ds.test] == [[0, 2, 1, 2, 0], [2, 2]]
+    assert ds.meta["mapped_unknown"] == {"valid": 1, "test": 4} and "dropped_unknown" not in ds.meta
+    # the vocabulary does not depend on the test data: <unk> is there without unseen symbols too
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "split": ["train"] * 2 + ["test"] * 2,
+                             "symbol": [3, 4, 4, 3]}, name="seen.parquet")
+    ds = load_custom(path, kind="discrete", unknown="map")
+    assert ds.vocab == ["3", "4", "<unk>"] and ds.meta["mapped_unknown"] == {"valid": 0, "test": 0}
+
+
+def test_unseen_symbols_default_error_leaves_the_meta_as_it_was(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "split": ["train"] * 2 + ["test"] * 2,
+                             "symbol": ["a", "b", "b", "a"]})
+    a, b = load_custom(path, kind="discrete"), load_custom(path, kind="discrete", unknown="error")
+    for ds in (a, b):
+        assert not {"unknown", "unknown_symbols", "dropped_unknown", "mapped_unknown"} & set(ds.meta)
+    write_dataset(tmp_path / "a.parquet", a)
+    write_dataset(tmp_path / "b.parquet", b)
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    with pytest.raises(ValueError, match=r"^unknown='ignore': expected one of \('error', 'drop', 'map'\)$"):
+        load_custom(path, kind="discrete", unknown="ignore")
+    # drop that leaves no test step at all
+    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2], "split": ["train"] * 2 + ["test"] * 2,
+                             "symbol": ["a", "b", "z", "z"]}, name="none.parquet")
+    assert "split 'test' is empty" in _error(path, kind="discrete", unknown="drop")
 
 
 def test_null_symbol_and_bad_options(tmp_path: Path) -> None:

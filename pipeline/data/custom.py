@@ -19,9 +19,9 @@ column             type                            meaning
                                                    rounded likewise, at least one when > 0), the rest is train.
 ``symbol``         integer, string or bool         ``kind="discrete"``: the observation. The name is set by
                                                    ``symbol_column``. Vocabulary = sorted distinct TRAIN values;
-                                                   valid/test values absent from train are an error; more
-                                                   distinct symbols than half the training steps, a WARNING (an
-                                                   id column rather than symbols?).
+                                                   valid/test values absent from train: by ``unknown`` (below);
+                                                   more distinct symbols than half the training steps, a WARNING
+                                                   (an id column rather than symbols?).
 feature columns    integer, float or bool          ``kind="continuous"``: the observation, one column per dimension,
                                                    read as float64 (integers beyond ±2**53 are an error; bools as
                                                    0/1, when named in ``features``).
@@ -52,8 +52,21 @@ string column, and pyarrow's own error names neither file nor column); missing v
 trajectory); integers beyond ±2**53 in a feature (float64 would round them); duplicate steps; trajectories
 shorter than ``min_length`` rows; an empty train or test split; a valid or test split whose trajectories are all
 a single step (``min_length=1``; no one-step prediction to score); a discrete dataset with a single symbol, or
-with valid/test symbols not seen in train. Steps whose spacing differs from their trajectory's first spacing
+with valid/test symbols not seen in train (``unknown="error"``, the default). Steps whose spacing differs from their trajectory's first spacing
 (its first two steps) get one WARNING, naming the first such step.
+
+Valid/test symbols not seen in train (discrete data), as PTB's ``unknown`` (:mod:`pipeline.data.ptb`):
+
+* ``"error"`` (default): a ValueError naming them and this option;
+* ``"drop"``: their steps are removed (the steps around them become neighbours; meta ``trajectory_steps`` keeps the
+  file's step values of the steps kept), a trajectory left empty is removed, one left a single step is refused as
+  any other; meta ``dropped_unknown`` gives the count of steps per split;
+* ``"map"``: mapped to an extra symbol ``"<unk>"`` appended to the vocabulary (always appended, so the vocabulary
+  does not depend on the valid/test data; a train symbol ``"<unk>"`` is that symbol and nothing is appended);
+  meta ``mapped_unknown`` gives the count per split.
+
+With ``"drop"`` or ``"map"`` meta ``unknown`` is the rule and ``unknown_symbols`` maps each split to
+``{symbol: count}`` of the unseen symbols; with ``"error"`` the meta is as before the option existed.
 
 With ``normalize=True`` continuous features are standardised with the TRAIN mean and standard deviation (a
 constant column gets std 1), recorded in meta ``normalization`` (``mean``, ``std``, ``columns``). Huge finite values
@@ -97,6 +110,10 @@ from pipeline.data.schema import KINDS, SPLITS, SequenceDataset, unscorable, utf
 from pipeline.io import sha256_file
 from pipeline.messages import brief, brief_list, odd_units, unlikely_measurements
 from pipeline.train_config import SEED_LIMIT
+
+#: what becomes of valid/test symbols not seen in train (discrete data); as PTB's (pipeline.data.ptb.UNKNOWN_RULES)
+UNKNOWN_RULES = ("error", "drop", "map")
+UNK_SYMBOL = "<unk>"   # the symbol unknown="map" maps them to, as PTB's
 
 log = logging.getLogger(__name__)
 
@@ -580,17 +597,22 @@ def load_custom(
     normalize: bool = True,
     min_length: int = 2,
     segment_length: int | None = None,
+    unknown: str = "error",
     symbol_column_is: str = "set symbol_column to its name",
     min_length_is: str = "min_length",
     segment_length_is: str = "segment_length",
     normalize_is: str = "normalize",
+    unknown_is: str = "unknown",
 ) -> SequenceDataset:
     """Load, check and split the Parquet file ``path`` (schema and argument checks in the module docstring).
     ``symbol_column_is``: how the caller names the symbol column, for the error when the file lacks it;
     ``min_length_is``, ``segment_length_is``: how it names ``min_length`` and ``segment_length``, for the errors
     on a valid/test split of single steps and on a file of a single trajectory; ``normalize_is``: how it names
-    ``normalize``, for the warning on features in odd units left unstandardised."""
+    ``normalize``, for the warning on features in odd units left unstandardised; ``unknown_is``: how it names
+    ``unknown``, for the error on valid/test symbols not seen in train."""
     _check_path(path)
+    if unknown not in UNKNOWN_RULES:
+        raise ValueError(f"unknown={brief(unknown)}: expected one of {UNKNOWN_RULES}")
     _check_options(test_fraction, valid_fraction, seed, normalize)
     _check_segment_length(segment_length, min_length)
     rows = read_rows(path, kind=kind, features=features, symbol_column=symbol_column, min_length=min_length,
@@ -605,9 +627,9 @@ def load_custom(
         raise fail(f"has a 'split' column, which decides the splits; valid_fraction={brief(valid_fraction)} is not "
                    "used with it: remove valid_fraction, or mark validation trajectories with split 'valid'")
     if has_split:
-        unknown = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
-        if unknown:
-            raise fail(f"column 'split' has values {brief_list(unknown)}; expected only {list(SPLITS)}")
+        odd_splits = sorted(set(np.unique(split_values).tolist()) - set(SPLITS))
+        if odd_splits:
+            raise fail(f"column 'split' has values {brief_list(odd_splits)}; expected only {list(SPLITS)}")
     uniq, groups, offsets = _pieces(rows, segment_length, min_length, min_length_is)
     n_traj = len(uniq)
     if has_split:   # one split per piece: _pieces cut each trajectory where its split changes
@@ -640,6 +662,28 @@ def load_custom(
             raise fail(f"split {s!r} is empty (no trajectory has split == {s!r}); expected at least one")
 
     members = {s: [k for k in range(n_traj) if split_of[k] == s] for s in SPLITS}
+    kept_steps: dict[int, np.ndarray] = {}   # unknown="drop": the file's step values of the steps kept
+    unknown_symbols: dict[str, dict[Any, int]] = {}
+    if kind == "discrete" and unknown != "error":
+        train_symbols = np.unique(values[np.concatenate([groups[k] for k in members["train"]])])
+        for s in ("valid", "test"):
+            counts: dict[Any, int] = {}
+            for k in list(members[s]):
+                seen = np.isin(values[groups[k]], train_symbols)
+                if seen.all():
+                    continue
+                for v, c in zip(*np.unique(values[groups[k]][~seen], return_counts=True)):
+                    counts[_py(v)] = counts.get(_py(v), 0) + int(c)
+                if unknown == "drop":
+                    steps = (rows.steps[groups[k]] if rows.steps is not None else
+                             (offsets[k] if offsets is not None else 0) + np.arange(len(groups[k])))
+                    kept_steps[k], groups[k] = steps[seen], groups[k][seen]
+                    if not seen.any():
+                        members[s].remove(k)
+            unknown_symbols[s] = dict(sorted(counts.items(), key=lambda kv: str(kv[0])))
+        if not members["test"]:
+            raise fail(f"split 'test' is empty: {unknown_is}='drop' removed every test step (no test symbol was "
+                       "seen in train); expected test symbols that train has")
     for s in ("valid", "test"):
         which = unscorable([len(groups[k]) for k in members[s]])
         if which:
@@ -652,11 +696,13 @@ def load_custom(
         "split_source": split_source,
         "trajectory_ids": {s: [uniq[k] for k in members[s]] for s in SPLITS},
     }
-    if rows.steps is not None or offsets is not None:
+    if rows.steps is not None or offsets is not None or kept_steps:
         # the prepared file numbers every trajectory's steps 0, 1, ...: the file's own step values (a piece of a
         # trajectory without a step column: its row positions within that trajectory), for the outputs
-        meta["trajectory_steps"] = {s: [_recorded_steps(rows.steps[groups[k]]) if rows.steps is not None else
-                                        {"first": offsets[k], "every": 1} for k in members[s]] for s in SPLITS}
+        meta["trajectory_steps"] = {s: [_recorded_steps(kept_steps[k]) if k in kept_steps else
+                                        _recorded_steps(rows.steps[groups[k]]) if rows.steps is not None else
+                                        {"first": offsets[k] if offsets is not None else 0, "every": 1}
+                                        for k in members[s]] for s in SPLITS}
     if segment_length is not None:
         meta["segment_length"] = int(segment_length)
 
@@ -673,22 +719,36 @@ def load_custom(
                 continue
             idx = np.concatenate([groups[k] for k in members[s]])
             unseen = np.setdiff1d(np.unique(values[idx]), vocab_values)
-            if unseen.size:
+            if unseen.size and unknown == "error":
                 measured = (" (a float column of measurements? kind: continuous reads it as a feature)"
                             if np.asarray(values).dtype.kind == "f" else
                             f" (is {symbol_column!r} an id rather than a symbol? {len(vocab_values)} distinct symbols "
                             f"in {n_steps} training steps)" if id_like else "")
+                remedy = ("" if np.asarray(values).dtype.kind == "f" else   # measurements: kind is the fix
+                          f", or {unknown_is} 'drop' (remove their steps) or 'map' (to an extra symbol "
+                          f"{UNK_SYMBOL!r})")
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
-                           f"{brief_list([_py(v) for v in unseen])}; expected only train symbols{measured}")
+                           f"{brief_list([_py(v) for v in unseen])}; expected only train symbols{measured}{remedy}")
         if id_like:   # and the features stage's maps grow with their number
             log.warning("%s: column %r has %d distinct symbols in %d training steps, more than half as many; is %r "
                         "an id rather than a symbol?", path, symbol_column, len(vocab_values), n_steps,
                         symbol_column)
         index = np.searchsorted(vocab_values, values)
-        trajs = {s: [index[groups[k]].astype(np.int64) for k in members[s]] for s in SPLITS}
         vocab = [str(_py(v)) for v in vocab_values]
+        if unknown == "map":
+            index = index.astype(np.int64)
+            if UNK_SYMBOL not in vocab:
+                vocab.append(UNK_SYMBOL)
+            index[~np.isin(values, vocab_values)] = vocab.index(UNK_SYMBOL)
+        trajs = {s: [index[groups[k]].astype(np.int64) for k in members[s]] for s in SPLITS}
         if len(set(vocab)) != len(vocab):
             raise fail(f"column {symbol_column!r}: distinct symbols print the same ({vocab}); use string symbols")
+        if unknown != "error":   # the default's meta stays as it was: its prepared files are unchanged
+            meta["unknown"] = unknown
+            meta["unknown_symbols"] = {s: {str(v): c for v, c in counts.items()}
+                                       for s, counts in unknown_symbols.items()}
+            meta[f"{'dropped' if unknown == 'drop' else 'mapped'}_unknown"] = {
+                s: sum(counts.values()) for s, counts in unknown_symbols.items()}
         meta["symbol_column"] = symbol_column   # psrnn predict / forecast read new files by the same name
         return SequenceDataset(kind="discrete", vocab=vocab, meta=meta, **trajs)
 

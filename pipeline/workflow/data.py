@@ -147,7 +147,8 @@ def _load_custom(dp: DatasetParams, root: Path) -> SequenceDataset:
                          symbol_column_is=f"set {dp.name}.source.symbol_column in params.yaml to its name",
                          min_length_is=f"{dp.name}.source.min_length",
                          normalize_is=f"{dp.name}.source.normalize",
-                         segment_length_is=f"{dp.name}.source.segment_length")
+                         segment_length_is=f"{dp.name}.source.segment_length",
+                         unknown_is=f"{dp.name}.source.unknown")
     except FileNotFoundError as exc:   # the one error that is the params' rather than the file's: name the key
         raise FileNotFoundError(f"{dp.name}.source.path: {exc} (relative paths are read from the project root "
                                 f"{root})") from None
