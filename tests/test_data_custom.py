@@ -448,11 +448,16 @@ def test_single_symbol(tmp_path: Path) -> None:
 
 
 def test_unseen_test_symbols(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"trajectory": [1, 1, 2, 2, 3, 3], "split": ["train"] * 2 + ["test"] * 4,
-                             "symbol": ["a", "b", "a", "z", "q", "z"]})
+    path = _write(tmp_path, {"trajectory": [1, 1, 1, 1, 2, 2, 3, 3], "split": ["train"] * 4 + ["test"] * 4,
+                             "symbol": ["a", "b", "b", "a", "a", "z", "q", "z"]})
     msg = _error(path, kind="discrete")
     assert "test" in msg and "'q', 'z'" in msg and "not seen in train" in msg
     assert "unknown 'drop'" in msg and "'map'" in msg   # the error names the option that lets them through
+    # symbols that never recur (an id column): the question is asked, and no option that would let ids through
+    ids = _write(tmp_path, {"trajectory": [1, 1, 2, 2, 3, 3], "split": ["train"] * 2 + ["test"] * 4,
+                            "symbol": ["a", "b", "a", "z", "q", "z"]})
+    msg = _error(ids, kind="discrete")
+    assert "an id rather than a symbol?" in msg and "unknown" not in msg
 
 
 def _unseen(tmp_path: Path) -> Path:

@@ -724,7 +724,8 @@ def load_custom(
                             if np.asarray(values).dtype.kind == "f" else
                             f" (is {symbol_column!r} an id rather than a symbol? {len(vocab_values)} distinct symbols "
                             f"in {n_steps} training steps)" if id_like else "")
-                remedy = ("" if np.asarray(values).dtype.kind == "f" else   # measurements: kind is the fix
+                # measurements: kind is the fix; ids: another column (dropping or mapping them learns nothing)
+                remedy = ("" if np.asarray(values).dtype.kind == "f" or id_like else
                           f", or {unknown_is} 'drop' (remove their steps) or 'map' (to an extra symbol "
                           f"{UNK_SYMBOL!r})")
                 raise fail(f"column {symbol_column!r}: {s} has symbols not seen in train: "
