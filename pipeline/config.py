@@ -1127,13 +1127,14 @@ def bptt_memory_message(key: str, lengths: typing.Sequence[int], batch_size: int
 
 
 def bptt_memory_notes(dp: DatasetParams, train_lengths: typing.Sequence[int], input_dim: int,
-                      discrete: bool) -> list[str]:
-    """Per variant that trains with ``train.bptt: 0`` on these training trajectories: a warning where its graph
-    would exceed :data:`BPTT_MEMORY_WARN` (:func:`bptt_memory_message`). Raises :class:`ParamsError` where it
-    could not fit in this machine's memory on the CPU (``train.device`` cpu, or auto without CUDA)."""
+                      discrete: bool, variants: typing.Iterable[str] | None = None) -> list[str]:
+    """Per variant (of ``variants``, default every one) that trains with ``train.bptt: 0`` on these training
+    trajectories: a warning where its graph would exceed :data:`BPTT_MEMORY_WARN` (:func:`bptt_memory_message`).
+    Raises :class:`ParamsError` where it could not fit in this machine's memory on the CPU (``train.device`` cpu,
+    or auto without CUDA)."""
     notes: list[str] = []
     ts = dp.two_stage
-    for v in dp.variants:
+    for v in (dp.variants if variants is None else [dp.variant(name) for name in variants]):
         cfg = dp.train_config(v.name)
         if cfg.bptt != 0 or cfg.epochs < 1:
             continue

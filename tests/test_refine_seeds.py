@@ -1709,3 +1709,34 @@ def test_runs_carry_mlflows_context_tags_and_their_summary_as_the_note(tmp_path,
     assert (tags["mlflow.source.name"], tags["mlflow.source.type"]) == ("stages/refine.py", "LOCAL")
     assert printed == [tags["mlflow.note.content"]]
     assert refine._source_name(Path("/elsewhere")) == "refine.py"
+
+
+def test_refine_warns_of_a_large_whole_sequence_graph_and_refuses_one_the_machine_cannot_hold(tmp_path, clean_env,
+                                                                                           capsys):
+    """psrnn check warned of a bptt 0 graph too large, but a user who went straight to dvc repro met an OOM kill
+    in refine (19 GiB for one 800,000-step recording): refine says the same of each run it trains, and refuses one
+    that cannot fit before its model folder or MLflow run is touched."""
+    import pipeline.config
+    from pipeline.config import ParamsError
+
+    root = tmp_path
+    params = _write_params(root, _lgssm_kf_raw())
+    data.prepare(params, root, "lgssm")
+    for stage in (spectral.features, spectral.two_stage, initialise.initialise):
+        stage(params, root, "lgssm", 0)
+    clean_env.setattr(pipeline.config, "BPTT_MEMORY_WARN", 1000)   # the tiny set's graph is above it
+    clean_env.setattr(pipeline.config, "physical_memory", lambda: 1000)
+    clean_env.setattr(pipeline.config, "trains_on_cpu", lambda device: True)
+    with pytest.raises(ParamsError, match=r"^lgssm\.train\.bptt: 0 back-propagates .*more than this machine's "
+                                          r"0 MiB\); set lgssm\.train\.bptt \(e\.g\. 100\) to truncate \(kf\)$"):
+        refine.refine(params, root, "lgssm")
+    assert not model_dir(root, "lgssm", "kf", 0).exists() and not (root / "mlflow.db").exists()
+    clean_env.setattr(pipeline.config, "physical_memory", lambda: 2 ** 40)
+    capsys.readouterr()
+    refine.refine(params, root, "lgssm")
+    warned = [line for line in capsys.readouterr().err.splitlines() if "back-propagates" in line]
+    assert len(warned) == 1 and warned[0].startswith("refine lgssm: kf_s0: warning: lgssm.train.bptt: 0 ")
+    assert (model_dir(root, "lgssm", "kf", 0) / "done").is_file()
+    capsys.readouterr()
+    refine.refine(params, root, "lgssm")   # kept, not trained: nothing to warn of
+    assert "back-propagates" not in capsys.readouterr().err

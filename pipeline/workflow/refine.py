@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import Params
+from pipeline.config import Params, bptt_memory_notes
 from pipeline.io import read_json, sha256_file, write_json, write_text
 from pipeline.messages import listed
 from pipeline.naive import naive_metrics
@@ -358,6 +358,10 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     from pipeline.train import TrainingDiverged, fit
 
     ds = load_prepared(root, dataset)
+    # a whole-sequence graph this machine cannot hold is refused before the run's files or MLflow run are
+    # touched, one that large warned of (psrnn check says the same; a user who skipped it would meet an OOM kill)
+    for note in bptt_memory_notes(dp, [len(t) for t in ds.train], ds.obs_dim, ds.discrete, [variant_name]):
+        print(f"refine {dataset}: {run_name(variant_name, seed)}: warning: {note}", file=sys.stderr)
     model = load_initial(root, dataset, variant_name, seed)
     mdir.mkdir(parents=True, exist_ok=True)
     for orphan in mdir.glob(".*"):  # temporary files of a write that a kill interrupted (see pipeline.io)
