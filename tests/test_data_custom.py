@@ -468,6 +468,19 @@ def _unseen(tmp_path: Path) -> Path:
                              "symbol": ["a", "b", "a", "b", "a", "x", "b", "a", "q", "b", "z", "a", "z", "z"]})
 
 
+def test_a_trajectory_that_drop_leaves_shorter_than_min_length_is_refused(tmp_path: Path) -> None:
+    """unknown='drop' left a test trajectory of 1 step under min_length=4 and went on; it is held to the rule of
+    every trajectory (one emptied whole is still removed)."""
+    path = _write(tmp_path, {"trajectory": [1] * 6 + [2] * 6 + [3] * 4 + [4] * 4,
+                             "split": ["train"] * 6 + ["test"] * 14,
+                             "symbol": list("abcabc") + list("zzzzza") + list("zzzz") + list("abca")})
+    msg = _error(path, kind="discrete", unknown="drop", min_length=4)
+    assert msg.endswith("trajectory 2 of split 'test' keeps 1 of its 6 steps once unknown='drop' removed its symbols "
+                        "not seen in train, fewer than min_length=4; expected unknown 'map', or a smaller min_length")
+    ds = load_custom(path, kind="discrete", unknown="drop", min_length=1)   # the same rule as the file's rows
+    assert [len(t) for t in ds.test] == [1, 4] and ds.meta["trajectory_ids"]["test"] == [2, 4]
+
+
 def test_unseen_symbols_dropped(tmp_path: Path) -> None:
     ds = load_custom(_unseen(tmp_path), kind="discrete", unknown="drop")
     assert ds.vocab == ["a", "b"]

@@ -680,6 +680,11 @@ def load_custom(
                     kept_steps[k], groups[k] = steps[seen], groups[k][seen]
                     if not seen.any():
                         members[s].remove(k)
+                    elif seen.sum() < min_length:   # held to the rule of every trajectory, as the file's are
+                        raise fail(f"trajectory {_py(uniq[k])!r} of split {s!r} keeps {int(seen.sum())} of its "
+                                   f"{seen.size} steps once {unknown_is}='drop' removed its symbols not seen in "
+                                   f"train, fewer than {min_length_is}={min_length}; expected {unknown_is} 'map', "
+                                   f"or a smaller {min_length_is}")
             unknown_symbols[s] = dict(sorted(counts.items(), key=lambda kv: str(kv[0])))
         if not members["test"]:
             raise fail(f"split 'test' is empty: {unknown_is}='drop' removed every test step (no test symbol was "
