@@ -454,11 +454,14 @@ def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, 
             client = MlflowClient(uri)
             client.get_experiment_by_name("Default")   # the first request, where the store is opened
         closed = _close_stale(client, run_id, only_if)
-        if current and closed and client.get_run(current).data.tags.get("superseded_by") == run_id:
-            client.delete_tag(current, "superseded_by")
-        return closed
     except Exception:  # noqa: BLE001 - see the docstring
         return False
+    try:   # the orphan is closed whatever becomes of this (a current run deleted since: nothing to untag)
+        if current and closed and client.get_run(current).data.tags.get("superseded_by") == run_id:
+            client.delete_tag(current, "superseded_by")
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+    return closed
 
 
 class RunTracker:

@@ -76,6 +76,23 @@ def test_close_stale_leaves_a_deleted_run_alone(store):
     assert info.lifecycle_stage == "deleted" and info.status == "RUNNING"
 
 
+def test_close_orphan_says_it_closed_the_orphan_when_the_run_it_replaced_is_gone(store):
+    """close_orphan marked the orphan KILLED, then failed to read the run it had replaced (deleted since) and
+    answered False, as if it had closed nothing."""
+    from pipeline.tracking import close_orphan
+
+    root, uri, client = store
+    replaced, orphan = _first_run(root, "orphan-gone"), _first_run(root, "orphan-gone")
+    replaced.finish()
+    client.delete_run(replaced.run_id)
+    assert close_orphan(root, orphan.run_id, only_if={"workspace": "/w"}, current=replaced.run_id) is True
+    assert client.get_run(orphan.run_id).info.status == "KILLED"
+    assert close_orphan(root, orphan.run_id, only_if={"workspace": "/w"}, current="0" * 32) is False   # closed
+    another = _first_run(root, "orphan-gone")   # replacing a run that was never in this store
+    assert close_orphan(root, another.run_id, only_if={"workspace": "/w"}, current="0" * 32) is True
+    assert client.get_run(another.run_id).info.status == "KILLED"
+
+
 def test_a_deleted_experiment_is_named_with_the_way_out(store):
     """A deleted experiment of the same name: a one-line error naming it, its id and how to restore it, not
     "cannot use the tracking store" with MLflow's "experiment 3 must be in the 'active' state"."""
