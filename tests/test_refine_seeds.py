@@ -1637,6 +1637,37 @@ def test_a_failed_run_says_why_in_mlflow_and_forgets_it_once_resumed_to_the_end(
     assert tags.get("mlflow.note.content") != why
 
 
+def test_a_failed_run_stopped_again_once_resumed_no_longer_shows_its_old_failure(tmp_path, clean_env):
+    """A run that failed, then was resumed and interrupted (KILLED), kept the first failure's tag and note."""
+    from mlflow import MlflowClient
+
+    import pipeline.train
+    from pipeline.train import TrainingDiverged
+
+    root = tmp_path
+    with pytest.raises(TrainingDiverged):
+        refine.refine(_params(root, [0], overrides={"psrnn": {"max_loss": 0.01}}), root, "hmm")
+    run_id = (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip()
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    client_note = "my own note"
+    assert "failure" in client.get_run(run_id).data.tags
+
+    def interrupted(*args, **kwargs):   # a Ctrl-C in the first epoch of the resumed run
+        raise KeyboardInterrupt
+    clean_env.setattr(pipeline.train, "fit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        refine.refine(_params(root, [0], overrides={"psrnn": {"max_loss": 1e6}}), root, "hmm")
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert "failure" not in run.data.tags and "mlflow.note.content" not in run.data.tags
+    client.set_tag(run_id, "mlflow.note.content", client_note)   # a note of the user's own stays
+    client.set_tag(run_id, "failure", "an old failure")
+    with pytest.raises(KeyboardInterrupt):
+        refine.refine(_params(root, [0], overrides={"psrnn": {"max_loss": 1e6}}), root, "hmm")
+    tags = client.get_run(run_id).data.tags
+    assert "failure" not in tags and tags["mlflow.note.content"] == client_note
+
+
 def test_failure_line_is_one_line_with_the_error_type_where_it_is_no_stop_in_training():
     from pipeline.train import TrainingDiverged
 

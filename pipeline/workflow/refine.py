@@ -408,6 +408,8 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         # what the params show as "auto": the device this run trains on now (a resumed run may move), the split
         # that scores its epochs
         tracker.set_tags({**_device_tags(tcfg.device), "monitor": tcfg.monitored_split(bool(ds.valid))})
+        if tracker.continued:   # a failed run trains on: its failure is no longer what it is (a stop now says its own)
+            _forget_failure(tracker)
         try:
             result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
                          resume=resume, on_epoch=tracker.log_epoch)
@@ -459,6 +461,15 @@ def _device_tags(name: str) -> dict[str, str]:
         return {"device": str(device)}
     index = torch.cuda.current_device() if device.index is None else device.index
     return {"device": f"cuda:{index}", "device_name": torch.cuda.get_device_name(index)}
+
+
+def _forget_failure(tracker) -> None:
+    """Remove a continued run's ``failure`` tag and the note that repeated it (a note of the user's own is kept)."""
+    tags = tracker.client.get_run(tracker.run_id).data.tags
+    if "failure" in tags:
+        if tags.get("mlflow.note.content") == tags["failure"]:
+            tracker.client.delete_tag(tracker.run_id, "mlflow.note.content")
+        tracker.client.delete_tag(tracker.run_id, "failure")
 
 
 def failure_line(exc: BaseException) -> str:
