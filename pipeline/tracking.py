@@ -464,6 +464,46 @@ def close_orphan(root: str | os.PathLike, run_id: str, *, only_if: Mapping[str, 
     return closed
 
 
+#: What a DVC experiment's name may hold to name a tag (:func:`dvc_exp_tag`): MLflow refuses other characters in
+#: a tag key, and these need no escaping in a filter string's quoted key.
+_EXP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+def dvc_exp_tag(name: str | None) -> str | None:
+    """The tag ``dvc_exp.<name>`` that marks every run of the DVC experiment ``name`` (``DVC_EXP_NAME``): the runs
+    it trained and the finished runs it kept, so that ``tags."dvc_exp.<name>" != ''`` lists all of its results
+    (``dvc_exp_name`` names only the experiment that trained a run). None for no name, or one MLflow would refuse
+    in a tag key (or longer than its 250 characters)."""
+    if not name or not _EXP_NAME.fullmatch(name) or ".." in name:
+        return None
+    key = f"dvc_exp.{name}"
+    return key if len(key) <= 250 else None
+
+
+@_uninterrupted
+def tag_run(root: str | os.PathLike, run_id: str, key: str, value: str) -> bool:
+    """Set the tag ``key`` of the run ``run_id`` in the store of ``root`` (:func:`tracking_uri`) without opening
+    the run, in one request; whether it did. Best effort: a store that is gone (a client would create an empty
+    one), refuses or cannot be reached, or a run that is gone or deleted, is left as it is (logged at debug)."""
+    uri = tracking_uri(root)
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return False
+    # a server that went away must not keep a stage waiting in MLflow's retry loop (as RunTracker)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    try:
+        from mlflow import MlflowClient
+
+        with _store_lock(uri):   # as RunTracker opens it: another process may be creating its tables
+            MlflowClient(uri).set_tag(run_id, key, value)
+        return True
+    except Exception as exc:  # noqa: BLE001 - a tag is not worth a failed stage
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        logging.getLogger(__name__).debug("could not tag MLflow run %s %s=%s: %s", run_id, key, value, first[:300])
+        return False
+
+
 class RunTracker:
     """A thin wrapper around one MLflow run, resumable by id (a killed refine continues its run)."""
 

@@ -700,6 +700,61 @@ def test_moving_the_tracking_uri_away_and_back_continues_the_runs_there(tmp_path
     assert (model_dir(root, "hmm", "psrnn", 0) / "run_id").read_text().strip() == first[0][2]
 
 
+def test_a_dvc_experiment_tags_the_runs_it_keeps_so_a_filter_lists_all_of_its_results(tmp_path, clean_env,
+                                                                                        capsys, caplog):
+    """A finished run that a DVC experiment keeps keeps the ``dvc_exp_name`` of the run that trained it; it is
+    tagged ``dvc_exp.<name>`` = kept (the runs the experiment trains: trained), in one request, so that the
+    README's filter ``tags."dvc_exp.<name>" != ''`` lists every run of the experiment's results. Nothing in the
+    workspace; a kept run that is gone from the store costs a debug line, not the stage."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    from pipeline import tracking
+
+    root = tmp_path
+    refine.refine(_params(root, [0]), root, "hmm")               # the workspace: seed 0
+    ((_, _, ws, _),) = _runs(root)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    assert not [k for k in client.get_run(ws).data.tags if k.startswith("dvc_exp")]
+    exp_id = client.get_experiment_by_name("seeds-hmm").experiment_id
+
+    def results(name):
+        return {r.info.run_id: r.data.tags[f"dvc_exp.{name}"]
+                for r in client.search_runs([exp_id], filter_string=f"tags.\"dvc_exp.{name}\" != ''")}
+
+    requests = []
+    real = MlflowClient.set_tag
+    clean_env.setattr(MlflowClient, "set_tag", lambda self, *a, **k: (requests.append(a), real(self, *a, **k))[1])
+    clean_env.setenv("DVC_EXP_NAME", "sappy-adze")
+    refine.refine(_params(root, [0, 1]), root, "hmm")             # keeps seed 0, trains seed 1
+    assert "psrnn_s0 already trained with this configuration, kept" in capsys.readouterr().err
+    new = (model_dir(root, "hmm", "psrnn", 1) / "run_id").read_text().strip()
+    assert results("sappy-adze") == {ws: "kept", new: "trained"}
+    assert requests == [(ws, "dvc_exp.sappy-adze", "kept")]       # one request for the kept run
+    assert "dvc_exp_name" not in client.get_run(ws).data.tags     # still the workspace's run
+    assert client.get_run(new).data.tags["dvc_exp_name"] == "sappy-adze"
+    # the same filter with backquotes, as MLflow also accepts
+    assert {r.info.run_id for r in client.search_runs(
+        [exp_id], filter_string="tags.`dvc_exp.sappy-adze` != ''")} == {ws, new}
+
+    # another experiment keeps both; one of them deleted from the store in the meantime: the stage goes on
+    client.delete_run(new)
+    requests.clear()
+    clean_env.setenv("DVC_EXP_NAME", "downy-soja")
+    with caplog.at_level(logging.DEBUG, logger=tracking.__name__):
+        refine.refine(_params(root, [0, 1]), root, "hmm")
+    assert len(requests) == 2 and results("downy-soja") == {ws: "kept"}
+    assert any("could not tag MLflow run" in r.getMessage() for r in caplog.records)
+    assert results("sappy-adze") == {ws: "kept"}                  # the deleted run is not listed
+
+    # the workspace again (no DVC_EXP_NAME): no request
+    requests.clear()
+    clean_env.delenv("DVC_EXP_NAME")
+    refine.refine(_params(root, [0]), root, "hmm")
+    assert requests == []
+
+
 def test_runs_of_a_dvc_experiment_moved_away_and_back_are_continued_not_duplicated(tmp_path, clean_env):
     """Runs trained by `dvc exp run` (tag dvc_exp_name) were logged again into new runs of the first store once the
     tracking URI moved away and back from the workspace: a finished run logged again, nothing trained, continues

@@ -350,6 +350,7 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         if tracked_file.is_file() and tracked_file.read_text().strip() == tracked and gone is None:
             print(f"refine {dataset}: {run_name(variant_name, seed)} already trained with this configuration, "
                   "kept (PSRNN_RETRAIN=1 retrains)", file=sys.stderr)
+            _tag_kept(root, recorded or (run_id_file.read_text().strip() if run_id_file.is_file() else ""))
             return history
         why = (gone or ("its record of where it was logged (tracked) is missing" if not tracked_file.is_file() else
                         "the tracking params or the tracking store (MLFLOW_TRACKING_URI) changed"))
@@ -447,6 +448,18 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
     if announce:
         print(summary_line(history), file=sys.stderr)
     return history
+
+
+def _tag_kept(root: Path, run_id: str) -> None:
+    """Inside a DVC experiment (``DVC_EXP_NAME``), tag the MLflow run of a finished run it keeps
+    ``dvc_exp.<name>`` = ``kept`` (its ``dvc_exp_name`` stays the experiment that trained it), so that the
+    experiment's results can be listed whole (see :func:`_open_tracker`). One request; best effort (a store that
+    refuses, or a run that is gone, costs a debug line); nothing in the workspace."""
+    from pipeline.tracking import dvc_exp_tag, tag_run
+
+    key = dvc_exp_tag(os.environ.get("DVC_EXP_NAME"))
+    if key and run_id:
+        tag_run(root, run_id, key, "kept")
 
 
 def _device_tags(name: str) -> dict[str, str]:
@@ -669,13 +682,15 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
     as they are. A previous run of another configuration that a kill in this workspace left RUNNING is closed
     as KILLED. A run replaced in this workspace (by a new run, or by an earlier run continued again) is tagged
     ``superseded_by`` = the new run's id, and the new run ``supersedes`` = its id; a run continued loses a
-    ``superseded_by`` of its own (current again). Best effort, both.
+    ``superseded_by`` of its own (current again). Best effort, both. Inside a DVC experiment the run is also
+    tagged ``dvc_exp.<name>`` = ``trained`` (``logged again`` where nothing trains), as the finished runs it
+    keeps are ``kept`` (:func:`_tag_kept`): ``tags."dvc_exp.<name>" != ''`` lists all of its results.
 
     Tags ``mlflow.source.git.commit`` and ``git_dirty`` (the tracked files that differ from it, "" for none):
     the work tree's now, or for a run logged again without training, ``trained_at``'s (its history's).
     ``run_config`` (tag ``run_config``): the run's configuration but for its epochs; None: its
     ``fingerprint.txt``'s. ``previous``: the run to continue; None: the one its ``run_id`` file names."""
-    from pipeline.tracking import RunTracker, git_commit, git_dirty
+    from pipeline.tracking import RunTracker, dvc_exp_tag, git_commit, git_dirty
 
     run_id_file = model_dir(root, dataset, variant_name, seed) / "run_id"
     if previous is None and run_id_file.exists():
@@ -701,6 +716,10 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
             tags["git_dirty"] = dirty
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+        # every run of the experiment's results, with the finished runs it keeps (tagged "kept" by _tag_kept)
+        key = dvc_exp_tag(os.environ["DVC_EXP_NAME"])
+        if key:
+            tags[key] = "logged again" if adopt or trained_at is not None else "trained"
     tags.update(data_tags(prepared_path(root, dataset)))
     fp_file = model_dir(root, dataset, variant_name, seed) / "fingerprint.txt"
     if run_config is None and fp_file.is_file():
