@@ -672,12 +672,6 @@ class RunTracker:
             self.client.log_batch(self.run_id, tags=items)
 
     @_uninterrupted
-    def delete_tag(self, key: str) -> None:
-        """Remove the run's tag ``key`` where it has one."""
-        if key in self.client.get_run(self.run_id).data.tags:
-            self.client.delete_tag(self.run_id, key)
-
-    @_uninterrupted
     def tag(self, key: str) -> str | None:
         """The run's tag ``key``, or None."""
         return self.client.get_run(self.run_id).data.tags.get(key)
@@ -738,11 +732,17 @@ class RunTracker:
 
     @_uninterrupted
     def mark_current(self) -> None:
-        """Remove the ``superseded_by`` tag of a run continued again (current once more: e.g. its run folder was
-        brought back by ``dvc exp apply`` or a checkout). Best effort, as :meth:`supersede`."""
+        """Remove what no longer holds of a run continued again: its ``superseded_by`` tag (current once more:
+        e.g. its run folder was brought back by ``dvc exp apply`` or a checkout) and the ``failure`` tag of a run
+        that failed and trains on, with the note that repeated it (a note of the user's own is kept; a stop now
+        says its own). Best effort, as :meth:`supersede`."""
         try:
-            if "superseded_by" in self.client.get_run(self.run_id).data.tags:
-                self.client.delete_tag(self.run_id, "superseded_by")
+            tags = self.client.get_run(self.run_id).data.tags
+            stale = [k for k in ("superseded_by", "failure") if k in tags]
+            if "failure" in tags and tags.get("mlflow.note.content") == tags["failure"]:
+                stale.append("mlflow.note.content")
+            for key in stale:
+                self.client.delete_tag(self.run_id, key)
         except Exception as exc:  # noqa: BLE001
             logging.getLogger(__name__).debug("could not untag MLflow run %s: %s", self.run_id, exc)
 

@@ -409,8 +409,6 @@ def refine_run(params: Params, root: Path, dataset: str, variant_name: str, seed
         # what the params show as "auto": the device this run trains on now (a resumed run may move), the split
         # that scores its epochs
         tracker.set_tags({**_device_tags(tcfg.device), "monitor": tcfg.monitored_split(bool(ds.valid))})
-        if tracker.continued:   # a failed run trains on: its failure is no longer what it is (a stop now says its own)
-            _forget_failure(tracker)
         try:
             result = fit(model, ds.train, ds.test, tcfg, valid=ds.valid or None, checkpoint_path=ckpt,
                          resume=resume, on_epoch=tracker.log_epoch)
@@ -474,15 +472,6 @@ def _device_tags(name: str) -> dict[str, str]:
         return {"device": str(device)}
     index = torch.cuda.current_device() if device.index is None else device.index
     return {"device": f"cuda:{index}", "device_name": torch.cuda.get_device_name(index)}
-
-
-def _forget_failure(tracker) -> None:
-    """Remove a continued run's ``failure`` tag and the note that repeated it (a note of the user's own is kept)."""
-    tags = tracker.client.get_run(tracker.run_id).data.tags
-    if "failure" in tags:
-        if tags.get("mlflow.note.content") == tags["failure"]:
-            tracker.client.delete_tag(tracker.run_id, "mlflow.note.content")
-        tracker.client.delete_tag(tracker.run_id, "failure")
 
 
 def failure_line(exc: BaseException) -> str:
@@ -733,7 +722,7 @@ def _open_tracker(params: Params, root: Path, dataset: str, variant_name: str, s
                          # logged again, not trained: its run is the one that trained it, in whichever DVC
                          # experiment (one of `dvc exp run`'s, moved away and back, was duplicated)
                          adopt=adopt or trained_at is not None)
-    if tracker.continued:
+    if tracker.continued:   # current again, and no longer failed (RunTracker.mark_current)
         tracker.mark_current()
     if previous and previous != tracker.run_id:
         tracker.close_stale(previous, only_if={"workspace": tags["workspace"]})
@@ -864,8 +853,6 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
     if history.get("stopped_early"):
         tracker.set_tag("stopped_early", history["stopped_early"])
     tags = _log_best(tracker, history, ds.discrete, int(last["epoch"]))
-    if tracker.continued:   # a run that failed, then resumed and finished (e.g. with a raised train.max_loss)
-        tracker.delete_tag("failure")   # (its note, which said so, is replaced by its summary below)
     if params.tracking.get("log_checkpoints", True):
         tracker.log_artifact(ckpt, "checkpoints")
     tracker.log_artifact(mdir / "history.json")
