@@ -908,7 +908,6 @@ def _fit_plan(data: dict[str, Any], a: dict[str, Any], two_stage_options: Any, t
         _warn_unstandardised(arrays["train"], checked.columns)
     if not discrete:
         _warn_boolean_features(data["train"], checked.columns)
-    if not discrete:
         _warn_unlikely_features(arrays["train"], checked.columns)
     how = ("strings" if checked.vocab is not None else
            "integer 1-D arrays" if a["kind"] == "auto" else "kind='discrete'")
@@ -1061,14 +1060,11 @@ def _check_bptt_memory(cfg: ModelConfig, tcfg: Any, train: Sequence[np.ndarray],
     """Whole-sequence BPTT (bptt 0) keeps the graph of every training step of an epoch (the trajectories laid end
     to end into ``batch_size`` streams): warn where :func:`pipeline.config.bptt_step_bytes` puts it above
     :data:`pipeline.config.BPTT_MEMORY_WARN`, refuse where it exceeds this machine's memory on the CPU."""
-    from pipeline.config import bptt_memory_message, bptt_step_bytes, trains_on_cpu
+    from pipeline.config import bptt_step_bytes, train_bptt_memory
 
-    if tcfg.bptt != 0 or tcfg.epochs < 1:
-        return
     step = bptt_step_bytes(cfg.model, state_dim=cfg.state_dim, obs_dim=cfg.obs_dim, n_features=cfg.n_rff,
                            input_dim=cfg.input_dim, n_layers=cfg.n_layers, rank=cfg.rank, discrete=cfg.discrete)
-    message, too_big = bptt_memory_message(key, [len(t) for t in train], tcfg.batch_size, step,
-                                           on_cpu=lambda: trains_on_cpu(tcfg.device))
+    message, too_big = train_bptt_memory(key, tcfg, [len(t) for t in train], step)
     if message is None:
         return
     if default:

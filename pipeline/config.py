@@ -1056,7 +1056,6 @@ def check_windows(dataset_name: str, dp: DatasetParams, train_lengths: typing.Se
         _check_kf_state_dim(dp, int(obs_dim), "from the prepared data")
 
 
-
 # ------------------------------------------------------------------------------------- whole-sequence BPTT
 
 #: ``train.bptt: 0`` keeps the autograd graph of every training step of an epoch: warn above this many bytes
@@ -1126,6 +1125,16 @@ def bptt_memory_message(key: str, lengths: typing.Sequence[int], batch_size: int
             f"autograd graph, ~{step_bytes / 1000:.0f} KB a step{beyond}); set {key} (e.g. 100) to truncate"), too_big
 
 
+def train_bptt_memory(key: str, cfg: Any, lengths: typing.Sequence[int], step_bytes: int
+                      ) -> tuple[str | None, bool]:
+    """:func:`bptt_memory_message` for the train settings ``cfg`` (a TrainConfig): (None, False) where they do
+    not back-propagate through whole sequences (``bptt`` > 0) or train nothing; "cannot fit" judged on the CPU
+    that ``cfg.device`` trains on."""
+    if cfg.bptt != 0 or cfg.epochs < 1:
+        return None, False
+    return bptt_memory_message(key, lengths, cfg.batch_size, step_bytes, on_cpu=lambda: trains_on_cpu(cfg.device))
+
+
 def bptt_memory_notes(dp: DatasetParams, train_lengths: typing.Sequence[int], input_dim: int,
                       discrete: bool, variants: typing.Iterable[str] | None = None) -> list[str]:
     """Per variant (of ``variants``, default every one) that trains with ``train.bptt: 0`` on these training
@@ -1135,14 +1144,10 @@ def bptt_memory_notes(dp: DatasetParams, train_lengths: typing.Sequence[int], in
     notes: list[str] = []
     ts = dp.two_stage
     for v in (dp.variants if variants is None else [dp.variant(name) for name in variants]):
-        cfg = dp.train_config(v.name)
-        if cfg.bptt != 0 or cfg.epochs < 1:
-            continue
         step = bptt_step_bytes(v.family, state_dim=ts.state_dim, obs_dim=ts.obs_dim, n_features=ts.n_features,
                                input_dim=input_dim, n_layers=v.n_layers, rank=v.rank, discrete=discrete)
-        key = dp.setting_key(v.name, "bptt")
-        message, too_big = bptt_memory_message(key, train_lengths, cfg.batch_size, step,
-                                               on_cpu=lambda: trains_on_cpu(cfg.device))
+        message, too_big = train_bptt_memory(dp.setting_key(v.name, "bptt"), dp.train_config(v.name),
+                                             train_lengths, step)
         if too_big:
             raise ParamsError(f"{message} ({v.name})")
         if message:
