@@ -287,19 +287,30 @@ def _naive(runs: Sequence[dict], metric: str) -> dict[str, float]:
 
 def _curve(runs: Sequence[dict], split: str, metric: str):
     """Epochs, mean / min / max over the runs' finite values of ``metric`` on ``split``, how many runs each epoch
-    averages, each run's last epoch with a value and each run's last epoch in its history (by seed)."""
+    averages, each run's last epoch with a finite value, each run's last epoch in its history and each run's last
+    epoch scored on ``split`` at all (by seed).
+
+    Scored and finite differ: an epoch whose entry has the value, not finite, is a divergence (train.py writes NaN
+    or inf, which refine's plot file keeps as JSON ``NaN`` / ``Infinity``; a ``null`` counts as such a value too);
+    an epoch whose entry lacks the split (or the metric) was not scored on it. ``train.eval_train`` is a change a
+    checkpoint resumes with (``pipeline.train.RESUMABLE_CHANGES``): a run trained with it and continued without it
+    has ``train`` values up to the epoch it was resumed from and none after, and did not diverge."""
     per_epoch: dict[int, list[float]] = {}
     ends: dict[int, int] = {}
     trained: dict[int, int] = {}
+    scored: dict[int, int] = {}
     for r in runs:
         for entry in r["history"] or []:
             if not isinstance(entry, dict) or entry.get("epoch") is None:
                 continue
-            trained[r["seed"]] = max(trained.get(r["seed"], int(entry["epoch"])), int(entry["epoch"]))
-            v = (entry.get(split) or {}).get(metric)
-            vals, _ = _finite([v])
+            epoch = int(entry["epoch"])
+            trained[r["seed"]] = max(trained.get(r["seed"], epoch), epoch)
+            values = entry.get(split) or {}
+            if metric not in values:
+                continue
+            scored[r["seed"]] = max(scored.get(r["seed"], epoch), epoch)
+            vals, _ = _finite([values[metric]])
             if vals:
-                epoch = int(entry["epoch"])
                 per_epoch.setdefault(epoch, []).append(vals[0])
                 ends[r["seed"]] = max(ends.get(r["seed"], epoch), epoch)
     epochs = sorted(per_epoch)
@@ -307,7 +318,7 @@ def _curve(runs: Sequence[dict], split: str, metric: str):
         return None
     stacked = [np.asarray(per_epoch[e]) for e in epochs]
     return (np.asarray(epochs), np.array([s.mean() for s in stacked]), np.array([s.min() for s in stacked]),
-            np.array([s.max() for s in stacked]), np.array([len(s) for s in stacked]), ends, trained)
+            np.array([s.max() for s in stacked]), np.array([len(s) for s in stacked]), ends, trained, scored)
 
 
 def _with_split(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], split: str,
@@ -317,10 +328,17 @@ def _with_split(by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str
     return [v for v in variants if _curve([r for r in by_variant.get(v, []) if r["history"]], split, metric)]
 
 
-def _seed_counts(ends: Mapping[int, int], trained: Mapping[int, int]) -> tuple[int, int]:
-    """A curve's seeds (those with a training history) and how many of them diverged: no finite value at the last
-    epoch they trained (a seed stopped early by ``train.patience`` ends finite, at an earlier epoch)."""
-    return len(trained), sum(1 for s, last in trained.items() if ends.get(s) != last)
+def _seed_diverged(s: int, ends: Mapping[int, int], scored: Mapping[int, int]) -> bool:
+    """Whether seed ``s`` diverged on a curve: its value at the last epoch scored on the curve's split is not
+    finite. A seed stopped early by ``train.patience`` ends finite, at an earlier epoch; one whose later epochs
+    were not scored on the split (``train.eval_train`` turned off on resuming) ends finite at the last one that
+    was."""
+    return s in scored and ends.get(s) != scored[s]
+
+
+def _seed_counts(ends: Mapping[int, int], trained: Mapping[int, int], scored: Mapping[int, int]) -> tuple[int, int]:
+    """A curve's seeds (those with a training history) and how many of them diverged (:func:`_seed_diverged`)."""
+    return len(trained), sum(1 for s in trained if _seed_diverged(s, ends, scored))
 
 
 def _seeds_text(n: int, diverged: int) -> str:
@@ -332,7 +350,7 @@ def _seeds_text(n: int, diverged: int) -> str:
 def _curve_seeds(runs: Sequence[dict], split: str, metric: str) -> str:
     """:func:`_seeds_text` of the curve of ``runs`` (empty where it has none)."""
     c = _curve([r for r in runs if r["history"]], split, metric)
-    return _seeds_text(*_seed_counts(c[5], c[6])) if c is not None else ""
+    return _seeds_text(*_seed_counts(*c[5:])) if c is not None else ""
 
 
 def _scored_elsewhere(r: Mapping[str, Any]) -> bool:
@@ -365,7 +383,10 @@ def _scored_points(runs: Sequence[dict], split: str, metric: str) -> tuple[list[
 SCORED_LABEL = "scored epoch (the table's value)"
 
 
-def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: Mapping[int, int]) -> str:
+def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: Mapping[int, int],
+                  scored: Mapping[int, int], *, split: str) -> str:
+    """results.md's note on the curve of ``v`` on ``split`` that is the mean of fewer seeds somewhere (the
+    :func:`_curve` maps of ``n`` seeds): where each seed short of the last epoch ends, and why."""
     last = max(ends.values())
     short = sorted(s for s in ends if ends[s] < last)
     never = sorted(s for s in trained if s not in ends)
@@ -373,11 +394,17 @@ def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: 
         return (f"`{fname}`: `{v}`: some epochs have a value from fewer than its {n} seeds (missing or non-finite); "
                 "the curve is dotted there")
     longest = sorted(s for s in ends if ends[s] == last)
-    def end(s: int) -> str:   # a run trained on whose later values are not finite did not stop early
-        if s not in ends:
-            return f"seed {s} diverged (no finite value; trained to {trained[s]})"
-        if trained.get(s, ends[s]) > ends[s]:
+    def end(s: int) -> str:
+        # a run trained on whose later values are not finite did not stop early; one trained on whose later epochs
+        # have no value on the split (train.eval_train turned off on resuming) did not diverge
+        if _seed_diverged(s, ends, scored):
+            if s not in ends:
+                return f"seed {s} diverged (no finite value; trained to {trained[s]})"
             return f"seed {s} diverged (no finite value after epoch {ends[s]}; trained to {trained[s]})"
+        if s not in scored:
+            return f"seed {s} not scored on {split} (trained to {trained[s]})"
+        if trained.get(s, scored[s]) > scored[s]:
+            return f"seed {s} not scored on {split} after epoch {scored[s]} (trained to {trained[s]})"
         return f"seed {s} ends at epoch {ends[s]}"
     short = sorted(short + never)
 
@@ -505,14 +532,14 @@ def _use_log(values: list[float], logy: Any) -> bool:
 
 def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence[str], metric: str, *, split: str,
                 show_train: bool, optimal: float | None, logy: Any = False, title: str | None = None,
-                partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] | None = None, legend: bool = True,
-                values_in_legend: bool = True, dataset: str | None = None,
+                partial: dict[str, tuple[dict[int, int], int, dict[int, int], dict[int, int]]] | None = None,
+                legend: bool = True, values_in_legend: bool = True, dataset: str | None = None,
                 suffixes: Mapping[str, str] | None = None, colors: Mapping[str, Any] | None = None,
                 labels: Mapping[str, str] | None = None) -> int:
     """Draw one metric-vs-epoch panel; returns the number of curves drawn. The mean over seeds is solid where every
     seed has a value and dotted where fewer do (a seed stopped early by ``train.patience``): those variants go into
-    ``partial`` (variant -> (last epoch with a value per seed, seeds, last epoch trained per seed)) for the
-    caller's note. ``legend``: one inside the panel
+    ``partial`` (variant -> (last epoch with a finite value per seed, seeds, last epoch trained per seed, last
+    epoch scored on ``split`` per seed)) for the caller's note. ``legend``: one inside the panel
     (else the caller draws one); without ``values_in_legend`` (one legend for panels of several metrics) the
     reference lines (naive predictors, Bayes optimum) have their values written on them instead. ``colors``: the
     figure's colour per variant, where ``by_variant`` is not the dataset's (the gap panel's shifted copies of the
@@ -531,10 +558,10 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
         c = _curve(runs, split, metric)
         if c is None:
             continue
-        epochs, mean, lo, hi, count, ends, trained = c
+        epochs, mean, lo, hi, count, ends, trained, scored_at = c
         # the seeds with a history, those that diverged said (the curve is the others' mean after their last
         # finite value): a seed with any finite value (its epoch 0) was counted as if it had trained to the end
-        n, diverged = _seed_counts(ends, trained)
+        n, diverged = _seed_counts(ends, trained, scored_at)
         full = count == n
         label = (labels or {}).get(v) or f"{v} ({_seeds_text(n, diverged)}{suffixes.get(v, '')})"
         marks = {**_marker_style(v), "ms": 5, "markevery": _markevery(len(epochs))}
@@ -549,7 +576,7 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
             ax.plot(epochs, np.where(near, mean, np.nan), color=colors[v], lw=1.4, ls=":",
                     label=f"_{v} (fewer seeds)", **marks)
             if partial is not None:
-                partial[v] = (dict(ends), n, dict(trained))
+                partial[v] = (dict(ends), n, dict(trained), dict(scored_at))
         # the table's value: with train.restore_best the weights of the best epoch, not of the curve's last
         xs, ys = _scored_points(runs, split, metric)
         if xs:
@@ -647,7 +674,7 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
                    metrics: Sequence[str], *, title: str, split: str, show_train: bool,
                    optimal: Mapping[str, float | None], logy: Any, notes: list[str], dataset: str | None = None,
                    show_params: bool = False) -> None:
-    partial: dict[str, tuple[dict[int, int], int, dict[int, int]]] = {}
+    partial: dict[str, tuple[dict[int, int], int, dict[int, int], dict[int, int]]] = {}
     # one legend for the panels (the same curves), beside the last one: a dataset's ten variants and the naive
     # predictors covered the curves of a panel 5.5 inches wide
     suffixes = _legend_suffixes(by_variant, variants, show_params=show_params)
@@ -675,7 +702,7 @@ def _metric_figure(path: Path, by_variant: Mapping[str, Sequence[dict]], variant
         fig.suptitle(_plain(title))
         _layout(fig, 1, len(panels), right=0.2 + legend_width + beside, wspace=0.85 + beside)
         _save(fig, path)
-    notes += [_partial_note(path.name, v, *parts) for v, parts in partial.items()]
+    notes += [_partial_note(path.name, v, *parts, split=split) for v, parts in partial.items()]
 
 
 def _gap_runs(runs: Sequence[dict], metric: str, optimal: float, floor: float) -> list[dict]:
@@ -871,7 +898,7 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
     if not panels:
         return None
     path = out_fig / fname
-    partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int]]]] = {}
+    partial: dict[str, dict[str, tuple[dict[int, int], int, dict[int, int], dict[int, int]]]] = {}
     # one legend for the panels (each writes the values of its own reference lines on them), one entry a variant:
     # what differs between the panels is said in each (its learning rates under its title), not by entries that
     # look alike ("kf (2 seeds, lr 0.1)" and "kf (2 seeds, lr 0.01)" in one legend)
@@ -905,7 +932,7 @@ def _fig4a(cfg: dict, grouped, out_fig: Path, notes: list[str]) -> Path | None:
                 right=0.2 + legend_width + VALUE_WIDTH,
                 top=0.85 if any(rate_notes) else 0.65)
         _save(fig, path)
-    notes += [_partial_note(fname, v, *parts).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
+    notes += [_partial_note(fname, v, *parts, split=cfg["split"]).replace(f"`{v}`", f"`{ds}` `{v}`", 1)
               for ds, by_v in partial.items() for v, parts in by_v.items()]
     return path
 

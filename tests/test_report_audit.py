@@ -601,6 +601,76 @@ def test_a_legend_counts_a_diverged_seed_as_diverged_not_as_a_seed_of_the_curve(
     assert "- `swimmer_curves.png`: `lstm` seed 1 ends at epoch 1 (seed 0 at 3)" in md
 
 
+def _keep_train_values(root: Path, dataset: str, variant: str, seed: int, *, until: int | None = None,
+                       nan_after: int | None = None) -> None:
+    """Rewrite refine's plot file of a run the way its history would read: without ``train_*`` values after epoch
+    ``until`` (trained with ``eval_train: true``, resumed with ``false``: fit writes no ``train`` entry; ``until``
+    -1: none at all), or with ``train_*`` values NaN after epoch ``nan_after`` (written as JSON ``NaN``, as
+    refine's json.dumps writes a NaN metric)."""
+    path = root / "plots" / dataset / variant / f"s{seed}.json"
+    rows = json.loads(path.read_text())
+    for row in rows:
+        for key in [k for k in row if k.startswith("train_")]:
+            if until is not None and row["epoch"] > until:
+                del row[key]
+            elif nan_after is not None and row["epoch"] > nan_after:
+                row[key] = float("nan")
+    path.write_text(json.dumps(rows))
+
+
+def _legend_texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for lg in [ax.get_legend()] if lg for t in lg.get_texts()]
+
+
+def test_a_seed_not_scored_on_train_after_a_resume_without_eval_train_did_not_diverge(tmp_path, figures):
+    """train.eval_train is a change a checkpoint resumes with: rnn's seed 1, trained to epoch 1 with it and resumed
+    to 3 without it, has no train value after epoch 1, and the train curves called it "diverged (no finite value
+    after epoch 1; trained to 3)" and counted it in the legend's "2 seeds, 1 diverged". It is not scored there:
+    the curve is seed 0 alone after epoch 1 (dotted), the legend counts no divergence, the note says why; lstm's
+    seed 1, never scored on train, likewise. Its test curves are whole."""
+    root = tmp_path / "project"
+    for v in ("rnn", "lstm"):
+        for seed in (0, 1):
+            _write_run(root, "swimmer", v, seed, "continuous", [3.0 + seed, 2.0 + seed, 1.0 + seed, 0.8 + seed])
+    _keep_train_values(root, "swimmer", "rnn", 1, until=1)
+    _keep_train_values(root, "swimmer", "lstm", 1, until=-1)
+    write_report(root, tmp_path / "reports", figures={"per_dataset": {"split": "train"}, "fig4a": {"split": "train"}})
+    for name in ("swimmer_curves.png", "fig4a.png"):
+        labels = _legend_texts(figures[name])
+        assert "rnn (2 seeds)" in labels and "lstm (2 seeds)" in labels, (name, labels)
+        assert not any("diverged" in label for label in labels), (name, labels)
+    lines = {ln.get_label(): ln for ln in figures["swimmer_curves.png"].axes[0].get_lines()}
+    solid = np.asarray(lines["rnn (2 seeds)"].get_ydata(), dtype=float)
+    dotted = np.asarray(lines["_rnn (fewer seeds)"].get_ydata(), dtype=float)
+    assert solid[:2] == pytest.approx([3.5, 2.5]) and np.isnan(solid[2:]).all()
+    assert dotted[1:] == pytest.approx([2.5, 1.0, 0.8])          # seed 0 alone after epoch 1
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert "diverged" not in md
+    assert ("- `swimmer_curves.png`: `rnn` seed 1 not scored on train after epoch 1 (trained to 3) (seed 0 at 3); "
+            "the curve is dotted where it is the mean of fewer seeds") in md
+    assert "- `swimmer_curves.png`: `lstm` seed 1 not scored on train (trained to 3) (seed 0 at 3)" in md
+    assert "- `fig4a.png`: `swimmer` `rnn` seed 1 not scored on train after epoch 1 (trained to 3)" in md
+    # the test split, scored every epoch, has every seed to the end
+    write_report(root, tmp_path / "test_split")
+    assert {"rnn (2 seeds)", "lstm (2 seeds)"} <= set(_legend_texts(figures["swimmer_curves.png"]))
+    assert "not scored" not in (tmp_path / "test_split" / "results.md").read_text()
+
+
+def test_a_seed_whose_train_values_turned_nan_still_diverged(tmp_path, figures):
+    """The same run with its train values present but NaN after epoch 1 (not absent): diverged, as before."""
+    root = tmp_path / "project"
+    for seed in (0, 1):
+        _write_run(root, "swimmer", "rnn", seed, "continuous", [3.0 + seed, 2.0 + seed, 1.0 + seed, 0.8 + seed])
+    _keep_train_values(root, "swimmer", "rnn", 1, nan_after=1)
+    write_report(root, tmp_path / "reports", figures={"per_dataset": {"split": "train"}, "fig4a": {"split": "train"}})
+    for name in ("swimmer_curves.png", "fig4a.png"):
+        assert "rnn (2 seeds, 1 diverged)" in _legend_texts(figures[name]), name
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("- `swimmer_curves.png`: `rnn` seed 1 diverged (no finite value after epoch 1; trained to 3) (seed 0 "
+            "at 3); the curve is dotted where it is the mean of fewer seeds") in md
+    assert "not scored" not in md
+
+
 def test_a_star_marks_the_scored_epochs_value_where_it_is_not_the_curves_last_point(tmp_path, figures):
     """With train.restore_best the table's value is that of the best epoch's weights, not the curve's last point,
     and nothing in the figure showed where it was: a star in the variant's colour marks it (the mean over the seeds
