@@ -30,7 +30,8 @@ if __package__ in (None, ""):  # run or imported as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.features import FeatureMaps, fit_feature_maps, make_windows  # noqa: E402
-from pipeline.two_stage import TwoStageConfig, TwoStageLayer, _fix_signs, apply_observation_inverse  # noqa: E402
+from pipeline.two_stage import (LinearStageOne, TwoStageConfig, TwoStageLayer, _fix_signs, _ridge_solve,  # noqa: E402
+                                apply_observation_inverse)
 
 
 def dense_ridge(X: np.ndarray, Y: np.ndarray, lam: float) -> np.ndarray:
@@ -105,6 +106,29 @@ def naive_two_stage_regression(
                          diagnostics={"n_windows": int(n), "lambda": float(lam), "implementation": "naive",
                                       "singular_values": {k: v.tolist() for k, v in sv.items()},
                                       "widths": {k: getattr(maps, k).width for k in ("obs", "past", "future")}})
+
+
+
+def naive_linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window: int, future_window: int,
+                           ridge: float) -> LinearStageOne:
+    """Stage 1 of the Kalman filter's linear 2SR, materialised (the reference of ``bench_kf_two_stage.py`` and of
+    :func:`pipeline.two_stage.linear_stage_one`, which streams it): the n × p past, n × f future and shifted window
+    matrices H, F, S are built whole, the stage-1 predictions F̂ = H B_F and Ŝ = H B_S (n × f each) too, and the
+    state directions U are the top right singular vectors of an n × f SVD of F̂. Memory O(n·(p + 2f)), five such
+    matrices at once besides the temporaries."""
+    mu = np.concatenate(trajs).mean(0)
+    win = make_windows([t - mu for t in trajs], past_window, future_window, discrete=False)
+    H = win.past
+    HH = H.T @ H
+    lam = ridge * np.trace(HH) / HH.shape[0]
+    Fh = H @ _ridge_solve(HH, H.T @ win.future, lam)
+    Sh = H @ _ridge_solve(HH, H.T @ win.shifted, lam)
+    _, sv, Vt = np.linalg.svd(Fh, full_matrices=False)
+    U = _fix_signs(Vt[:state_dim].T)
+    traj_id, t_idx = win.times[:, 0], win.times[:, 1]
+    consecutive = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
+    return LinearStageOne(windows=win, states=Fh @ U, shifted_states=Sh @ U, singular_values=sv, mean=mu,
+                          consecutive=consecutive)
 
 
 if __name__ == "__main__":

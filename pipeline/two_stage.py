@@ -931,31 +931,57 @@ class LinearStageOne:
     consecutive: np.ndarray
 
 
+#: rows of windows per chunk of the streamed linear 2SR: a chunk's past, future and shifted windows take at most
+#: about this many bytes in float64 (at least 256 rows)
+LINEAR_CHUNK_BYTES = 32 * 2 ** 20
+
+
 def linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window: int, future_window: int,
                      ridge: float) -> LinearStageOne:
-    """Stage 1 of :func:`linear_two_stage` (also what ``benchmarks/ablate_init.py`` compares stage-2 choices on)."""
+    """Stage 1 of :func:`linear_two_stage` (also what ``benchmarks/ablate_init.py`` compares stage-2 choices on).
+
+    Streamed: with H, F and S the n × p past, n × f future and n × f shifted windows (never held whole), only
+    HᵀH, HᵀF and HᵀS are accumulated, chunk by chunk. Stage 1 is F̂ = H B_F, Ŝ = H B_S with
+    B = (HᵀH + λI)⁻¹ HᵀF (resp. HᵀS). The top right singular vectors of F̂ are those of R B_F for any R with
+    RᵀR = HᵀH (F̂ᵀF̂ = B_Fᵀ HᵀH B_F), here R = Λ^½Vᵀ from HᵀH = VΛVᵀ: a p × f SVD with F̂'s singular values, not
+    an n × f one. The states x̂ = F̂U = H (B_F U) and Ŝ U are then formed chunk by chunk, n × state_dim each.
+    Memory is O(n·(state_dim + m) + chunk·(p + 2f) + (p + f)²) instead of five n × (p or f) matrices (on 10⁶ steps
+    of 30 dimensions with windows of 10: ~0.5 GB instead of ~12 GB)."""
     mu = np.concatenate(trajs).mean(0)
     win = make_windows([t - mu for t in trajs], past_window, future_window, discrete=False)
     m = trajs[0].shape[1]
     if state_dim > future_window * m:
         raise ValueError(f"kf state_dim={state_dim} exceeds future_window·obs_dim={future_window * m}")
-    if state_dim > len(win.past):   # the states are the top directions of the windows
-        raise ValueError(f"kf state_dim={state_dim} exceeds the {len(win.past)} windows of past_window + "
+    if state_dim > len(win):   # the states are the top directions of the windows
+        raise ValueError(f"kf state_dim={state_dim} exceeds the {len(win)} windows of past_window + "
                          f"future_window = {past_window} + {future_window} in the training trajectories; expected "
                          "at most that, or smaller windows or more training data")
-    H = win.past
-    HH = H.T @ H
-    lam = ridge * np.trace(HH) / HH.shape[0]
-    Fh = H @ _ridge_solve(HH, H.T @ win.future, lam)
-    Sh = H @ _ridge_solve(HH, H.T @ win.shifted, lam)
-    _, sv, Vt = np.linalg.svd(Fh, full_matrices=False)
+    p, f = past_window * m, future_window * m
+    rows = max(256, LINEAR_CHUNK_BYTES // (8 * (p + 2 * f)))
+    HH, HF, HS = np.zeros((p, p)), np.zeros((p, f)), np.zeros((p, f))
+    for sl in win.chunks(rows):
+        h = win.rows("past", sl)
+        HH += h.T @ h
+        HF += h.T @ win.rows("future", sl)
+        HS += h.T @ win.rows("shifted", sl)
+    lam = ridge * np.trace(HH) / p
+    B_F, B_S = _ridge_solve(HH, HF, lam), _ridge_solve(HH, HS, lam)
+    evals, evecs = np.linalg.eigh(0.5 * (HH + HH.T))
+    root = np.sqrt(np.clip(evals, 0.0, None))[:, None] * evecs.T   # rootᵀroot = HᵀH
+    # full: a state_dim above p (F̂ has rank <= p) takes directions of F̂'s null space, as an n × f SVD gives them
+    _, sv, Vt = np.linalg.svd(root @ B_F, full_matrices=True)
     U = _fix_signs(Vt[:state_dim].T)
+    to_states, to_shifted = B_F @ U, B_S @ U
+    X, Xs = np.empty((len(win), state_dim)), np.empty((len(win), state_dim))
+    for sl in win.chunks(rows):
+        h = win.rows("past", sl)
+        X[sl], Xs[sl] = h @ to_states, h @ to_shifted
     traj_id, t_idx = win.times[:, 0], win.times[:, 1]
     consecutive = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
     if len(consecutive) == 0:
         raise ValueError("kf: no two consecutive windows in one trajectory; expected trajectories longer than "
                          f"past_window + future_window = {past_window + future_window}")
-    return LinearStageOne(windows=win, states=Fh @ U, shifted_states=Sh @ U, singular_values=sv, mean=mu,
+    return LinearStageOne(windows=win, states=X, shifted_states=Xs, singular_values=sv[:min(len(win), f)], mean=mu,
                           consecutive=consecutive)
 
 
@@ -980,9 +1006,14 @@ def linear_two_stage(trajectories: Sequence[np.ndarray], *, state_dim: int, past
     if state_dim < 1:
         raise ValueError(f"kf state_dim must be >= 1, got {state_dim}")
     trajs = [np.asarray(t, dtype=np.float64).reshape(len(t), -1) for t in trajectories]
-    stage1 = linear_stage_one(trajs, state_dim=state_dim, past_window=past_window, future_window=future_window,
-                              ridge=ridge)
+    return linear_stage_two(linear_stage_one(trajs, state_dim=state_dim, past_window=past_window,
+                                             future_window=future_window, ridge=ridge), ridge=ridge)
+
+
+def linear_stage_two(stage1: LinearStageOne, *, ridge: float) -> LinearStateSpace:
+    """Stage 2 of :func:`linear_two_stage` (see there), from stage 1's states: O(n·(state_dim + obs_dim)) memory."""
     win, X, Xs, O = stage1.windows, stage1.states, stage1.shifted_states, stage1.windows.obs
+    state_dim = X.shape[1]
     XX = X.T @ X
     lam2 = ridge * np.trace(XX) / state_dim
     A = _ridge_solve(XX, X.T @ Xs, lam2).T

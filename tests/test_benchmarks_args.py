@@ -44,6 +44,9 @@ def _refused(module: str, *args: str, out_dir: Path, cwd: Path = ROOT) -> str:
     ("bench_predict", ["--repeats", "0"], "argument --repeats: expected a positive integer, got '0'"),
     ("bench_predict", ["--sizes", "0"], "argument --sizes: expected a positive integer, got '0'"),
     ("bench_predict", ["--raw-dir", "/nonexistent"], "argument --raw-dir: expected a PTB raw folder"),
+    ("bench_kf_two_stage", ["--steps", "100,0"], "argument --steps: expected"),
+    ("bench_kf_two_stage", ["--steps", "200"], "--steps 200: expected at least 10 x (past + future window + 2)"),
+    ("bench_kf_two_stage", ["--state-dim", "301"], "--state-dim 301: expected at most --future-window x --obs-dim"),
     ("ablate_init", ["--root", "/nonexistent"], "argument --root: expected a workspace"),
     ("bench_repro", ["--set", "nosuch.key=1"], "--set nosuch.key=1: params.yaml has no section nosuch"),
 ])

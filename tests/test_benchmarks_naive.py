@@ -113,3 +113,67 @@ def test_naive_predict_writes_what_predict_file_writes(tmp_path):
     a, b = pq.read_table(streamed), pq.read_table(naive)
     np.testing.assert_allclose(np.array(a.column("probabilities").to_pylist()),
                                np.array(b.column("probabilities").to_pylist()), rtol=1e-6)
+
+
+def _linear_data(steps=3000, obs_dim=6, trajectories=3):
+    from benchmarks.bench_kf_two_stage import synthetic_series
+
+    return synthetic_series(steps, obs_dim, trajectories, seed=4)
+
+
+@pytest.mark.parametrize("kw", [dict(state_dim=5, past_window=6, future_window=4, ridge=1e-3),
+                                dict(state_dim=10, past_window=2, future_window=3, ridge=0.05)])
+def test_streamed_and_materialised_linear_two_stage_agree(monkeypatch, kw):
+    """The Kalman filter's streamed stage 1 (chunks of 256 windows here: several, the last one partial) gives the
+    states, shifted states and singular values of the materialised one, whose n × f SVD it replaces by a p × f one,
+    and so the same A, C, Q, R, M, x0, P0. The second case asks for more states (10) than the history window has
+    dimensions (p = 2 · 6 = 12 > 10, but rank(F̂) <= 12 and f = 18): the null directions it then takes are states
+    of ~0 in both."""
+    import pipeline.two_stage as two_stage
+    from benchmarks.naive_two_stage import naive_linear_stage_one
+
+    monkeypatch.setattr(two_stage, "LINEAR_CHUNK_BYTES", 1)   # the 256-row minimum
+    trajs = _linear_data()
+    s, n = two_stage.linear_stage_one(trajs, **kw), naive_linear_stage_one(trajs, **kw)
+    assert len(s.windows) % 256 and len(s.windows) > 3 * 256
+    np.testing.assert_array_equal(s.consecutive, n.consecutive)
+    k = len(s.singular_values)
+    np.testing.assert_allclose(s.singular_values, n.singular_values[:k], rtol=1e-10)
+    assert np.all(n.singular_values[k:] < 1e-10 * n.singular_values[0])
+    rank = min(kw["state_dim"], kw["past_window"] * 6)
+    np.testing.assert_allclose(s.states[:, :rank], n.states[:, :rank], rtol=0, atol=1e-10 * np.abs(n.states).max())
+    np.testing.assert_allclose(s.shifted_states[:, :rank], n.shifted_states[:, :rank], rtol=0,
+                               atol=1e-10 * np.abs(n.shifted_states).max())
+    if rank == kw["state_dim"]:
+        lss = two_stage.linear_two_stage(trajs, **kw)
+        ref = two_stage.linear_stage_two(n, ridge=kw["ridge"])
+        for key in ("A", "C", "Q", "R", "M", "x0", "P0", "mean"):
+            np.testing.assert_allclose(getattr(lss, key), getattr(ref, key), rtol=1e-9,
+                                       atol=1e-12 * np.abs(getattr(ref, key)).max(), err_msg=key)
+    else:
+        assert np.abs(s.states[:, rank:]).max() < 1e-10 * np.abs(s.states).max()
+
+
+def test_streamed_linear_stage_one_holds_no_window_matrix(monkeypatch):
+    """Memory, by allocation count, not time: the streamed stage 1 never holds an n × p window matrix (here
+    24000 × 120 float64, 23 MB), so its peak traced allocation stays below half of one and an eighth of the materialised
+    one's, which holds five such matrices at once (the streamed one holds the data, its centred copy, the states
+    and the shifted states)."""
+    import tracemalloc
+
+    import pipeline.two_stage as two_stage
+    from benchmarks.naive_two_stage import naive_linear_stage_one
+
+    monkeypatch.setattr(two_stage, "LINEAR_CHUNK_BYTES", 2 ** 20)
+    trajs = _linear_data(steps=24000, obs_dim=12, trajectories=2)
+    kw = dict(state_dim=8, past_window=10, future_window=10, ridge=1e-3)
+    peaks = {}
+    for name, fn in (("streamed", two_stage.linear_stage_one), ("materialised", naive_linear_stage_one)):
+        fn(_linear_data(steps=600, obs_dim=12, trajectories=2), **kw)   # the first call's imports, untraced
+        tracemalloc.start()
+        fn(trajs, **kw)
+        peaks[name] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    window_matrix = 24000 * 120 * 8
+    assert peaks["materialised"] > 4 * window_matrix, peaks
+    assert peaks["streamed"] < window_matrix / 2 and peaks["streamed"] < peaks["materialised"] / 8, peaks

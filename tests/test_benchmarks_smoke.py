@@ -143,6 +143,26 @@ def test_bench_two_stage_claims_name_the_settings(tmp_path):
     assert not any("--quick" in r or "--scales" in r or "--naive-repeats" in r for r in d["claims_invalid_reasons"])
 
 
+def test_bench_kf_two_stage_smoke(tmp_path):
+    """Synthetic data, no PTB: both sides at the first length, only the streamed one past --naive-max-steps."""
+    out = _run("bench_kf_two_stage.py", "--quick", "--steps", "600,1200", "--naive-max-steps", "600",
+               "--obs-dim", "4", "--trajectories", "2", "--state-dim", "3", "--past-window", "3",
+               "--future-window", "3", "--threads", "1", out_dir=tmp_path)
+    d = _load(tmp_path / "kf_two_stage_quick.json")
+    assert d["benchmark"] == "kf_two_stage" and d["quick"] is True and d["repeats"] == 1
+    _check_machine(d["machine"])
+    _check_claims(d, out, "--quick", "--steps [600, 1200] (claim: [50000, 200000, 800000])",
+                  "--obs-dim 4 (claim: 30)", "--repeats 1 (claim: at least 3)")
+    c = d["compare"]
+    assert set(c["naive"]) == {"600"} and set(c["streaming"]) == {"600", "1200"}
+    assert c["streaming"]["1200"]["steps"] == 1200 and c["streaming"]["600"]["time_per_step_ratio"] == 1.0
+    assert c["ratios"]["600"]["speedup"] == pytest.approx(c["naive"]["600"]["seconds"] /
+                                                         c["streaming"]["600"]["seconds"])
+    assert set(c["agreement"]) == {"600"} and set(c["agreement"]["600"]) == {"A", "C", "Q", "R", "M", "x0", "P0"}
+    assert c["agree"] is True and c["max_relative_difference"] < 1e-8
+    assert "agreement naive vs streaming: max relative difference" in out
+
+
 @needs_ptb
 def test_bench_throughput_smoke(tmp_path):
     # not --quick, at quick's sizes: the full run's path (waits at most 1 s for a busy machine)
