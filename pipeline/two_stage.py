@@ -947,7 +947,7 @@ def linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window
     an n × f one. The states x̂ = F̂U = H (B_F U) and Ŝ U are then formed chunk by chunk, n × state_dim each.
     Memory is O(n·(state_dim + m) + chunk·(p + 2f) + (p + f)²) instead of five n × (p or f) matrices (on 10⁶ steps
     of 30 dimensions with windows of 10: ~0.5 GB instead of ~12 GB)."""
-    mu = np.concatenate(trajs).mean(0)
+    mu = sum(t.sum(0) for t in trajs) / sum(len(t) for t in trajs)   # not a concatenated copy of the data
     win = make_windows([t - mu for t in trajs], past_window, future_window, discrete=False)
     m = trajs[0].shape[1]
     if state_dim > future_window * m:
@@ -1011,16 +1011,26 @@ def linear_two_stage(trajectories: Sequence[np.ndarray], *, state_dim: int, past
 
 
 def linear_stage_two(stage1: LinearStageOne, *, ridge: float) -> LinearStateSpace:
-    """Stage 2 of :func:`linear_two_stage` (see there), from stage 1's states: O(n·(state_dim + obs_dim)) memory."""
-    win, X, Xs, O = stage1.windows, stage1.states, stage1.shifted_states, stage1.windows.obs
-    state_dim = X.shape[1]
+    """Stage 2 of :func:`linear_two_stage` (see there), from stage 1's states. The observations and the residuals
+    are formed a chunk at a time (XᵀO and Σ accumulated), so memory adds O(chunk · (state_dim + obs_dim)) to the
+    states stage 1 holds."""
+    win, X, Xs = stage1.windows, stage1.states, stage1.shifted_states
+    state_dim, m = X.shape[1], stage1.mean.shape[0]
+    rows = max(256, LINEAR_CHUNK_BYTES // (8 * (3 * state_dim + 2 * m)))
+    XO = np.zeros((state_dim, m))
+    for sl in win.chunks(rows):
+        XO += X[sl].T @ win.rows("obs", sl)
     XX = X.T @ X
     lam2 = ridge * np.trace(XX) / state_dim
     A = _ridge_solve(XX, X.T @ Xs, lam2).T
-    C = _ridge_solve(XX, X.T @ O, lam2).T
+    C = _ridge_solve(XX, XO, lam2).T
     nxt = stage1.consecutive   # process and observation residuals, from consecutive states of one trajectory
-    residuals = np.concatenate([X[nxt + 1] - X[nxt] @ A.T, O[nxt] - X[nxt] @ C.T], axis=1)
-    sigma = residuals.T @ residuals / len(nxt)
+    sigma = np.zeros((state_dim + m, state_dim + m))
+    for start in range(0, len(nxt), rows):
+        at = nxt[start:start + rows]
+        residuals = np.concatenate([X[at + 1] - X[at] @ A.T, win.rows("obs", at) - X[at] @ C.T], axis=1)
+        sigma += residuals.T @ residuals
+    sigma /= len(nxt)
     Q, M, R = sigma[:state_dim, :state_dim], sigma[:state_dim, state_dim:], sigma[state_dim:, state_dim:]
     x0 = X.mean(0)
     P0 = np.cov(X.T).reshape(state_dim, state_dim)
