@@ -1065,3 +1065,36 @@ def test_string_ids_are_not_sorted_row_by_row(tmp_path, monkeypatch):
     for tid, t in zip(ds.meta["trajectory_ids"]["train"], ds.train):
         k = np.flatnonzero(ids == tid)
         assert np.array_equal(t[:, 0], x[k][np.argsort(steps[k])])
+
+
+def test_loading_holds_the_features_about_twice_not_four_times(tmp_path):
+    """read_rows fills the feature matrix a column at a time and judges each column's look alone (no list of
+    columns beside their stack, no reordered copy of the whole matrix), and load_custom drops the file's matrix
+    and the train copy before standardising: traced peaks (numpy's allocations) were 3.6x and 4.1x the feature
+    bytes, now ~1.9x and ~2.8x. The numbers are the same."""
+    import tracemalloc
+    from pipeline.data.custom import read_rows
+
+    n, m, length = 100_000, 8, 10_000
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(n)
+    cols = {"trajectory": np.repeat([f"run{i}" for i in range(n // length)], length)[perm],
+            "step": np.tile(np.arange(length), n // length)[perm]}
+    for j in range(m):
+        cols[f"f{j}"] = rng.standard_normal(n)
+    path = _write(tmp_path, cols)
+    nbytes = n * m * 8
+    tracemalloc.start()
+    try:
+        rows = read_rows(path, kind="continuous")
+        read_peak = tracemalloc.get_traced_memory()[1]
+        del rows
+        tracemalloc.reset_peak()
+        ds = load_custom(path, kind="continuous")
+        load_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert read_peak < 2.6 * nbytes, read_peak / nbytes
+    assert load_peak < 3.4 * nbytes, load_peak / nbytes
+    train = np.concatenate(ds.train)
+    assert np.allclose(train.mean(0), 0.0, atol=1e-12) and np.allclose(train.std(0), 1.0)

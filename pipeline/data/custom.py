@@ -153,7 +153,9 @@ def _warn_unlikely_features(path, values: np.ndarray, columns: list[str], order:
     (:func:`pipeline.messages.unlikely_measurements`: a time stamp or row counter kept beside or instead of
     ``step``, an id or a label); they stay features. ``order``: row indices in (trajectory, step) order;
     ``lengths`` per trajectory."""
-    found = [f"{columns[j]!r} ({why})" for j, why in unlikely_measurements(values[order], lengths)]
+    # a column at a time (unlikely_measurements judges each alone): values[order] would copy every feature
+    found = [f"{columns[j]!r} ({why})" for j in range(values.shape[1])
+             for _, why in unlikely_measurements(values[order, j], lengths)]
     if found:
         log.warning("%s: numeric columns taken as features (features=None) that look like no measurement: %s; name "
                     "the feature columns in features to leave them out (time belongs in the step column, as "
@@ -534,9 +536,11 @@ def read_rows(
 
     if kind == "continuous":
         # a bool column as 0.0/1.0, through Arrow: numpy would read one with nulls as objects (None), not as NaN
-        raw = [np.asarray((column(f).cast(pa.float64()) if pa.types.is_boolean(column(f).type) else column(f))
-                          .to_numpy(zero_copy_only=False)) for f in value_columns]
-        for f, x in zip(value_columns, raw):
+        # filled a column at a time: a list of every column beside their stack held the features twice
+        values = np.empty((n_rows, len(value_columns)), dtype=np.float64)
+        for j, f in enumerate(value_columns):
+            x = np.asarray((column(f).cast(pa.float64()) if pa.types.is_boolean(column(f).type) else column(f))
+                           .to_numpy(zero_copy_only=False))
             # rounded (2**53 + 1 reads as 2**53), ids or counters with a large offset would collapse into a few
             # values, even into a "constant" column, without a word
             if x.dtype.kind in "iu" and len(x):
@@ -547,7 +551,8 @@ def read_rows(
                                f"{first}, {int(x[first])}), which float64 cannot hold exactly; expected |values| "
                                "<= 2**53: subtract an offset before writing the file, or write the column as "
                                "float if rounding is acceptable")
-        values = np.column_stack([np.asarray(x, dtype=np.float64) for x in raw])
+            values[:, j] = x
+            del x
         bad = ~np.isfinite(values).all(axis=1)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
@@ -774,6 +779,7 @@ def load_custom(
         return SequenceDataset(kind="discrete", vocab=vocab, meta=meta, **trajs)
 
     trajs = {s: [values[groups[k]] for k in members[s]] for s in SPLITS}
+    rows.values = values = None   # every row is copied into trajs: the file's table need not stay beside them
     if normalize:
         trajs, meta["normalization"] = _standardise(trajs, value_columns, path)
     else:   # the models train on the values as they are: say where that goes wrong before hours of training do
@@ -823,6 +829,7 @@ def _standardise(trajs: dict[str, list[np.ndarray]], columns: list[str], path: P
     if constant:
         log.warning("%s: constant feature columns %s in train: std set to 1", path, constant)
     std[same] = 1.0
+    del train, same   # the standardised splits are made without the train copy beside them
     out: dict[str, list[np.ndarray]] = {}
     with np.errstate(over="ignore", invalid="ignore"):
         for s, ts in trajs.items():
