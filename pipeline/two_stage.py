@@ -577,6 +577,9 @@ def regress_layer(
 
 #: A state update of norm at most this is degenerate and gives q₁, as in the PSRNN cells (their ``eps``).
 NORM_EPS = 1e-12
+#: rows of a trajectory filter_states encodes at a time: TwoStageLayer.encode's chunk_size (a multiple of the
+#: filter's 4096-row blocks of G_t), so that the encoding is the whole trajectory's, row for row
+FILTER_ENCODE_ROWS = 8192
 
 
 def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, bias: np.ndarray | None = None,
@@ -591,20 +594,24 @@ def filter_states(layer: TwoStageLayer, trajectories: Sequence[np.ndarray], *, b
     W_o = layer.W.transpose(1, 0, 2).reshape(layer.obs_dim, d * d)  # G_t = (o_t @ W_o).reshape(d, d)
     out, z_sum, z_count = [], np.zeros(d), 0
     for traj in progress(trajectories, desc="2SR filter"):
-        enc = layer.encode(traj)
-        T = enc.shape[0]
+        traj = np.asarray(traj)
+        T = traj.shape[0]
         states = np.empty((T, d))
         q = layer.q1.copy()
-        for s in range(0, T, 4096):
-            G = (enc[s:s + 4096] @ W_o).reshape(-1, d, d)
-            for i in range(G.shape[0]):
-                z = G[i] @ q
-                z_sum += z
-                z = z + b
-                nz = np.sqrt(z @ z)
-                # the cells' threshold (their eps): the filter the decoder is fitted on is the model's own filter
-                q = layer.q1 if nz <= NORM_EPS else z / nz   # NaN propagates, as in the PSRNN cells
-                states[s + i] = q
+        # encoded a block of FILTER_ENCODE_ROWS at a time (encode's own chunks, so the same numbers as encoding the
+        # whole trajectory): a (T, d_o) encoding beside the states doubled the memory of long trajectories
+        for e in range(0, T, FILTER_ENCODE_ROWS):
+            enc = layer.encode(traj[e:e + FILTER_ENCODE_ROWS], chunk_size=FILTER_ENCODE_ROWS)
+            for s in range(e, e + enc.shape[0], 4096):
+                G = (enc[s - e:s - e + 4096] @ W_o).reshape(-1, d, d)
+                for i in range(G.shape[0]):
+                    z = G[i] @ q
+                    z_sum += z
+                    z = z + b
+                    nz = np.sqrt(z @ z)
+                    # the cells' threshold (their eps): the filter the decoder is fitted on is the model's own filter
+                    q = layer.q1 if nz <= NORM_EPS else z / nz   # NaN propagates, as in the PSRNN cells
+                    states[s + i] = q
         z_count += T
         out.append(states)
     if return_unnormalised_mean:

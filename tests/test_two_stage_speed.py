@@ -253,3 +253,63 @@ def test_data_with_too_many_distinct_windows_are_streamed_by_rows(monkeypatch):
         assert _rel(streamed[0][f], tabled[0][f]) < 1e-10, f
     for name in ("HH", "HF", "HE", "OO", "h_sum"):
         assert _rel(getattr(streamed[2], name), getattr(tabled[2], name)) < 1e-10, name
+
+
+# ------------------------------------------------------------------------------ memory of filtering and decoding
+
+
+def _filter_whole(layer, trajectories):
+    """filter_states as it was: the whole trajectory encoded first, a (T, d_o) array beside the states."""
+    d = layer.state_dim
+    W_o = layer.W.transpose(1, 0, 2).reshape(layer.obs_dim, d * d)
+    out, z_sum = [], np.zeros(d)
+    for traj in trajectories:
+        enc = layer.encode(traj)
+        states, q = np.empty((enc.shape[0], d)), layer.q1.copy()
+        for s in range(0, enc.shape[0], 4096):
+            G = (enc[s:s + 4096] @ W_o).reshape(-1, d, d)
+            for i in range(G.shape[0]):
+                z = G[i] @ q
+                z_sum += z
+                z = z + 0.0
+                nz = np.sqrt(z @ z)
+                q = layer.q1 if nz <= two_stage.NORM_EPS else z / nz
+                states[s + i] = q
+        out.append(states)
+    return out, z_sum
+
+
+def _traced_peak(fn, *args, **kwargs):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = fn(*args, **kwargs)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_filter_states_encodes_in_blocks_bitwise_and_without_a_whole_encoding(discrete):
+    """filter_states encodes FILTER_ENCODE_ROWS (encode's own chunk) at a time: the states and the mean update are
+    the whole encoding's bit for bit (lengths across block edges), and no (T, d_o) encoding is held beside the
+    (T, d) states (traced peak ~2x the states before, ~1x now)."""
+    rng = np.random.default_rng(4)
+    if discrete:
+        trajs = [rng.integers(0, 6, n) for n in (20000, 8193, 4096, 5, 2)]
+        train, V = [rng.integers(0, 6, 3000) for _ in range(3)], 6
+    else:
+        trajs = [np.cumsum(rng.standard_normal((n, 2)), 0) * 0.1 for n in (20000, 8193, 4096, 5, 2)]
+        train, V = [np.cumsum(rng.standard_normal((3000, 2)), 0) * 0.1 for _ in range(3)], 0
+    layer = two_stage_regression(train, _cfg(state_dim=6, obs_dim=6, n_features=16), discrete=discrete,
+                                 vocab_size=V)   # few features: a small fixed cost of encoding a block
+    states, mean_z = filter_states(layer, trajs, return_unnormalised_mean=True)
+    ref, z_sum = _filter_whole(layer, trajs)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(states, ref))
+    assert mean_z.tobytes() == (z_sum / sum(len(t) for t in trajs)).tobytes()
+    # the peak grows by the states alone, 8·d bytes a step (by 8·(d + d_o) with a whole encoding), beyond the
+    # fixed cost of a block
+    (short,), small = _traced_peak(filter_states, layer, [np.concatenate([trajs[0]] * 2)])   # 40k steps
+    (long,), large = _traced_peak(filter_states, layer, [np.concatenate([trajs[0]] * 5)])    # 100k steps
+    assert large - small < 1.3 * (long.nbytes - short.nbytes), (large - small) / (long.nbytes - short.nbytes)
