@@ -643,11 +643,13 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
     """
     import scipy.optimize
 
-    X = np.concatenate([s[:-1] for s in states], axis=0)
-    n, d = X.shape
     if discrete and change:
         raise ValueError("fit_decoder: change=True regresses o_{t+1} - o_t, which continuous data have only")
     if discrete:
+        # the objective's [X 1]ᵀ filled from the states directly: X = concatenate(states[:-1]) beside it held the
+        # training states twice (3.2M steps of d = 20: 0.5 GB more)
+        XaT = _augmented_transpose([s[:-1] for s in states])
+        n, d = XaT.shape[1], XaT.shape[0] - 1
         y = np.concatenate([np.asarray(t)[1:] for t in trajectories]).astype(np.int64)
         V = vocab_size
         counts = np.bincount(y, minlength=V).astype(np.float64)
@@ -664,13 +666,20 @@ def fit_decoder(states: Sequence[np.ndarray], trajectories: Sequence[np.ndarray]
         elif estimate >= DECODER_LOG_SECONDS:
             log.info("2SR decoder: %d symbols, %d states of size %d, up to ~%.0f s", V, n, d, estimate)
         with _single_threaded_blas(), progress(total=max_iter, desc=f"2SR decoder (V={V})") as bar:
-            res = scipy.optimize.minimize(softmax_objective(X, y, V, ridge), theta0, jac=True, method="L-BFGS-B",
+            res = scipy.optimize.minimize(_softmax_objective(XaT, y, V, ridge), theta0, jac=True, method="L-BFGS-B",
                                           options={"maxiter": max_iter}, callback=lambda _: bar.update())
         return Decoder(weight=res.x[: V * d].reshape(V, d), bias=res.x[V * d:], kind="discrete")
+    X = np.concatenate([s[:-1] for s in states], axis=0)
+    n, d = X.shape
     flat = [np.asarray(t).reshape(len(t), -1) for t in trajectories]
     Y = np.concatenate([t[1:] - t[:-1] if change else t[1:] for t in flat], axis=0)
     x_mean, y_mean = X.mean(0), Y.mean(0)
-    Xc, Yc = X - x_mean, Y - y_mean
+    # centred in place (the same subtraction, in the dtype X - x_mean has; X and Y are fresh concatenations): no
+    # second copy of either
+    X, Y = X.astype(np.result_type(X, x_mean), copy=False), Y.astype(np.result_type(Y, y_mean), copy=False)
+    X -= x_mean
+    Y -= y_mean
+    Xc, Yc = X, Y
     Wt = _ridge_solve(Xc.T @ Xc, Xc.T @ Yc, ridge * n).T
     return Decoder(weight=Wt, bias=y_mean - Wt @ x_mean, kind="continuous")
 
@@ -717,12 +726,27 @@ def softmax_objective(X: np.ndarray, y: np.ndarray, V: int, lam: float):
     * the data are taken in blocks of columns whose E fits in a core's cache (2 MB), so no V × n array exists
       (it would be 0.7 GB on 16× PTB) and each block's E is read back from cache (~15% faster than whole).
     """
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.int64)
-    n, d = X.shape
-    XaT = np.empty((d + 1, n))            # [X 1]ᵀ
-    XaT[:d] = X.T
+    return _softmax_objective(_augmented_transpose([np.asarray(X, dtype=np.float64)]), y, V, lam)
+
+
+def _augmented_transpose(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """[X 1]ᵀ, (d + 1) × n float64, of X = the row-wise concatenation of ``parts`` (each (n_i, d)), filled part
+    by part (no X is formed)."""
+    parts = [np.asarray(p) for p in parts]
+    d = parts[0].shape[1]
+    XaT = np.empty((d + 1, sum(p.shape[0] for p in parts)))
+    col = 0
+    for p in parts:
+        XaT[:d, col:col + p.shape[0]] = p.T
+        col += p.shape[0]
     XaT[d] = 1.0
+    return XaT
+
+
+def _softmax_objective(XaT: np.ndarray, y: np.ndarray, V: int, lam: float):
+    """:func:`softmax_objective` of the data given as ``XaT`` = [X 1]ᵀ ((d + 1) × n float64)."""
+    y = np.asarray(y, dtype=np.int64)
+    d, n = XaT.shape[0] - 1, XaT.shape[1]
     S = np.stack([np.bincount(y, weights=row, minlength=V) for row in XaT], axis=1)   # Σ_t e_{y_t} [x_tᵀ 1]
     block = max(64, (1 << 18) // max(V, 1))   # columns of a block: its E is 2**18 float64s, 2 MB
     E_buf, scaled_buf = np.empty((V, block)), np.empty((d + 1, block))

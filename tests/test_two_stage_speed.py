@@ -313,3 +313,36 @@ def test_filter_states_encodes_in_blocks_bitwise_and_without_a_whole_encoding(di
     (short,), small = _traced_peak(filter_states, layer, [np.concatenate([trajs[0]] * 2)])   # 40k steps
     (long,), large = _traced_peak(filter_states, layer, [np.concatenate([trajs[0]] * 5)])    # 100k steps
     assert large - small < 1.3 * (long.nbytes - short.nbytes), (large - small) / (long.nbytes - short.nbytes)
+
+
+def test_fit_decoder_holds_the_training_states_once(hmm_states):
+    """The softmax decoder's [X 1]ᵀ is filled from the states (no concatenated X beside it) and the ridge decoder
+    centres its concatenations in place: the same decoders bit for bit (test above, and the plain formula here),
+    at about half the traced peak."""
+    rng = np.random.default_rng(6)
+    d, V = 20, 6
+
+    def peak_of(n):
+        st = [rng.standard_normal((n // 4, d)) for _ in range(4)]
+        ys = [rng.integers(0, V, n // 4) for _ in range(4)]
+        return _traced_peak(fit_decoder, st, ys, discrete=True, vocab_size=V, ridge=1e-3, max_iter=2)[1]
+
+    # per training step: [X 1]ᵀ (8·(d + 1) bytes) and a few n-vectors (labels, column maxima and sums: ~40 bytes);
+    # with X concatenated beside it another 8·d (360 bytes a step at d = 20, 208 now)
+    per_step = (peak_of(120_000) - peak_of(40_000)) / 80_000
+    assert per_step < 8 * (d + 1) + 60, per_step
+    rng = np.random.default_rng(5)
+    cstates = [rng.standard_normal((5000, 8)) for _ in range(8)]
+    for targets in ([np.cumsum(rng.standard_normal((5000, 3)), 0) for _ in range(8)],
+                    [rng.integers(0, 9, (5000, 3)) for _ in range(8)]):
+        for change in (False, True):
+            dec, peak = _traced_peak(fit_decoder, cstates, targets, discrete=False, ridge=1e-3, change=change)
+            X = np.concatenate([s[:-1] for s in cstates])
+            flat = [np.asarray(t).reshape(len(t), -1) for t in targets]
+            Y = np.concatenate([t[1:] - t[:-1] if change else t[1:] for t in flat])
+            Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+            Wt = two_stage._ridge_solve(Xc.T @ Xc, Xc.T @ Yc, 1e-3 * len(X)).T
+            assert dec.weight.tobytes() == Wt.tobytes()
+            assert dec.bias.tobytes() == (Y.mean(0) - Wt @ X.mean(0)).tobytes()
+            if not change:   # X, Y and their centred copies: 2 x (8 + 3) x 8 bytes a row before, 1x now
+                assert peak < 1.5 * X.nbytes * 11 / 8, peak / (X.nbytes * 11 / 8)
