@@ -560,7 +560,15 @@ def read_rows(
             raise fail(f"{_rows(int(bad.sum()))} NaN, Inf or missing values in feature columns {cols} "
                        f"(first: row {first}, trajectory {_py(uniq[codes[first]])!r}); expected finite numbers")
     else:
-        values = np.asarray(column(symbol_column).to_numpy(zero_copy_only=False))
+        symbols = column(symbol_column)
+        if pa.types.is_string(symbols.type) or pa.types.is_large_string(symbols.type):
+            # one str object per distinct symbol, shared by its rows (equal values, object dtype, as to_numpy's):
+            # to_numpy makes one per row (~60 bytes each), and sorting them compares text where the shared
+            # objects compare as identical
+            distinct, index = _sorted_codes(symbols)
+            values = distinct[index]
+        else:
+            values = np.asarray(symbols.to_numpy(zero_copy_only=False))
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             bad = ~np.isfinite(values)
             first = int(np.flatnonzero(bad)[0])
@@ -599,7 +607,12 @@ def read_rows(
 
     split_values = None
     if has_split:
-        split_values = np.asarray(column("split").to_numpy(zero_copy_only=False)).astype(str)
+        split = column("split")
+        if pa.types.is_string(split.type) or pa.types.is_large_string(split.type):   # as the symbols (above)
+            distinct, index = _sorted_codes(split)
+            split_values = distinct.astype(str)[index]   # the same '<U…' width: the longest of the same values
+        else:
+            split_values = np.asarray(split.to_numpy(zero_copy_only=False)).astype(str)
     step_values = steps if has_step else None
     return Rows(path=path, ids=uniq, groups=groups, values=values, columns=value_columns, split=split_values,
                 steps=step_values)
