@@ -385,11 +385,16 @@ SCORED_LABEL = "scored epoch (the table's value)"
 
 def _partial_note(fname: str, v: str, ends: Mapping[int, int], n: int, trained: Mapping[int, int],
                   scored: Mapping[int, int], *, split: str) -> str:
-    """results.md's note on the curve of ``v`` on ``split`` that is the mean of fewer seeds somewhere (the
-    :func:`_curve` maps of ``n`` seeds): where each seed short of the last epoch ends, and why."""
+    """results.md's note on the curve of ``v`` on ``split`` that is the mean of fewer seeds somewhere, or that ends
+    before its seeds' training did, every seed unscored after the same epoch (the :func:`_curve` maps of ``n``
+    seeds): where each seed short of the last epoch ends, and why."""
     last = max(ends.values())
     short = sorted(s for s in ends if ends[s] < last)
     never = sorted(s for s in trained if s not in ends)
+    if not short and not never and not any(_seed_diverged(s, ends, scored) for s in trained) \
+            and max(trained.values()) > last:   # every seed's curve ends at the same epoch, before its training
+        return (f"`{fname}`: `{v}` not scored on {split} after epoch {last} (trained to {max(trained.values())}"
+                + ("; `train.eval_train` turned off on resuming" if split == "train" else "") + ")")
     if not short and not never:   # every seed reaches the last epoch; some lack a finite value before it
         return (f"`{fname}`: `{v}`: some epochs have a value from fewer than its {n} seeds (missing or non-finite); "
                 "the curve is dotted there")
@@ -577,6 +582,10 @@ def _plot_panel(ax, by_variant: Mapping[str, Sequence[dict]], variants: Sequence
                     label=f"_{v} (fewer seeds)", **marks)
             if partial is not None:
                 partial[v] = (dict(ends), n, dict(trained), dict(scored_at))
+        elif partial is not None and not diverged and max(trained.values()) > epochs[-1]:
+            # every seed scored to the same epoch and trained on unscored (train.eval_train turned off on resuming):
+            # a whole curve, shorter than the training, which the note says
+            partial[v] = (dict(ends), n, dict(trained), dict(scored_at))
         # the table's value: with train.restore_best the weights of the best epoch, not of the curve's last
         xs, ys = _scored_points(runs, split, metric)
         if xs:

@@ -656,6 +656,26 @@ def test_a_seed_not_scored_on_train_after_a_resume_without_eval_train_did_not_di
     assert "not scored" not in (tmp_path / "test_split" / "results.md").read_text()
 
 
+def test_a_curve_every_seed_stopped_being_scored_on_at_one_epoch_says_so(tmp_path, figures):
+    """Both seeds resumed without train.eval_train after epoch 1: the train curve is whole (every epoch it has
+    averages both seeds) but ends at epoch 1 of 3, which nothing said; the note does, and no seed diverged."""
+    root = tmp_path / "project"
+    for seed in (0, 1):
+        _write_run(root, "swimmer", "rnn", seed, "continuous", [3.0 + seed, 2.0 + seed, 1.0 + seed, 0.8 + seed])
+        _keep_train_values(root, "swimmer", "rnn", seed, until=1)
+    write_report(root, tmp_path / "reports", figures={"per_dataset": {"split": "train"}, "fig4a": {"split": "train"}})
+    lines = {ln.get_label(): ln for ln in figures["swimmer_curves.png"].axes[0].get_lines()}
+    assert "_rnn (fewer seeds)" not in lines
+    assert list(lines["rnn (2 seeds)"].get_xdata()) == [0, 1]
+    md = (tmp_path / "reports" / "results.md").read_text()
+    assert ("- `swimmer_curves.png`: `rnn` not scored on train after epoch 1 (trained to 3; `train.eval_train` "
+            "turned off on resuming)") in md
+    assert "- `fig4a.png`: `swimmer` `rnn` not scored on train after epoch 1 (trained to 3" in md
+    assert "diverged" not in md and "dotted" not in md
+    write_report(root, tmp_path / "test_split")   # the test split is whole: no note
+    assert "not scored" not in (tmp_path / "test_split" / "results.md").read_text()
+
+
 def test_a_seed_whose_train_values_turned_nan_still_diverged(tmp_path, figures):
     """The same run with its train values present but NaN after epoch 1 (not absent): diverged, as before."""
     root = tmp_path / "project"
