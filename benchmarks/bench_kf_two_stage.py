@@ -38,9 +38,9 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import (MIN_REPEATS, HelpFormatter, RunConditions, add_busy_arguments,  # noqa: E402
                                add_out_dir_argument, blas_threads, busy_footer, child_report, claim_reasons,
-                               claims_line, claims_record, code_state, int_at_least, machine_info, median,
-                               peak_rss_mb, positive_float, positive_int, positive_int_list, reset_peak_rss, rss_mb,
-                               run_child, table, thread_env, usable_cpus, write_results)
+                               code_state, finish_record, int_at_least, median, peak_rss_mb, positive_float,
+                               positive_int, positive_int_list, reset_peak_rss, rss_mb, run_child, table,
+                               thread_env, usable_cpus)
 
 SCRIPT = Path(__file__).resolve()
 #: the settings the claims were measured at: the pipeline's kf params of swimmer, mocap and handwriting (windows
@@ -231,12 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if payload["compare"]["agree"] is False:
         reasons.append(f"the two estimates differ by more than {AGREEMENT:g}")
     reasons += conditions.reasons
-    payload.update(claims_record(reasons))
-    payload["machine"] = machine_info(code=code)
-    path = write_results("kf_two_stage" + (f"_{args.tag}" if args.tag else ""), payload, quick=args.quick,
-                         out_dir=args.out_dir)
-    print(claims_line(reasons))
-    print(f"results written to {path}")
+    finish_record("kf_two_stage" + (f"_{args.tag}" if args.tag else ""), payload, reasons, code=code,
+                  quick=args.quick, out_dir=args.out_dir)
     return 0
 
 

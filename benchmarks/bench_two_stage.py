@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, PTB_TRAIN_CHARS, HelpFormatter,  # noqa: E402
                                RunConditions, add_busy_arguments, int_at_least, positive_float, positive_int,
-                               positive_int_list, ptb_raw_dir, resolve_ptb_dir, add_out_dir_argument, blas_threads, busy_footer, child_report,
-                               claim_reasons, claims_line, claims_record, code_state, load_ptb,
-                               machine_info, median, one_layer_model, peak_rss_mb, reset_peak_rss, rss_mb, run_child,
-                               table, thread_env, usable_cpus, write_results)
+                               positive_int_list, ptb_raw_dir, resolve_ptb_dir, add_out_dir_argument, blas_threads,
+                               busy_footer, child_report, claim_reasons, code_state, finish_record, load_ptb,
+                               median, one_layer_model, peak_rss_mb, reset_peak_rss, rss_mb, run_child, table,
+                               thread_env, usable_cpus)
 
 SCRIPT = Path(__file__).resolve()
 #: the settings part A's claims (>= 10x, peak memory, BPC within 0.01) were measured at: the paper's PTB train and
@@ -362,14 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         reasons.append("a child could not reset its peak RSS (/proc/self/clear_refs): the peaks include the data "
                        "loading")
     reasons += conditions.reasons
-    payload.update(claims_record(reasons))
-    payload["machine"] = machine_info(code=code)
     # each part has its own record, so running one part never overwrites the other's
     name = {"a": "two_stage", "b": "two_stage_scaling"}.get(args.parts, "two_stage")
-    path = write_results(name + (f"_{args.tag}" if args.tag else ""), payload, quick=args.quick,
-                         out_dir=args.out_dir)
-    print(claims_line(reasons))
-    print(f"results written to {path}")
+    finish_record(name + (f"_{args.tag}" if args.tag else ""), payload, reasons, code=code, quick=args.quick,
+                  out_dir=args.out_dir)
     return 0
 
 

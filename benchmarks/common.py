@@ -727,6 +727,19 @@ def write_results(name: str, payload: dict[str, Any], *, quick: bool = False,
     return path
 
 
+def finish_record(name: str, payload: dict[str, Any], reasons: Sequence[str], *, code: dict[str, Any] | None,
+                  quick: bool, out_dir: Path | None) -> Path:
+    """The end of a timing script: the claims (:func:`claims_record` of ``reasons``) and the machine
+    (:func:`machine_info` with the ``code`` state taken at the start) added to ``payload``, the record written
+    (:func:`write_results`), and its claims line and path printed."""
+    payload.update(claims_record(reasons))
+    payload["machine"] = machine_info(code=code)
+    path = write_results(name, payload, quick=quick, out_dir=out_dir)
+    print(claims_line(reasons))
+    print(f"results written to {path}")
+    return path
+
+
 def add_out_dir_argument(parser) -> None:
     parser.add_argument("--out-dir", type=Path, default=None, metavar="DIR",
                         help="folder of the results file (default: benchmarks/results/; tests use a temporary one)")

@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run or imported as a plain script
 
 from pipeline.features import FeatureMaps, fit_feature_maps, make_windows  # noqa: E402
 from pipeline.two_stage import (LinearStageOne, TwoStageConfig, TwoStageLayer, _fix_signs, _ridge_solve,  # noqa: E402
-                                apply_observation_inverse)
+                                apply_observation_inverse, consecutive_windows)
 
 
 def dense_ridge(X: np.ndarray, Y: np.ndarray, lam: float) -> np.ndarray:
@@ -125,10 +125,8 @@ def naive_linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_
     Sh = H @ _ridge_solve(HH, H.T @ win.shifted, lam)
     _, sv, Vt = np.linalg.svd(Fh, full_matrices=False)
     U = _fix_signs(Vt[:state_dim].T)
-    traj_id, t_idx = win.times[:, 0], win.times[:, 1]
-    consecutive = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
     return LinearStageOne(windows=win, states=Fh @ U, shifted_states=Sh @ U, singular_values=sv, mean=mu,
-                          consecutive=consecutive)
+                          consecutive=consecutive_windows(win))
 
 
 if __name__ == "__main__":

@@ -967,6 +967,12 @@ class LinearStageOne:
 LINEAR_CHUNK_BYTES = 32 * 2 ** 20
 
 
+def consecutive_windows(windows: Windows) -> np.ndarray:
+    """The window indices t whose window t + 1 is the next step of the same trajectory."""
+    traj_id, t_idx = windows.times[:, 0], windows.times[:, 1]
+    return np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
+
+
 def linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window: int, future_window: int,
                      ridge: float) -> LinearStageOne:
     """Stage 1 of :func:`linear_two_stage` (also what ``benchmarks/ablate_init.py`` compares stage-2 choices on).
@@ -1007,8 +1013,7 @@ def linear_stage_one(trajs: Sequence[np.ndarray], *, state_dim: int, past_window
     for sl in win.chunks(rows):
         h = win.rows("past", sl)
         X[sl], Xs[sl] = h @ to_states, h @ to_shifted
-    traj_id, t_idx = win.times[:, 0], win.times[:, 1]
-    consecutive = np.flatnonzero((traj_id[1:] == traj_id[:-1]) & (t_idx[1:] == t_idx[:-1] + 1))
+    consecutive = consecutive_windows(win)
     if len(consecutive) == 0:
         raise ValueError("kf: no two consecutive windows in one trajectory; expected trajectories longer than "
                          f"past_window + future_window = {past_window + future_window}")
