@@ -1058,13 +1058,15 @@ def _check_shape_options(model: str, a: dict[str, Any]) -> None:
 def _check_bptt_memory(cfg: ModelConfig, tcfg: Any, train: Sequence[np.ndarray], *, default: bool,
                        key: str) -> None:
     """Whole-sequence BPTT (bptt 0) keeps the graph of every training step of an epoch (the trajectories laid end
-    to end into ``batch_size`` streams): warn where :func:`pipeline.config.bptt_step_bytes` puts it above
+    to end into ``batch_size`` streams): warn where :func:`pipeline.config.bptt_bytes` puts it above
     :data:`pipeline.config.BPTT_MEMORY_WARN`, refuse where it exceeds this machine's memory on the CPU."""
-    from pipeline.config import bptt_step_bytes, train_bptt_memory
+    from pipeline.config import bptt_bytes, train_bptt_memory
 
-    step = bptt_step_bytes(cfg.model, state_dim=cfg.state_dim, obs_dim=cfg.obs_dim, n_features=cfg.n_rff,
-                           input_dim=cfg.input_dim, n_layers=cfg.n_layers, rank=cfg.rank, discrete=cfg.discrete)
-    message, too_big = train_bptt_memory(key, tcfg, [len(t) for t in train], step)
+    lengths = [len(t) for t in train]
+    step, per_time = bptt_bytes(cfg.model, lengths, tcfg.batch_size, state_dim=cfg.state_dim, obs_dim=cfg.obs_dim,
+                                n_features=cfg.n_rff, input_dim=cfg.input_dim, n_layers=cfg.n_layers, rank=cfg.rank,
+                                discrete=cfg.discrete)
+    message, too_big = train_bptt_memory(key, tcfg, lengths, step, per_time)
     if message is None:
         return
     if default:

@@ -1063,8 +1063,9 @@ BPTT_MEMORY_WARN = 2 * 2 ** 30
 
 
 def bptt_step_bytes(family: str, *, state_dim: int, obs_dim: int, n_features: int, input_dim: int,
-                    n_layers: int = 1, rank: int | None = None, discrete: bool = False) -> int:
-    """A conservative bound on the bytes one training step (one stream, float32) holds in the graph of one BPTT
+                    n_layers: int = 1, rank: int | None = None, discrete: bool = False,
+                    shared_covariance: bool = True) -> int:
+    """A conservative bound on the bytes one training step of one stream (float32) holds in the graph of one BPTT
     window, with the gradients its backward allocates. A PSRNN layer keeps its RFF encoder's activations (its
     cosine's input and output and their gradient: 3 × ``n_features``; a discrete layer 1 has a symbol table
     instead), the step matrices G_t of a full layer and their gradient (2 × d²; a factorized layer's compiled loop
@@ -1072,17 +1073,70 @@ def bptt_step_bytes(family: str, *, state_dim: int, obs_dim: int, n_features: in
     (~24 × d); every model the input, target and prediction. On the CPU (peak RSS of one forward and backward
     over 40,000 steps) it overestimates by 4-45%: d 20, D 2000 measured 24.4 KB/step (bound 27.6 KB), D 500
     7.9 KB (9.6), D 4000 48.5 KB (51.6), d 60 and D 500 34.2 KB (35.9), two layers 42.3 KB (55.2), factorized
-    rank 40 and D 500 6.5 KB (6.8), LSTM d 20 2.2 KB (2.3), LSTM d 100 6.9 KB (10.0)."""
+    rank 40 and D 500 6.5 KB (6.8), LSTM d 20 2.2 KB (2.3), LSTM d 100 6.9 KB (10.0), GRU d 100 7.3 KB (11.2).
+
+    The Kalman filter (``kf``: n = ``state_dim``, m = ``input_dim``) keeps most of its graph per time step
+    (:func:`bptt_time_step_bytes`); a stream adds its state and innovation, 4 × (n + m) floats, or where the
+    streams do not share one covariance recursion (``shared_covariance`` False) its own: P_t, S_t, K_t and
+    the products between them, with the expanded copies of A and C a batched product saves for its backward,
+    9n² + 3nm + 3m² + 8(n + m) floats."""
     d, d_o, m = int(state_dim), int(obs_dim), int(input_dim)
+    if family == "kf":
+        chain = 4 * (d + m) if shared_covariance else 9 * d * d + 3 * d * m + 3 * m * m + 8 * (d + m)
+        return 4 * chain
     floats = 3 * (1 if discrete else m)
     for level in range(max(1, int(n_layers))):
         if family in ("psrnn", "factorized_psrnn"):
             rff = 0 if (level == 0 and discrete) else 3 * int(n_features)
             core = 2 * int(rank) if family == "factorized_psrnn" and rank is not None else 2 * d * d
             floats += rff + core + d_o + 4 * d
-        else:   # lstm, gru, rnn; the Kalman filter's (fixed-gain) update keeps less
+        else:   # lstm, gru, rnn
             floats += 24 * d + 4 * (d_o if level == 0 else d)
     return 4 * floats
+
+
+#: bytes of the Kalman filter's graph a time step holds whatever its sizes: its recursion is ~25 torch
+#: operations a step in Python (:class:`pipeline.models.kalman.KalmanFilter`), each keeping an autograd node
+#: and the tensors it saved (measured 63.9 KB a step at n = m = 1)
+KF_TIME_STEP_BYTES = 68_000
+
+
+def bptt_time_step_bytes(family: str, *, state_dim: int, input_dim: int, shared_covariance: bool = True) -> int:
+    """The bytes a time step of whole-sequence BPTT holds whatever the number of streams (0 but for ``kf``, whose
+    cost per stream :func:`bptt_step_bytes` gives): :data:`KF_TIME_STEP_BYTES`, and where the streams share
+    one covariance recursion (``shared_covariance``) that recursion, 4n² + 3nm + 3m² + 8(n + m) floats. One
+    forward and backward on the CPU (peak RSS, float32) measured against the bound (time step plus streams):
+    one stream, n 20 and m 3, 69.7 KB (76.3); n 60, m 30 123 KB (162); 20 streams sharing, n 20, m 3, 72.7 KB
+    (83.3); 20 streams not sharing, n 20, m 3, 291 KB (387); n 60, m 30, 2.75 MB (3.37); n 4, m 2, 76 KB
+    (86)."""
+    if family != "kf":
+        return 0
+    n, m = int(state_dim), int(input_dim)
+    chain = 4 * n * n + 3 * n * m + 3 * m * m + 8 * (n + m) if shared_covariance else 0
+    return KF_TIME_STEP_BYTES + 4 * chain
+
+
+def kf_shares_covariance(lengths: typing.Sequence[int], batch_size: int) -> bool:
+    """Whether the Kalman filter's streams of an epoch of whole-sequence BPTT share one covariance recursion:
+    its P_t does not depend on the observations, so streams that reset at the same steps run one
+    (:class:`pipeline.models.kalman.KalmanFilter`). :func:`pipeline.batching.make_streams` lays the trajectories
+    end to end; their starts line up in every order only where there is one stream, or trajectories of one
+    length fill the streams evenly (Swimmer's and Mocap's)."""
+    lengths = [int(n) for n in lengths]
+    streams = max(1, min(int(batch_size), len(lengths)))
+    return streams == 1 or (len(set(lengths)) == 1 and len(lengths) % streams == 0)
+
+
+def bptt_bytes(family: str, lengths: typing.Sequence[int], batch_size: int, *, state_dim: int, obs_dim: int,
+               n_features: int, input_dim: int, n_layers: int = 1, rank: int | None = None,
+               discrete: bool = False) -> tuple[int, int]:
+    """(bytes a step of one stream, bytes a time step whatever the streams) of whole-sequence BPTT over
+    trajectories of these ``lengths`` (:func:`bptt_step_bytes`, :func:`bptt_time_step_bytes`)."""
+    shared = family != "kf" or kf_shares_covariance(lengths, batch_size)
+    step = bptt_step_bytes(family, state_dim=state_dim, obs_dim=obs_dim, n_features=n_features,
+                           input_dim=input_dim, n_layers=n_layers, rank=rank, discrete=discrete,
+                           shared_covariance=shared)
+    return step, bptt_time_step_bytes(family, state_dim=state_dim, input_dim=input_dim, shared_covariance=shared)
 
 
 def physical_memory() -> int | None:
@@ -1096,12 +1150,19 @@ def physical_memory() -> int | None:
 def bptt_graph_steps(lengths: typing.Sequence[int], batch_size: int) -> tuple[int, int]:
     """(stream length, streams) of an epoch of whole-sequence BPTT (:func:`pipeline.batching.make_streams` with
     ``min_piece=None``): a single trajectory stays whole, more are laid end to end into at most ``batch_size``
-    streams (at least as long as the longest trajectory, and as the steps shared out evenly)."""
+    streams, each to the stream that is shortest so far, in an order shuffled every epoch. The length is exact
+    where trajectories of one length go round the streams, or each has one to itself; otherwise the bound of
+    such greedy packing in any order, the mean load plus (1 − 1/streams) × the longest trajectory."""
     lengths = [int(n) for n in lengths]
     streams = max(1, min(int(batch_size), len(lengths)))
     if not lengths:
         return 0, streams
-    return max(max(lengths), -(-sum(lengths) // streams)), streams
+    longest = max(lengths)
+    if len(lengths) <= streams:
+        return longest, streams
+    if min(lengths) == longest:
+        return -(-len(lengths) // streams) * longest, streams
+    return min(sum(lengths), -(-(sum(lengths) + (streams - 1) * longest) // streams)), streams
 
 
 def _gib(n: float) -> str:
@@ -1109,30 +1170,33 @@ def _gib(n: float) -> str:
 
 
 def bptt_memory_message(key: str, lengths: typing.Sequence[int], batch_size: int, step_bytes: int,
-                        on_cpu: bool | Callable[[], bool] = True) -> tuple[str | None, bool]:
-    """The warning for whole-sequence BPTT (``key``: the bptt setting, 0) over these training trajectories, and
-    whether it cannot fit (the estimate above this machine's physical memory, training on the CPU; ``on_cpu`` is
-    asked only then); (None, False) below :data:`BPTT_MEMORY_WARN`."""
+                        on_cpu: bool | Callable[[], bool] = True, time_bytes: int = 0) -> tuple[str | None, bool]:
+    """The warning for whole-sequence BPTT (``key``: the bptt setting, 0) over these training trajectories, which
+    keeps ``step_bytes`` a step of each stream and ``time_bytes`` a time step (:func:`bptt_bytes`), and whether it
+    cannot fit (the estimate above this machine's physical memory, training on the CPU; ``on_cpu`` is asked only
+    then); (None, False) below :data:`BPTT_MEMORY_WARN`."""
     length, streams = bptt_graph_steps(lengths, batch_size)
-    need = length * streams * step_bytes
+    need = length * (streams * step_bytes + time_bytes)
     if need <= BPTT_MEMORY_WARN:
         return None, False
     rows = ("one stream" if streams == 1 else f"{streams} streams")
     total = physical_memory()
     too_big = total is not None and need > total and bool(on_cpu() if callable(on_cpu) else on_cpu)
     beyond = f", more than this machine's {_gib(total)}" if too_big else ""
+    per_step = need / (length * streams)   # a step of one stream, the time steps' share included
     return (f"{key}: 0 back-propagates through {rows} of {length:,} steps per epoch update (~{_gib(need)} of "
-            f"autograd graph, ~{step_bytes / 1000:.0f} KB a step{beyond}); set {key} (e.g. 100) to truncate"), too_big
+            f"autograd graph, ~{per_step / 1000:.0f} KB a step{beyond}); set {key} (e.g. 100) to truncate"), too_big
 
 
-def train_bptt_memory(key: str, cfg: Any, lengths: typing.Sequence[int], step_bytes: int
+def train_bptt_memory(key: str, cfg: Any, lengths: typing.Sequence[int], step_bytes: int, time_bytes: int = 0
                       ) -> tuple[str | None, bool]:
     """:func:`bptt_memory_message` for the train settings ``cfg`` (a TrainConfig): (None, False) where they do
     not back-propagate through whole sequences (``bptt`` > 0) or train nothing; "cannot fit" judged on the CPU
     that ``cfg.device`` trains on."""
     if cfg.bptt != 0 or cfg.epochs < 1:
         return None, False
-    return bptt_memory_message(key, lengths, cfg.batch_size, step_bytes, on_cpu=lambda: trains_on_cpu(cfg.device))
+    return bptt_memory_message(key, lengths, cfg.batch_size, step_bytes, on_cpu=lambda: trains_on_cpu(cfg.device),
+                               time_bytes=time_bytes)
 
 
 def bptt_memory_notes(dp: DatasetParams, train_lengths: typing.Sequence[int], input_dim: int,
@@ -1144,10 +1208,13 @@ def bptt_memory_notes(dp: DatasetParams, train_lengths: typing.Sequence[int], in
     notes: list[str] = []
     ts = dp.two_stage
     for v in (dp.variants if variants is None else [dp.variant(name) for name in variants]):
-        step = bptt_step_bytes(v.family, state_dim=ts.state_dim, obs_dim=ts.obs_dim, n_features=ts.n_features,
-                               input_dim=input_dim, n_layers=v.n_layers, rank=v.rank, discrete=discrete)
-        message, too_big = train_bptt_memory(dp.setting_key(v.name, "bptt"), dp.train_config(v.name),
-                                             train_lengths, step)
+        cfg = dp.train_config(v.name)
+        # the Kalman filter's state is its own 2SR's (kf.state_dim), not the PSRNNs'
+        state_dim = dp.kf.state_dim if v.family == "kf" and dp.kf is not None else ts.state_dim
+        step, per_time = bptt_bytes(v.family, train_lengths, cfg.batch_size, state_dim=state_dim,
+                                    obs_dim=ts.obs_dim, n_features=ts.n_features, input_dim=input_dim,
+                                    n_layers=v.n_layers, rank=v.rank, discrete=discrete)
+        message, too_big = train_bptt_memory(dp.setting_key(v.name, "bptt"), cfg, train_lengths, step, per_time)
         if too_big:
             raise ParamsError(f"{message} ({v.name})")
         if message:
