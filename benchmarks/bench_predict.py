@@ -48,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, HelpFormatter, RunConditions,  # noqa: E402
                                add_busy_arguments, add_out_dir_argument, int_at_least, positive_int, ptb_raw_dir,
-                               resolve_ptb_dir, busy_footer, child_report, claim_reasons, claims_line,
-                               claims_record, code_state, load_ptb, machine_info, median,
-                               peak_rss_mb, reset_peak_rss, rss_mb, run_child, table, thread_env, write_results)
+                               resolve_ptb_dir, busy_footer, child_report, claim_reasons, code_state,
+                               finish_record, load_ptb, machine_info, median, peak_rss_mb, reset_peak_rss, rss_mb,
+                               run_child, table, thread_env)
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_SIZES = [PTB_TEST_CHARS, 4 * PTB_TEST_CHARS, 16 * PTB_TEST_CHARS]
@@ -273,11 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                            "input held in memory, then written as one table",
                "claim_settings": {**CLAIM, "min_repeats": MIN_REPEATS}, **conditions.finish()}
     reasons += conditions.reasons
-    payload.update(claims_record(reasons), machine=machine_info({"threads": args.threads}, code=code),
-                   results=results)
-    path = write_results("predict", payload, quick=args.quick, out_dir=args.out_dir)
-    print(claims_line(reasons))
-    print(f"written: {path}")
+    payload["results"] = results
+    finish_record("predict", payload, reasons, code=code, quick=args.quick, out_dir=args.out_dir,
+                  machine=machine_info({"threads": args.threads}, code=code))
     return 0
 
 

@@ -45,9 +45,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (MIN_REPEATS, HelpFormatter, RunConditions, add_busy_arguments,  # noqa: E402
-                               add_out_dir_argument, busy_footer, claim_reasons, claims_line, claims_record,
-                               code_state, int_at_least, load_ptb, nonnegative_int, positive_float, positive_int,
-                               ptb_raw_dir, resolve_ptb_dir, machine_info, median, table, write_results)
+                               add_out_dir_argument, busy_footer, claim_reasons, code_state, finish_record,
+                               int_at_least, load_ptb, nonnegative_int, positive_float, positive_int, ptb_raw_dir,
+                               resolve_ptb_dir, machine_info, median, table)
 
 PSRNNS = ("psrnn", "factorized_psrnn")
 BASELINES = ("lstm", "gru", "rnn")
@@ -360,11 +360,10 @@ def main(argv: list[str] | None = None) -> int:
                "device": str(device), "train_chars_total": len(train[0]), "test_chars": len(test),
                "vocab_size": V, "reference": ref, **conditions.finish()}
     reasons += conditions.reasons
-    payload.update(claims_record(reasons), summary=summary, runs=runs, machine=machine)
+    payload.update(summary=summary, runs=runs)
     tag = args.tag if args.tag is not None else ("" if device.type == "cpu" else device.type)
-    path = write_results("throughput" + (f"_{tag}" if tag else ""), payload, quick=args.quick, out_dir=args.out_dir)
-    print(claims_line(reasons))
-    print(f"results written to {path}")
+    finish_record("throughput" + (f"_{tag}" if tag else ""), payload, reasons, code=code, quick=args.quick,
+                  out_dir=args.out_dir, machine=machine)
     return 0
 
 

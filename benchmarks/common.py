@@ -728,12 +728,16 @@ def write_results(name: str, payload: dict[str, Any], *, quick: bool = False,
 
 
 def finish_record(name: str, payload: dict[str, Any], reasons: Sequence[str], *, code: dict[str, Any] | None,
-                  quick: bool, out_dir: Path | None) -> Path:
+                  quick: bool, out_dir: Path | None, machine: dict[str, Any] | None = None) -> Path:
     """The end of a timing script: the claims (:func:`claims_record` of ``reasons``) and the machine
     (:func:`machine_info` with the ``code`` state taken at the start) added to ``payload``, the record written
-    (:func:`write_results`), and its claims line and path printed."""
+    (:func:`write_results`), and its claims line and path printed.
+
+    ``machine``: the script's own :func:`machine_info` record, recorded as is instead (``code`` is then unused):
+    one taken before the end because the reasons read it (``bench_throughput.py``: its ``kernels``), or with extra
+    fields (``bench_predict.py``: ``threads``)."""
     payload.update(claims_record(reasons))
-    payload["machine"] = machine_info(code=code)
+    payload["machine"] = machine if machine is not None else machine_info(code=code)
     path = write_results(name, payload, quick=quick, out_dir=out_dir)
     print(claims_line(reasons))
     print(f"results written to {path}")
