@@ -43,8 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (EXCLUDED_FROM_DIFF, ROOT, HelpFormatter, RunConditions, add_busy_arguments,  # noqa: E402
-                               add_out_dir_argument, busy_footer, claim_reasons, claims_line, claims_record,
-                               code_state, machine_info, table, usable_cpus, write_results)
+                               add_out_dir_argument, busy_footer, claim_reasons, code_state, finish_record, table,
+                               usable_cpus)
 
 #: the --quick params: one small synthetic dataset, one seed, two variants, one epoch, one 2SR depth
 QUICK_SETTINGS = ("datasets=[hmm]", "seeds=[0]", "hmm.variants=[psrnn, lstm]", "hmm.train.epochs=1",
@@ -197,7 +197,8 @@ def _mib(n_bytes: int) -> float:
 
 def _run_in_copy(args, work: Path, project: Path, mirror: Path, settings: list[str], params_text: str | None,
                  targets: list[str], reasons: list[str], code: dict, argv: list[str] | None) -> Path:
-    """Copy the project into ``work``, run ``dvc repro`` there and write the record; returns its path."""
+    """Copy the project into ``work``, run ``dvc repro`` there and write the record (:func:`finish_record`: its
+    claims line and path printed); returns its path."""
     t0 = time.perf_counter()
     n_files = copy_project(work, mirror)
     if params_text is not None:
@@ -243,9 +244,7 @@ def _run_in_copy(args, work: Path, project: Path, mirror: Path, settings: list[s
                "expected_runs": expected,
                **conditions.finish()}
     reasons += conditions.reasons
-    payload.update(claims_record(reasons), machine=machine_info(code=code))
-    path = write_results("repro", payload, quick=args.quick, out_dir=args.out_dir)
-    return path
+    return finish_record("repro", payload, reasons, code=code, quick=args.quick, out_dir=args.out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="psrnn_repro_", dir=args.workdir))
     project = work / "project"
     try:
-        path = _run_in_copy(args, work, project, mirror, settings, params_text, targets, reasons, code, argv)
+        _run_in_copy(args, work, project, mirror, settings, params_text, targets, reasons, code, argv)
     except BaseException as exc:   # a failure, Ctrl-C included: the copy goes unless --keep asked for it
         if args.keep:
             note = f"the copy is kept (--keep): {project}"
@@ -301,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the copy is kept: {project}")
     else:
         shutil.rmtree(work)
-    print(claims_line(reasons))
-    print(f"results written to {path}")
     return 0
 
 
