@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -37,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from benchmarks.common import (MIN_REPEATS, HelpFormatter, RunConditions, add_busy_arguments,  # noqa: E402
-                               add_out_dir_argument, blas_threads, busy_footer, child_report, claim_reasons,
-                               code_state, finish_record, int_at_least, median, peak_rss_mb, positive_float,
-                               positive_int, positive_int_list, reset_peak_rss, rss_mb, run_child, table,
-                               thread_env, usable_cpus)
+                               add_out_dir_argument, blas_threads, busy_footer, claim_reasons, code_state,
+                               finish_record, int_at_least, median, parse_args_or_run_child, peak_rss_mb,
+                               positive_float, positive_int, positive_int_list, reset_peak_rss, rss_mb, run_child,
+                               table, thread_env, usable_cpus)
 
 SCRIPT = Path(__file__).resolve()
 #: the settings the claims were measured at: the pipeline's kf params of swimmer, mocap and handwriting (windows
@@ -67,8 +66,9 @@ def synthetic_series(steps: int, obs_dim: int, trajectories: int, seed: int = 0)
     return [np.ascontiguousarray(o[:, i]) for i in range(trajectories)]
 
 
-def child_main(spec: dict) -> None:
-    """One measurement in this (fresh) process: generate the data, run one linear 2SR, save its estimate."""
+def child_main(spec: dict) -> dict:
+    """One measurement in this (fresh) process: generate the data, run one linear 2SR, save its estimate; returns
+    the report."""
     from pipeline.two_stage import linear_stage_one, linear_stage_two
 
     if spec["impl"] == "naive":
@@ -88,14 +88,14 @@ def child_main(spec: dict) -> None:
     peak = peak_rss_mb()
     if spec.get("save"):
         np.savez(spec["save"], **{k: getattr(lss, k) for k in KEYS})
-    child_report({"impl": spec["impl"], "steps": sum(len(t) for t in trajs), "seconds": seconds,
-                  "peak_rss_mb": peak, "rss_before_mb": rss0,
-                  "peak_delta_mb": None if rss0 is None or not reset_ok else peak - rss0, "peak_reset": reset_ok,
-                  "blas_threads": blas_threads()})
+    return {"impl": spec["impl"], "steps": sum(len(t) for t in trajs), "seconds": seconds,
+            "peak_rss_mb": peak, "rss_before_mb": rss0,
+            "peak_delta_mb": None if rss0 is None or not reset_ok else peak - rss0, "peak_reset": reset_ok,
+            "blas_threads": blas_threads()}
 
 
 def _child(spec: dict, args) -> dict:
-    res = run_child(SCRIPT, ["--child", json.dumps(spec)], timeout=args.timeout, env=thread_env(args.threads))
+    res = run_child(SCRIPT, spec, timeout=args.timeout, env=thread_env(args.threads))
     print(f"  {res['impl']:9s} {res['steps']:>9,d} steps: {res['seconds']:8.2f} s, peak {res['peak_rss_mb']:8.1f} MiB",
           flush=True)
     return res
@@ -193,10 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default=None, help="suffix of the results file: results/kf_two_stage_<tag>.json")
     add_out_dir_argument(p)
     add_busy_arguments(p)
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child_main(json.loads(args.child))
+    args = parse_args_or_run_child(p, argv, child_main)
+    if args is None:   # --child: one measurement, reported
         return 0
     if args.quick and args.steps == CLAIM["--steps"]:
         args.steps = [2000, 8000]

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, HelpFormatter, RunConditions,  # noqa: E402
                                add_busy_arguments, add_out_dir_argument, int_at_least, positive_int, ptb_raw_dir,
-                               resolve_ptb_dir, busy_footer, child_report, claim_reasons, code_state,
-                               finish_record, load_ptb, machine_info, median, peak_rss_mb, reset_peak_rss, rss_mb,
+                               resolve_ptb_dir, busy_footer, claim_reasons, code_state, finish_record, load_ptb,
+                               machine_info, median, parse_args_or_run_child, peak_rss_mb, reset_peak_rss, rss_mb,
                                run_child, table, thread_env)
 
 SCRIPT = Path(__file__).resolve()
@@ -77,8 +77,8 @@ CLAIM = {"--sizes": DEFAULT_SIZES, "--streamed-only": [WHOLE_FILE], "--layouts":
 # ------------------------------------------------------------------------------------------------- child
 
 
-def child_main(spec: dict) -> None:
-    """One predict_file call in this (fresh) process."""
+def child_main(spec: dict) -> dict:
+    """One predict_file call in this (fresh) process; returns the report."""
     import importlib
 
     import torch
@@ -111,9 +111,9 @@ def child_main(spec: dict) -> None:
     seconds = time.perf_counter() - t0
     peak = peak_rss_mb()
     # the output is left for the parent, which compares the two implementations' files, then removes it
-    child_report({"seconds": seconds, "peak_rss_mb": peak, "peak_delta_mb": peak - base, "peak_reset": reset_ok,
-                  "bpc": summary["metrics"]["bpc"], "rows": summary["rows"],
-                  "output_mb": out.stat().st_size / 2**20, "block_rows": block})
+    return {"seconds": seconds, "peak_rss_mb": peak, "peak_delta_mb": peak - base, "peak_reset": reset_ok,
+            "bpc": summary["metrics"]["bpc"], "rows": summary["rows"],
+            "output_mb": out.stat().st_size / 2**20, "block_rows": block}
 
 
 # ------------------------------------------------------------------------------------------------ parent
@@ -161,10 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke test: small inputs and model, 1 repeat")
     add_out_dir_argument(p)
     add_busy_arguments(p)
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child_main(json.loads(args.child))
+    args = parse_args_or_run_child(p, argv, child_main)
+    if args is None:   # --child: one measurement, reported
         return 0
 
     raw_dir = resolve_ptb_dir(p, args.raw_dir)
@@ -225,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                         spec = {"impl": impl, "input": str(path), "out": str(outs[impl]),
                                 "model": str(model_path), "config": config, "vocab": list(ptb.vocab),
                                 "rows": n, "probabilities": args.probabilities, "threads": args.threads}
-                        runs[impl].append(run_child(SCRIPT, ["--child", json.dumps(spec)],
-                                                    env=thread_env(args.threads)))
+                        runs[impl].append(run_child(SCRIPT, spec, env=thread_env(args.threads)))
                 row = {"layout": layout, "chars": n, "trajectories": int(_count_trajectories(path))}
                 for impl, rs in runs.items():
                     row[impl] = {"seconds": median([r["seconds"] for r in rs]),

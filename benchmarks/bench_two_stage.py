@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 from pathlib import Path
@@ -46,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (MIN_REPEATS, PTB_TEST_CHARS, PTB_TRAIN_CHARS, HelpFormatter,  # noqa: E402
                                RunConditions, add_busy_arguments, int_at_least, positive_float, positive_int,
                                positive_int_list, ptb_raw_dir, resolve_ptb_dir, add_out_dir_argument, blas_threads,
-                               busy_footer, child_report, claim_reasons, code_state, finish_record, load_ptb,
-                               median, one_layer_model, peak_rss_mb, reset_peak_rss, rss_mb, run_child, table,
-                               thread_env, usable_cpus)
+                               busy_footer, claim_reasons, code_state, finish_record, load_ptb, median,
+                               one_layer_model, parse_args_or_run_child, peak_rss_mb, reset_peak_rss, rss_mb,
+                               run_child, table, thread_env, usable_cpus)
 
 SCRIPT = Path(__file__).resolve()
 #: the settings part A's claims (>= 10x, peak memory, BPC within 0.01) were measured at: the paper's PTB train and
@@ -77,9 +76,9 @@ def parts_value(text: str) -> str:
 # ------------------------------------------------------------------------------------------------- child
 
 
-def child_main(spec: dict) -> None:
+def child_main(spec: dict) -> dict:
     """One measurement in this (fresh) process: load PTB, run one 2SR; optionally (``init``) complete the
-    initialisation (filter + decoder, timed) and (``bpc``) evaluate its epoch-0 test BPC."""
+    initialisation (filter + decoder, timed) and (``bpc``) evaluate its epoch-0 test BPC; returns the report."""
     from pipeline.two_stage import TwoStageConfig, regress_layer
 
     ds = load_ptb(Path(spec["raw_dir"]), spec["lines"])
@@ -130,14 +129,14 @@ def child_main(spec: dict) -> None:
         out.update({"test_bpc": res["bpc"], "test_accuracy": res["accuracy"], "test_chars": int(len(test)),
                     "bpc_eval_s": time.perf_counter() - t1,   # model build + test evaluation: not initialisation
                     "singular_values_future": layer.diagnostics["singular_values"]["future"][:5]})
-    child_report(out)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ parent
 
 
 def _child(spec: dict, args) -> dict:
-    res = run_child(SCRIPT, ["--child", json.dumps(spec)], timeout=args.timeout, env=thread_env(args.threads))
+    res = run_child(SCRIPT, spec, timeout=args.timeout, env=thread_env(args.threads))
     line = (f"  {res['impl']:9s} {res['train_chars']:>9,d} chars: {res['seconds']:8.2f} s, "
             f"peak {res['peak_rss_mb']:8.1f} MiB")
     if "filter_s" in res:
@@ -319,10 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                         "two_stage_scaling_<tag>.json for part b; default: none)")
     add_out_dir_argument(p)
     add_busy_arguments(p)
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child_main(json.loads(args.child))
+    args = parse_args_or_run_child(p, argv, child_main)
+    if args is None:   # --child: one measurement, reported
         return 0
     if args.quick:
         args.n_features = min(args.n_features, 200)

@@ -533,12 +533,28 @@ def reset_peak_rss() -> bool:
 # ------------------------------------------------------------------------------------------- children
 
 CHILD_MARK = "BENCH_RESULT_JSON: "
+#: the hidden flag that makes a script's process one child measurement (:func:`run_child`)
+CHILD_FLAG = "--child"
 
 
 def child_report(payload: dict[str, Any]) -> None:
     """The last thing a child prints: its result as one JSON line after a marker."""
     sys.stdout.write(CHILD_MARK + json.dumps(payload) + "\n")
     sys.stdout.flush()
+
+
+def parse_args_or_run_child(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                            measure: Callable[[dict[str, Any]], dict[str, Any]]) -> argparse.Namespace | None:
+    """``parser.parse_args(argv)``, with the hidden ``--child SPEC`` of a script that measures in fresh processes
+    (:func:`run_child`). Given it, this process is one such child: ``measure`` runs on the JSON ``spec``, its result
+    is reported (:func:`child_report`) and None is returned (the script ends there, exit status 0). Otherwise the
+    parsed arguments."""
+    parser.add_argument(CHILD_FLAG, dest="child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child_report(measure(json.loads(args.child)))
+        return None
+    return args
 
 
 def thread_env(threads: int | None) -> dict[str, str] | None:
@@ -551,13 +567,14 @@ def thread_env(threads: int | None) -> dict[str, str] | None:
     return env
 
 
-def run_child(script: Path, args: Sequence[str], *, timeout: float | None = None,
+def run_child(script: Path, spec: Mapping[str, Any], *, timeout: float | None = None,
               env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``python script args`` in a fresh process and return the JSON it reported with :func:`child_report`.
+    """Run ``python script --child SPEC`` (``spec`` as JSON) in a fresh process and return the JSON it reported
+    with :func:`child_report` (the script hands ``--child`` to :func:`parse_args_or_run_child`).
 
     A fresh process per measurement keeps time and peak memory of one implementation out of the other's.
     """
-    cmd = [sys.executable, str(script), *args]
+    cmd = [sys.executable, str(script), CHILD_FLAG, json.dumps(spec)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_MARK)]
     if proc.returncode != 0 or not lines:
