@@ -364,9 +364,14 @@ class TrainedRun:
                 options = ("unknown 'drop' or 'map' (psrnn predict / forecast: --unknown drop or --unknown map)"
                            if UNK_SYMBOL in lookup else "unknown 'drop' (psrnn predict / forecast: --unknown drop)")
                 n = int((~keep).sum())
+                hint = _float_symbols_hint(unseen, lookup) or "use " + options
+                if not keep.any() and not _float_symbols_hint(unseen, lookup):
+                    # dropping them all leaves nothing: the column or the encoding is likely not the training one
+                    hint += (f"; but no observation is in the vocabulary ({brief_list(self.vocab)}; compared as "
+                             "text): expected the symbols the run was trained on (another column, or the symbols "
+                             "written otherwise, e.g. integer codes for text?)")
                 raise ValueError(f"{n} observation{'s have symbols' if n > 1 else ' has a symbol'} not in the "
-                                 f"vocabulary of {self.dataset}: {shown}; "
-                                 f"{_float_symbols_hint(unseen, lookup) or 'use ' + options}")
+                                 f"vocabulary of {self.dataset}: {shown}; {hint}")
             if unknown == "map":
                 if UNK_SYMBOL not in lookup:
                     raise ValueError(f"unknown='map': the vocabulary of {self.dataset} has no {UNK_SYMBOL!r} symbol "

@@ -325,6 +325,24 @@ def test_discrete_unknown_symbols_error_drop_or_map(discrete_run, tmp_path):
     assert mapped.encode(["10", "99", "30"], unknown="map").tolist() == [0, 3, 2]
 
 
+def test_symbols_none_of_which_is_in_the_vocabulary_are_said_to_be_so(discrete_run, tmp_path):
+    """Integer codes given to a run trained on other symbols (or another column): every observation is unknown,
+    and dropping them would leave nothing, so the error shows the vocabulary expected, not only 'use drop'."""
+    run, _ = discrete_run
+    src = _write(tmp_path / "codes.parquet", {"trajectory": [1] * 4, "symbol": [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match=r"codes\.parquet: column 'symbol': 4 observations have symbols not in the "
+                                         r"vocabulary of hmm: '0', '1', '2', '3'; use unknown 'drop' .*; but no "
+                                         r"observation is in the vocabulary \('10', '20', '30', '40'; compared as "
+                                         r"text\): expected the symbols the run was trained on"):
+        predict_file(run, src, tmp_path / "out.parquet")
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: .* but no observation is in the vocabulary"):
+        run.predict([np.array(["a", "b"])])
+    # some symbols known: the plain advice alone, as before
+    with pytest.raises(ValueError, match=r"vocabulary of hmm: '99'; use unknown 'drop' \(psrnn predict / forecast: "
+                                         r"--unknown drop\)$"):
+        run.predict([np.array(["10", "99"])])
+
+
 def test_load_run_names_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         load_run(tmp_path, "swimmer", "psrnn", 0)
