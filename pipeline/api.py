@@ -235,6 +235,11 @@ def step_order(where: str, t: Any, keys: dict[str, Any], length: int, check_spli
                                  f"({brief_list(distinct.tolist(), 3)}); {hint}")
     if "step" not in keys:
         return None
+    dtype = getattr(t[keys["step"]], "dtype", None)
+    if getattr(dtype, "kind", None) in ("M", "m"):   # else column_values' "expected features or symbols"
+        raise ValueError(f"{at}column 'step' holds time stamps ({dtype}); expected numbers (the order of the rows "
+                         "in time): convert them, e.g. frame['step'] = frame['step'].astype('int64'), or leave "
+                         "the column out to use the row order")
     steps = column("step")
     if steps.dtype.kind not in "iuf":
         held = "strings" if steps.dtype.kind == "U" else f"{steps.dtype} values"

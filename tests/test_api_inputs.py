@@ -590,6 +590,26 @@ def test_a_frame_of_the_long_format_is_read_in_step_order_and_one_trajectory_at_
             fit_model, [{**frames[0], "step": np.array(["a"] * len(frames[0]["x"]))}], **SMALL)
 
 
+def test_a_step_column_of_time_stamps_is_refused_as_such(features):
+    """A frame whose `step` is a datetime (pd.to_datetime, as read from a CSV) was refused with the message for
+    features: "values of dtype datetime64[us]; expected numbers (features) or symbols"; it says what `step` needs."""
+    import pandas as pd
+
+    t = features.train[0]
+    frame = pd.DataFrame({"step": pd.Timestamp("2024-01-01") + pd.to_timedelta(np.arange(len(t)), unit="s"),
+                          "x": t[:, 0], "y": t[:, 1]})
+    expected = (r"column 'step' holds time stamps \(datetime64\[.s\]\); expected numbers \(the order of the "
+                r"rows in time\): convert them, e.g. frame\['step'\] = frame\['step'\].astype\('int64'\), or "
+                r"leave the column out to use the row order$")
+    with pytest.raises(ValueError, match=r"^train\[0\]: " + expected):
+        fit_model([frame], **SMALL)
+    fitted = fit_model([frame.assign(step=np.arange(len(t)))], **{**SMALL, "epochs": 0})
+    with pytest.raises(ValueError, match=r"^trajectories\[0\]: " + expected):
+        fitted.predict([frame])
+    with pytest.raises(ValueError, match=r"^train\[0\]: column 'step' holds time stamps \(timedelta64"):
+        fit_model([{"step": np.arange(len(t)).astype("timedelta64[s]"), "x": t[:, 0], "y": t[:, 1]}], **SMALL)
+
+
 def test_unsigned_steps_are_ordered_too(features):
     """np.diff wraps around for unsigned integers: steps [2, 0, 1] as uint32 (polars' row index) looked ordered."""
     from pipeline.api import step_order
