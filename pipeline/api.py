@@ -1182,10 +1182,21 @@ class FittedModel:
         dicts read by the column names of train (``extras['columns']``), strings mapped by the vocabulary
         (``extras['vocab']``), then :func:`model_inputs`."""
         columns, vocab = self.extras.get("columns"), self.extras.get("vocab")
+        given = _trajectory_list("trajectories", trajectories)
         arrays = [_trajectory_array(f"trajectories[{i}]", _by_columns(f"trajectories[{i}]", t, columns, "the model"))
-                  for i, t in enumerate(_trajectory_list("trajectories", trajectories))]
+                  for i, t in enumerate(given)]
         if vocab is not None:
-            arrays = [_text_symbols(f"trajectories[{i}]", a, vocab) for i, a in enumerate(arrays)]
+            coded = []
+            for i, a in enumerate(arrays):
+                try:
+                    coded.append(_text_symbols(f"trajectories[{i}]", a, vocab))
+                except ValueError as exc:
+                    if isinstance(given[i], str) and any(len(v) != 1 for v in vocab):   # "idle" read as i, d, l, e
+                        raise ValueError(f"{exc}; a str trajectory is read as its characters, and this model's "
+                                         f"symbols are not all single characters: pass a list of symbols, e.g. "
+                                         f"[{brief(given[i], 30)}] for one") from None
+                    raise
+            arrays = coded
         inputs = model_inputs(arrays, self.model.config)
         if not inputs:
             raise ValueError("trajectories: empty; expected a list of trajectories, at least one")

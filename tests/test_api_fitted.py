@@ -224,6 +224,28 @@ def test_a_column_of_symbols_beside_others_is_named(symbols, no_work):
             [{"sym": symbols.train[0], "other": np.arange(40)}], kind="discrete", **SMALL)
 
 
+def test_a_str_given_to_a_model_of_words_says_it_is_read_as_characters(quiet):
+    """A model fitted on lists of word symbols, given "idle" (one symbol meant): it was refused as "symbol 'i' ...
+    not in the model's vocabulary", with no word of why; now the error says a str is its characters."""
+    rng = np.random.default_rng(0)
+    words = np.array(["click", "idle", "scroll"])
+    train = [list(words[rng.integers(0, 3, 40)]) for _ in range(4)]
+    fitted = fit_model(train, **{**SMALL, "epochs": 0})
+    for call in (fitted.predict, fitted.evaluate, lambda t: fitted.forecast(t, 2)):
+        with pytest.raises(ValueError, match=r"^trajectories\[1\]: symbol 'i' at step 0 is not in the model's "
+                                             r"vocabulary \('click', 'idle', 'scroll'\); expected symbols seen when "
+                                             r"fitting \(in train, valid or test\); a str trajectory is read as its "
+                                             r"characters, and this model's symbols are not all single characters: "
+                                             r"pass a list of symbols, e.g. \['idle'\] for one$"):
+            call([["idle", "click"], "idle"])
+    # a model of characters reads a str as its characters, as documented: no hint there
+    chars = fit_model(["abcabcabcabc" * 4] * 3, **{**SMALL, "epochs": 0})
+    assert chars.predict(["abca"])[0].shape == (4, 3)
+    with pytest.raises(ValueError, match=r"symbol 'z' at step 1 is not in the model's vocabulary \('a', 'b', 'c'\); "
+                                         r"expected symbols seen when fitting \(in train, valid or test\)$"):
+        chars.predict(["azb"])
+
+
 def test_a_model_with_feature_columns_names_a_column_of_strings(features, quiet):
     fitted = fit_model([{"a": t[:, 0], "b": t[:, 1]} for t in features.train], **ZERO)
     refused("trajectories[0]: column 'b' holds strings; expected numbers in the model's feature columns 'a', 'b'",
