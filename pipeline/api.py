@@ -21,6 +21,8 @@ import collections.abc
 import contextlib
 import inspect
 import os
+import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -1432,6 +1434,9 @@ def load_fitted(path: str | os.PathLike, *, device: str = "cpu") -> FittedModel:
         floats = [v.dtype for v in (ck.get("model") or {}).values()
                   if isinstance(v, torch.Tensor) and v.is_floating_point()]
         dtype = floats[0] if floats and floats[0] in (torch.float32, torch.float64) else torch.get_default_dtype()
+    elif ck.get("format") is None and "model_config" in ck and "optimizer" in ck:
+        raise ValueError(f"{path}: a training checkpoint (pipeline.train.fit, the refine stage), not a model file "
+                         f"of FittedModel.save; load a trained run with {_load_run_hint(Path(path))}")
     else:
         raise ValueError(f"{path}: not a fitted model written by FittedModel.save (format "
                          f"{brief(ck.get('format'))}, expected {FITTED_FORMAT!r})")
@@ -1459,6 +1464,18 @@ def _standardisation_fits(units: Any, config: ModelConfig) -> bool:
     shape = (config.input_dim,)
     return (not config.discrete and mean.shape == shape and std.shape == shape and bool(np.isfinite(mean).all())
             and bool((np.isfinite(std) & (std > 0)).all()))
+
+
+def _load_run_hint(path: Path) -> str:
+    """How to load the run whose training checkpoint is ``path``: the call itself where the path is a project's
+    ``models/<dataset>/<variant>/s<seed>/checkpoint.pt``, its arguments named otherwise."""
+    parts = path.resolve().parts
+    if len(parts) >= 5 and parts[-5] == "models" and re.fullmatch(r"s\d+", parts[-2]):
+        root = Path(*parts[:-5])
+        return (f"pipeline.inference.load_run({str(root)!r}, {parts[-4]!r}, {parts[-3]!r}, {int(parts[-2][1:])}) "
+                f"(or psrnn --root {shlex.quote(str(root))} predict {parts[-4]} {parts[-3]} {int(parts[-2][1:])} "
+                "...)")
+    return "pipeline.inference.load_run(root, dataset, variant, seed) (or psrnn predict)"
 
 
 def model_from_checkpoint(ck: dict[str, Any], name: str) -> SequenceModel:

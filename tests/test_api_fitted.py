@@ -140,6 +140,26 @@ def test_files_of_format_v1_still_load(symbols, tmp_path, quiet):
     assert _same(again.predict(symbols.test), fitted.predict(symbols.test)) and again.history == fitted.history
 
 
+def test_a_training_checkpoint_says_how_to_load_its_run(symbols, tmp_path, quiet):
+    """A run's checkpoint.pt given to load_fitted was refused as "format None, expected 'psrnn-pipeline fitted
+    model v2'", not saying what the file is or what loads it: now it names the load_run call of that run."""
+    from pipeline.train import TrainConfig, fit
+
+    fitted = fit_model(symbols.train, symbols.test, **{**SMALL, "epochs": 0})
+    run_dir = tmp_path / "my project" / "models" / "custom_events" / "psrnn" / "s3"
+    fit(fitted.model, symbols.train, symbols.test, TrainConfig(epochs=1, bptt=5, batch_size=2),
+        checkpoint_path=run_dir / "checkpoint.pt")
+    root = tmp_path / "my project"
+    refused(f"{run_dir / 'checkpoint.pt'}: a training checkpoint (pipeline.train.fit, the refine stage), not a model "
+            f"file of FittedModel.save; load a trained run with pipeline.inference.load_run({str(root)!r}, "
+            f"'custom_events', 'psrnn', 3) (or psrnn --root '{root}' predict custom_events psrnn 3 ...)",
+            load_fitted, run_dir / "checkpoint.pt")
+    (tmp_path / "elsewhere.pt").write_bytes((run_dir / "checkpoint.pt").read_bytes())
+    refused(f"{tmp_path / 'elsewhere.pt'}: a training checkpoint (pipeline.train.fit, the refine stage), not a "
+            "model file of FittedModel.save; load a trained run with pipeline.inference.load_run(root, dataset, "
+            "variant, seed) (or psrnn predict)", load_fitted, tmp_path / "elsewhere.pt")
+
+
 def test_saved_models_load_in_their_own_dtype(symbols, features, tmp_path, quiet):
     """A float32 model loaded under a float64 default was rebuilt in float64 (predictions ~1e-7 off), a float64
     one under float32 in float32: each now loads in its own dtype, bit for bit, and the default is left alone."""
