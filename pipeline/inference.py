@@ -1066,7 +1066,11 @@ def _pickled_model(client: Any, uri: str, run_id: str, experiment_id: str) -> An
         raise ValueError(f"MLflow run {run_id}: no logged model (tracking.log_model was false?)")
     latest = max(models, key=lambda m: m.creation_timestamp)   # a run continued to more epochs logs it again
     with fluent_tracking_uri(mlflow, uri):
-        return mlflow.pytorch.load_model(latest.model_uri, map_location="cpu")
+        loaded = mlflow.pytorch.load_model(latest.model_uri, map_location="cpu")
+    from pipeline.serving import ServedModel
+
+    # logged with its units (pipeline.serving, for pyfunc) or, by older versions, the model alone
+    return loaded.model if isinstance(loaded, ServedModel) else loaded
 
 
 # ------------------------------------------------------------------------------------------------ a whole file

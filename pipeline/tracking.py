@@ -704,20 +704,31 @@ class RunTracker:
 
     @_uninterrupted
     def log_model(self, model, *, name: str = "model", pip_requirements: list[str] | None = None,
-                  epoch: int | None = None) -> None:
+                  epoch: int | None = None, units: Mapping[str, Any] | None = None) -> None:
         """``mlflow.pytorch.log_model`` of the whole module, with the ``pipeline`` package as code so that
         ``mlflow.pytorch.load_model`` works anywhere. MLflow's pt2 format would need a fixed-length traced
         forward, which a recurrent filter over sequences of any length is not; MLflow therefore stores this
         model with its pickle format. Our own artifacts (checkpoints, tensors) hold plain tensors only (read
         with ``weights_only=True``), and ``pipeline.inference.load_mlflow_run`` rebuilds the model from the
         checkpoint artifact instead. ``epoch``: the epoch of the weights, the logged model's step and ``epoch``
-        tag (a run continued to more epochs logs its model again; ``runs:/<id>/model`` is the latest)."""
+        tag (a run continued to more epochs logs its model again; ``runs:/<id>/model`` is the latest).
+        ``units`` (the run's ``data_units.json``): log the model wrapped in a :class:`pipeline.serving.ServedModel`,
+        with its MLflow signature, so that ``mlflow.pyfunc.load_model(uri).predict(frame)`` takes and gives data in
+        those units (``mlflow.pytorch.load_model(uri).model`` is the model); without, the model alone (which pyfunc
+        cannot call)."""
         import torch
+
+        signature = None
+        if units is not None:
+            from pipeline.serving import ServedModel
+
+            model = ServedModel(model, dict(units))
+            signature = model.signature()
 
         with fluent_tracking_uri(self.mlflow, self.uri), self.mlflow.start_run(run_id=self.run_id, nested=False), \
                 _without_pickle_warning():
             self.mlflow.pytorch.log_model(
-                model.cpu(), name=name, serialization_format="pickle",
+                model.cpu(), name=name, serialization_format="pickle", signature=signature,
                 code_paths=[str(Path(__file__).resolve().parent)],
                 pip_requirements=pip_requirements or [f"torch=={torch.__version__.split('+')[0]}"],
                 **({} if epoch is None else {"step": int(epoch), "tags": {"epoch": str(int(epoch))}}),

@@ -574,9 +574,12 @@ def test_switching_log_model_on_logs_the_trained_model_once_without_retraining(t
     assert [(m.name, m.source_run_id) for m in models] == [("model", run_id)], "logged once, to the run"
     import mlflow
 
+    from pipeline.serving import ServedModel
+
     logged = mlflow.pytorch.load_model(models[0].artifact_location)
+    assert isinstance(logged, ServedModel)   # the trained model with its data units (pyfunc)
     trained = load_mlflow_run(run_id, tracking_uri=f"sqlite:///{root / 'mlflow.db'}").model
-    for (k, a), b in zip(logged.state_dict().items(), trained.state_dict().values()):
+    for (k, a), b in zip(logged.model.state_dict().items(), trained.state_dict().values()):
         assert torch.equal(a, b), k
     # the store copied elsewhere without its artifact folder at the recorded path: said as such, not "no
     # data_units.json artifact (a run of the pipeline logs one)"
@@ -624,10 +627,69 @@ def test_a_run_continued_to_more_epochs_logs_its_model_again_and_the_run_says_wh
         mlflow.set_tracking_uri(None)
     pickled = load_mlflow_run(run_id, tracking_uri=uri, allow_pickle=True).model
     for k, v in want.items():
-        assert torch.equal(latest.state_dict()[k], v) and torch.equal(pickled.state_dict()[k], v), k
+        assert torch.equal(latest.model.state_dict()[k], v) and torch.equal(pickled.state_dict()[k], v), k
     assert run.data.params["two_stage.seed"] == "1" and run.data.params["train.seed"] == "1"
     optimal = load_prepared(root, "hmm").meta["bayes_optimal"]["bpc"]
     assert run.data.metrics["bayes_optimal_test_bpc"] == pytest.approx(optimal, rel=1e-12)
+
+
+def test_the_logged_model_predicts_through_pyfunc_in_the_units_of_the_data(tmp_path, clean_env):
+    """The UI's snippet, mlflow.pyfunc.load_model(uri).predict(frame), failed on every logged model (pyfunc calls
+    model(tensor) for one tensor; our models take (x, state) and give (outputs, state)). refine logs the model
+    with its units (pipeline.serving.ServedModel) and a signature: a frame of one trajectory gives what load_run's
+    TrainedRun.predict gives; a frame without the signature's columns is MLflow's error naming them."""
+    import mlflow
+    import pandas as pd
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.inference import load_run
+
+    def pyfunc(root, dataset):
+        uri = f"sqlite:///{root / 'mlflow.db'}"
+        exp = MlflowClient(uri).get_experiment_by_name(f"seeds-{dataset}")
+        (model,) = MlflowClient(uri).search_logged_models(experiment_ids=[exp.experiment_id])
+        mlflow.set_tracking_uri(uri)
+        try:
+            return mlflow.pyfunc.load_model(model.model_uri)
+        finally:
+            mlflow.set_tracking_uri(None)
+
+    # continuous: the features by name, predictions of the next observation in the same units
+    root = tmp_path / "lgssm"
+    root.mkdir()
+    raw = _lgssm_kf_raw()
+    raw["tracking"]["log_model"] = True
+    params = _write_params(root, raw)
+    data.prepare(params, root, "lgssm")
+    for stage in (spectral.features, spectral.two_stage, initialise.initialise):
+        stage(params, root, "lgssm", 0)
+    refine.refine(params, root, "lgssm")
+    served, run = pyfunc(root, "lgssm"), load_run(root, "lgssm", "kf", 0)
+    assert run.features == ["o0", "o1"]
+    assert served.metadata.get_input_schema().input_names() == ["o0", "o1"]
+    assert served.metadata.get_output_schema().input_names() == ["predicted_o0", "predicted_o1"]
+    x = np.random.default_rng(0).normal(size=(9, 2)) * 2
+    got = served.predict(pd.DataFrame({"o1": x[:, 1], "o0": x[:, 0]}))   # by name, not by position
+    assert got.shape == (9, 2)
+    np.testing.assert_allclose(got.to_numpy(), run.predict([x])[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(MlflowException, match=r"Model is missing inputs \['o0'\]"):
+        served.predict(pd.DataFrame({"x": x[:, 0], "o1": x[:, 1]}))
+
+    # discrete: each step's symbol as its vocabulary index, next-symbol probabilities over the vocabulary
+    root = tmp_path / "hmm"
+    root.mkdir()
+    refine.refine(_params(root, [0], log_model=True), root, "hmm")
+    served, run = pyfunc(root, "hmm"), load_run(root, "hmm", "psrnn", 0)
+    assert served.metadata.get_input_schema().input_names() == ["symbol_index"]
+    codes = np.array([0, 3, 1, 1, 2, 0])
+    got = served.predict(pd.DataFrame({"symbol_index": codes}))
+    assert got.shape == (6, len(run.vocab))
+    np.testing.assert_allclose(got.to_numpy(), run.predict([[run.vocab[i] for i in codes]])[0], rtol=1e-6)
+    np.testing.assert_allclose(got.to_numpy().sum(axis=1), 1.0)
+    with pytest.raises(ValueError, match=r"^symbol_index is 4 at row 1; expected the index of a symbol in the run's "
+                                         r"vocabulary, an integer 0 to 3"):
+        served.predict(pd.DataFrame({"symbol_index": [0, 4]}))
 
 
 def test_runs_are_tagged_with_the_commit_and_the_uncommitted_changes_that_trained_them(tmp_path, clean_env):

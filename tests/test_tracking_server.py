@@ -90,8 +90,9 @@ def mlflow_server(tmp_path_factory):
         stop()
 
 
-def _log_like_refine(root: Path, tmp: Path, *, experiment: str, checkpoint: bool = True):
-    """What workflow.refine logs, through RunTracker; returns (run id, model, history)."""
+def _log_like_refine(root: Path, tmp: Path, *, experiment: str, checkpoint: bool = True, served: bool = True):
+    """What workflow.refine logs, through RunTracker; returns (run id, model, history). ``served=False``: the model
+    logged alone, as versions before pipeline.serving logged it."""
     from pipeline.api import initialise_model
     from pipeline.models import ModelConfig
     from pipeline.tracking import RunTracker
@@ -124,8 +125,9 @@ def _log_like_refine(root: Path, tmp: Path, *, experiment: str, checkpoint: bool
                                                 "epoch": 1, "history": history})
         resumed.log_artifact(tmp / "checkpoint.pt", "checkpoints")
     resumed.log_artifact(tmp / "history.json")
-    resumed.log_dict({"kind": "discrete", "vocab": ["a", "b", "c", "d", "e"], "epoch": 1}, "data_units.json")
-    resumed.log_model(model)
+    units = {"kind": "discrete", "vocab": ["a", "b", "c", "d", "e"], "epoch": 1}
+    resumed.log_dict(units, "data_units.json")
+    resumed.log_model(model, **({"units": units} if served else {}))
     resumed.finish()
     return tracker.run_id, model, history
 
@@ -167,8 +169,15 @@ def _check_run(uri: str, run_id: str, model, history, *, experiment: str) -> Non
     assert [(m.name, m.source_run_id) for m in models] == [("model", run_id)]
     loaded = mlflow.pytorch.load_model(models[0].model_uri)
     # fluent API pointed at this store by RunTracker.log_model only; load_model needs it for a models:/ URI
-    assert type(loaded) is type(model)
-    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    from pipeline.serving import ServedModel
+
+    assert type(loaded) is ServedModel and type(loaded.model) is type(model)   # the model with its units, for pyfunc
+    assert loaded.units["vocab"] == ["a", "b", "c", "d", "e"]
+    assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(), model.state_dict().values()))
+    # the model's own call through the wrapper, as the README documents for mlflow.pytorch.load_model
+    x = torch.tensor([[0], [3], [1]])
+    out, _ = loaded(x, loaded.init_state(1))
+    torch.testing.assert_close(out, model(x, model.init_state(1))[0])
 
 
 @pytest.fixture
@@ -265,6 +274,14 @@ def test_load_mlflow_run_rebuilds_the_model_from_the_checkpoint_and_unpickles_on
                                          "allow_pickle=True if you trust this store$"):
         load_mlflow_run(without, tracking_uri=uri)
     pickled = load_mlflow_run(without, tracking_uri=uri, allow_pickle=True)
+    assert type(pickled.model) is type(model)   # the logged pipeline.serving.ServedModel unwrapped
+    np.testing.assert_allclose(pickled.predict([text])[0], pickled.decode(want), rtol=1e-6)
+    # a model logged alone, as versions before pipeline.serving logged it, still loads
+    (tmp_path / "legacy").mkdir()
+    legacy, _, _ = _log_like_refine(root, tmp_path / "legacy", experiment="psrnn-hmm-legacy", checkpoint=False,
+                                    served=False)
+    pickled = load_mlflow_run(legacy, tracking_uri=uri, allow_pickle=True)
+    assert type(pickled.model) is type(model)
     np.testing.assert_allclose(pickled.predict([text])[0], pickled.decode(want), rtol=1e-6)
 
     # a run the store does not hold, and a store that is not there (not created empty), say which store was asked
@@ -288,6 +305,55 @@ def test_load_mlflow_run_rebuilds_the_model_from_the_checkpoint_and_unpickles_on
     client.log_text(with_ckpt, '{"kind": "discrete", "vocab": ', "data_units.json")
     with pytest.raises(ValueError, match=rf"^MLflow run {with_ckpt}: its data_units.json artifact is damaged"):
         load_mlflow_run(with_ckpt, tracking_uri=uri)
+
+
+def test_a_model_logged_with_its_units_predicts_through_pyfunc_in_those_units(clean_env, tmp_path):
+    """RunTracker.log_model(units=...) logs pipeline.serving.ServedModel with a signature: pyfunc, which calls
+    model(tensor) on the frame as float32, gives the one-step predictions of TrainedRun.predict in the original
+    units (features standardised with a mean and std far from 0 and 1); a frame of one row works too; the model's
+    own (x, state) call goes through unchanged."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+    import torch
+    from mlflow import MlflowClient
+
+    from pipeline.api import initialise_model
+    from pipeline.inference import TrainedRun
+    from pipeline.models import ModelConfig
+    from pipeline.tracking import RunTracker, tracking_uri
+
+    config = ModelConfig(model="gru", discrete=False, input_dim=2, output_dim=2, state_dim=4, obs_dim=3)
+    model = initialise_model(config, seed=0)
+    units = {"kind": "continuous", "features": ["temperature", "flow"], "mean": [250.0, 0.01], "std": [20.0, 0.002],
+             "dataset": "custom", "variant": "gru", "seed": 0, "epoch": 1}
+    tracker = RunTracker(root=tmp_path, experiment="psrnn-custom", run_name="gru_s0", tags={"dataset": "custom"})
+    tracker.log_model(model, units=units, epoch=1)
+    tracker.finish()
+    uri = tracking_uri(tmp_path)
+    exp = MlflowClient(uri).get_experiment_by_name("psrnn-custom")
+    (logged,) = MlflowClient(uri).search_logged_models(experiment_ids=[exp.experiment_id])
+    mlflow.set_tracking_uri(uri)
+    try:
+        served = mlflow.pyfunc.load_model(logged.model_uri)
+        wrapper = mlflow.pytorch.load_model(logged.model_uri)
+    finally:
+        mlflow.set_tracking_uri(None)
+    run = TrainedRun.from_units(model, units, dataset="custom", variant="gru", seed=0, epoch=1)
+    rng = np.random.default_rng(1)
+    x = np.column_stack([250 + 20 * rng.normal(size=12), 0.01 + 0.002 * rng.normal(size=12)])
+    got = served.predict(pd.DataFrame(x, columns=["temperature", "flow"]))
+    want = run.predict([x])[0]
+    assert abs(want[:, 0].mean() - 250) < 100   # in the data's units, not standardised
+    np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(served.predict(pd.DataFrame(x[:1], columns=["temperature", "flow"])).to_numpy(),
+                               want[:1], rtol=1e-5)
+    z = torch.as_tensor((x - units["mean"]) / np.array(units["std"]), dtype=torch.float32)[:, None]
+    out, _ = wrapper(z, wrapper.init_state(1))
+    torch.testing.assert_close(out, model(z, model.init_state(1))[0])
+    with pytest.raises(ValueError, match=r"expected one trajectory, one row per time step and the columns "
+                                         r"\['temperature', 'flow'\]"):
+        wrapper(torch.zeros(3, 1, 2))
 
 
 def test_trackers_of_two_roots_log_into_their_own_stores(clean_env, tmp_path):

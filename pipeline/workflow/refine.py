@@ -860,14 +860,15 @@ def _log_outcome(tracker, params: Params, ds, model, mdir: Path, history: dict[s
         tracker.log_artifact(plot, "plots")
     # the logged model works in the dataset's units (vocabulary indices, standardised features): this says which,
     # so that pipeline.inference.load_mlflow_run can take and give data in the original units
-    tracker.log_dict({**units_to_keep(ds), "dataset": history["dataset"], "variant": history["variant"],
-                      "seed": history["seed"], "epoch": int(last["epoch"])}, "data_units.json")
+    units = {**units_to_keep(ds), "dataset": history["dataset"], "variant": history["variant"],
+             "seed": history["seed"], "epoch": int(last["epoch"])}
+    tracker.log_dict(units, "data_units.json")
     epoch = str(int(last["epoch"]))
     if params.tracking.get("log_model", True) and tracker.tag("model_epoch") != epoch:
         if not tracker.has_logged_model(int(epoch)):   # a kill may have come between the model and its tag
             model.load_state_dict(trained_weights(ck))
             tracker.log_model(model, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                              epoch=int(epoch))
+                              epoch=int(epoch), units=units)   # pipeline.serving: pyfunc in the data's units
         tracker.set_tag("model_epoch", epoch)
     try:   # the run's description in the UI: the line refine prints of it
         tags["mlflow.note.content"] = summary_line(history)
