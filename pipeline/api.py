@@ -137,6 +137,20 @@ def _trajectory_list(name: str, trajectories: Any) -> list[Any]:
     return list(trajectories)
 
 
+def ids_from_index(t: Any) -> Any:
+    """A pandas frame whose index holds id columns (:data:`ID_COLUMNS`: ``frame.set_index('step')``, a
+    ``set_index(['trajectory', 'step'])``) with those index levels as columns, as a file holds them: the index
+    was ignored, so a frame of shuffled rows indexed by step was read in row order and a frame of several
+    trajectories indexed by them ran them together, without a word. A level also present as a column is left
+    in the index; anything else as it is."""
+    names = getattr(getattr(t, "index", None), "names", None)
+    if names is None or not hasattr(t, "columns") or not hasattr(t, "reset_index"):
+        return t
+    present = {str(c) for c in t.columns}
+    levels = [n for n in names if isinstance(n, str) and n in ID_COLUMNS and n not in present]
+    return t.reset_index(level=levels) if levels else t
+
+
 def _column_keys(t: Any, where: str) -> dict[str, Any] | None:
     """``{name: key}`` of a trajectory with named columns (a Mapping of column name -> 1-D array, or a frame:
     anything with ``.columns`` and ``[]``, duck-typed so that pandas is not imported); None for any other."""
@@ -159,7 +173,9 @@ def _by_columns(where: str, t: Any, columns: list[str] | None, source: str) -> A
     of symbols is a trajectory of symbols; other columns ignored but the id columns of :func:`step_order`: rows
     in ``step`` order, one ``trajectory``, and in training one ``split``); any other trajectory as it is. Named columns are
     read by name, never by position: a frame [b, a] for a model of [a, b] would otherwise be silently swapped.
-    ``source`` names what has the columns ("train[0]", "the model")."""
+    ``source`` names what has the columns ("train[0]", "the model"). Id columns in a frame's index are read as
+    columns (:func:`ids_from_index`)."""
+    t = ids_from_index(t)
     keys = _column_keys(t, where)
     if keys is None:
         return t

@@ -304,7 +304,11 @@ class TrainedRun:
         return bool(self.vocab) and all(isinstance(v, str) and len(v) == 1 for v in self.vocab if v != UNK_SYMBOL)
 
     def _by_name(self, trajectory: Any) -> Any:
-        """The run's columns of a trajectory with named columns (DataFrame or mapping); anything else as it is."""
+        """The run's columns of a trajectory with named columns (DataFrame or mapping; id columns in a frame's
+        index read as columns, :func:`pipeline.api.ids_from_index`); anything else as it is."""
+        from pipeline.api import ids_from_index
+
+        trajectory = ids_from_index(trajectory)
         if isinstance(trajectory, collections.abc.Mapping):
             keys = list(trajectory)
         elif hasattr(trajectory, "columns") and hasattr(trajectory, "__getitem__"):   # pandas / polars frames

@@ -590,6 +590,40 @@ def test_a_frame_of_the_long_format_is_read_in_step_order_and_one_trajectory_at_
             fit_model, [{**frames[0], "step": np.array(["a"] * len(frames[0]["x"]))}], **SMALL)
 
 
+def test_id_columns_in_a_frames_index_are_read_as_columns(features, symbols):
+    """frame.set_index('step') moved step out of the columns and the index was ignored: shuffled rows were read in
+    row order, and a whole file indexed by (trajectory, step) ran every trajectory together, both silently. Id
+    columns in the index are read as the columns they were (fit_model, FittedModel, TrainedRun alike)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frames = [pd.DataFrame({"trajectory": k, "step": np.arange(len(t)), "x": t[:, 0], "y": t[:, 1]})
+              for k, t in enumerate(features.train)]
+    shuffled = [f.iloc[rng.permutation(len(f))].set_index("step") for f in frames]
+    plain = fit_model([t.copy() for t in features.train], **{**SMALL, "epochs": 0})
+    fitted = fit_model(shuffled, **{**SMALL, "epochs": 0})
+    assert fitted.extras["columns"] == ["x", "y"]
+    assert fitted.history[0]["train"] == plain.history[0]["train"]
+    assert all(np.array_equal(a, b) for a, b in zip(fitted.predict(shuffled), plain.predict(features.train)))
+    both = [f.iloc[::-1].set_index(["trajectory", "step"]) for f in frames]
+    assert all(np.array_equal(a, b) for a, b in zip(fitted.predict(both), plain.predict(features.train)))
+    whole = pd.concat(frames).set_index(["trajectory", "step"])
+    n = len(features.train)
+    refused(f"train[0]: column 'trajectory' holds {n} values (0, 1, 2, ... ({n} in all)); expected one trajectory "
+            "per element, e.g. [g for _, g in frame.groupby('trajectory')]", fit_model, [whole], **SMALL)
+    # an index of another name is no id column; a level also present as a column stays in the index
+    renamed = [f.rename_axis("t") for f in shuffled]
+    assert not all(np.array_equal(a, b) for a, b in zip(fitted.predict(renamed), plain.predict(features.train)))
+    kept = [f.set_index("step", drop=False).iloc[::-1] for f in frames]
+    assert all(np.array_equal(a, b) for a, b in zip(fitted.predict(kept), plain.predict(features.train)))
+    # a run trained by the pipeline reads frames through TrainedRun._by_name: the same rule
+    from pipeline.inference import TrainedRun
+
+    run = TrainedRun.from_units(fitted.model, {"kind": "continuous", "features": ["x", "y"], "mean": [0.0, 0.0],
+                                               "std": [1.0, 1.0]}, dataset="d", variant="psrnn", seed=0, epoch=0)
+    assert all(np.array_equal(a, b) for a, b in zip(run.predict(shuffled), run.predict(features.train)))
+
+
 def test_a_step_column_of_time_stamps_is_refused_as_such(features):
     """A frame whose `step` is a datetime (pd.to_datetime, as read from a CSV) was refused with the message for
     features: "values of dtype datetime64[us]; expected numbers (features) or symbols"; it says what `step` needs."""
