@@ -1123,7 +1123,7 @@ def kf_shares_covariance(lengths: typing.Sequence[int], batch_size: int) -> bool
     end to end; their starts line up in every order only where there is one stream, or trajectories of one
     length fill the streams evenly (Swimmer's and Mocap's)."""
     lengths = [int(n) for n in lengths]
-    streams = max(1, min(int(batch_size), len(lengths)))
+    streams = bptt_graph_steps(lengths, batch_size)[1]
     return streams == 1 or (len(set(lengths)) == 1 and len(lengths) % streams == 0)
 
 

@@ -368,8 +368,9 @@ class TrainedRun:
                 options = ("unknown 'drop' or 'map' (psrnn predict / forecast: --unknown drop or --unknown map)"
                            if UNK_SYMBOL in lookup else "unknown 'drop' (psrnn predict / forecast: --unknown drop)")
                 n = int((~keep).sum())
-                hint = _float_symbols_hint(unseen, lookup) or "use " + options
-                if not keep.any() and not _float_symbols_hint(unseen, lookup):
+                floats = _float_symbols_hint(unseen, lookup)
+                hint = floats or "use " + options
+                if not keep.any() and not floats:
                     # dropping them all leaves nothing: the column or the encoding is likely not the training one
                     hint += (f"; but no observation is in the vocabulary ({brief_list(self.vocab)}; compared as "
                              "text): expected the symbols the run was trained on (another column, or the symbols "
